@@ -1,0 +1,1 @@
+//! Simhash fingerprints of text (specified in `docs/fingerprint.md`).

@@ -1,0 +1,294 @@
+//! Bit permutations of fingerprints, precomputed as block moves.
+//!
+//! A permuted table stores every fingerprint with some of its bit blocks moved to the front
+//! (the most significant end), so that fingerprints agreeing on those blocks sort next to each
+//! other. A [`Permutation`] is described by the source bit ranges in output order; it is
+//! compiled once into a few shift-and-mask moves (adjacent ranges that stay adjacent are
+//! merged), applied and inverted without any per-bit work.
+//!
+//! Bit positions count from the most significant end of an `f`-bit value: position 0 is bit
+//! `f - 1`. Values use the low `f` bits of a `u64`; `f` is 64 for real fingerprints and smaller
+//! in exhaustive tests.
+
+use crate::error::{Error, Result};
+
+/// A contiguous range of bit positions, counted from the most significant end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BitRange {
+    /// First position (0 = most significant bit).
+    pub start: u32,
+    /// Number of bits.
+    pub len: u32,
+}
+
+/// One shift-and-mask move: `out |= ((x >> src) & mask) << dst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Move {
+    src: u32,
+    dst: u32,
+    mask: u64,
+}
+
+impl Move {
+    #[inline(always)]
+    fn apply(self, x: u64) -> u64 {
+        ((x >> self.src) & self.mask) << self.dst
+    }
+}
+
+/// A bijection on `f`-bit values that reorders blocks of bits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Permutation {
+    width: u32,
+    ranges: Vec<BitRange>,
+    forward: Vec<Move>,
+    inverse: Vec<Move>,
+}
+
+#[inline(always)]
+fn low_mask(bits: u32) -> u64 {
+    if bits >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << bits) - 1
+    }
+}
+
+impl Permutation {
+    /// The identity on `width`-bit values.
+    pub fn identity(width: u32) -> Self {
+        Self::from_ranges(
+            width,
+            &[BitRange {
+                start: 0,
+                len: width,
+            }],
+        )
+        .expect("valid identity")
+    }
+
+    /// The permutation whose output is the given source ranges, in order, from the most
+    /// significant end. The ranges must partition `0..width` exactly.
+    pub fn from_ranges(width: u32, ranges: &[BitRange]) -> Result<Self> {
+        if width == 0 || width > 64 {
+            return Err(Error::InvalidDesign(format!(
+                "fingerprint width {width} is not in 1..=64"
+            )));
+        }
+        let mut covered = vec![false; width as usize];
+        for r in ranges {
+            if r.len == 0 || r.start + r.len > width {
+                return Err(Error::InvalidDesign(format!(
+                    "bit range {}..{} is empty or outside 0..{width}",
+                    r.start,
+                    r.start + r.len
+                )));
+            }
+            for p in r.start..r.start + r.len {
+                if std::mem::replace(&mut covered[p as usize], true) {
+                    return Err(Error::InvalidDesign(format!(
+                        "bit position {p} is used twice"
+                    )));
+                }
+            }
+        }
+        if let Some(p) = covered.iter().position(|c| !c) {
+            return Err(Error::InvalidDesign(format!(
+                "bit position {p} is not covered"
+            )));
+        }
+        // Merge ranges that are adjacent in both source and output.
+        let mut merged: Vec<BitRange> = Vec::with_capacity(ranges.len());
+        for &r in ranges {
+            match merged.last_mut() {
+                Some(last) if last.start + last.len == r.start => last.len += r.len,
+                _ => merged.push(r),
+            }
+        }
+        let mut forward = Vec::with_capacity(merged.len());
+        let mut inverse = Vec::with_capacity(merged.len());
+        let mut out_pos = 0;
+        for r in &merged {
+            let src = width - r.start - r.len;
+            let dst = width - out_pos - r.len;
+            let mask = low_mask(r.len);
+            forward.push(Move { src, dst, mask });
+            inverse.push(Move {
+                src: dst,
+                dst: src,
+                mask,
+            });
+            out_pos += r.len;
+        }
+        Ok(Permutation {
+            width,
+            ranges: merged,
+            forward,
+            inverse,
+        })
+    }
+
+    /// Width in bits of the values this permutation acts on.
+    pub fn width(&self) -> u32 {
+        self.width
+    }
+
+    /// The source ranges in output order (adjacent ranges merged).
+    pub fn ranges(&self) -> &[BitRange] {
+        &self.ranges
+    }
+
+    /// Whether this permutation leaves every value unchanged.
+    pub fn is_identity(&self) -> bool {
+        self.ranges.len() == 1
+    }
+
+    /// Number of shift-and-mask moves one application costs.
+    pub fn moves(&self) -> usize {
+        self.forward.len()
+    }
+
+    /// Permutes `x` (only its low `width` bits are read).
+    #[inline]
+    pub fn apply(&self, x: u64) -> u64 {
+        match self.forward.as_slice() {
+            [single] => single.apply(x),
+            moves => moves.iter().fold(0, |acc, m| acc | m.apply(x)),
+        }
+    }
+
+    /// Undoes [`apply`](Self::apply): `invert(apply(x)) == x` for every `width`-bit `x`.
+    #[inline]
+    pub fn invert(&self, y: u64) -> u64 {
+        match self.inverse.as_slice() {
+            [single] => single.apply(y),
+            moves => moves.iter().fold(0, |acc, m| acc | m.apply(y)),
+        }
+    }
+
+    /// The composition "first `self`, then `then`": `then.apply(self.apply(x))`.
+    pub fn then(&self, then: &Permutation) -> Result<Permutation> {
+        if self.width != then.width {
+            return Err(Error::InvalidDesign(
+                "composing permutations of different widths".into(),
+            ));
+        }
+        // Output position p of `then` reads position q of self's output, which reads source
+        // position s of the original. Walk `then`'s ranges and split them along self's ranges.
+        let mut self_out = Vec::new(); // (output start, source start, len)
+        let mut pos = 0;
+        for r in &self.ranges {
+            self_out.push((pos, r.start, r.len));
+            pos += r.len;
+        }
+        let mut ranges = Vec::new();
+        for r in &then.ranges {
+            let (mut q, end) = (r.start, r.start + r.len);
+            while q < end {
+                let &(o, s, l) = self_out
+                    .iter()
+                    .find(|&&(o, _, l)| o <= q && q < o + l)
+                    .expect("ranges partition the width");
+                let take = (o + l).min(end) - q;
+                ranges.push(BitRange {
+                    start: s + (q - o),
+                    len: take,
+                });
+                q += take;
+            }
+        }
+        Permutation::from_ranges(self.width, &ranges)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::util::SplitMix64;
+
+    fn blocks(width: u32, order: &[(u32, u32)]) -> Permutation {
+        let r: Vec<_> = order
+            .iter()
+            .map(|&(start, len)| BitRange { start, len })
+            .collect();
+        Permutation::from_ranges(width, &r).unwrap()
+    }
+
+    #[test]
+    fn moves_block_to_front() {
+        let p = blocks(64, &[(16, 16), (0, 16), (32, 32)]);
+        let x = 0x1111_2222_3333_4444u64;
+        assert_eq!(p.apply(x), 0x2222_1111_3333_4444);
+        assert_eq!(p.invert(p.apply(x)), x);
+        assert_eq!(p.moves(), 3);
+    }
+
+    #[test]
+    fn merges_adjacent_ranges() {
+        let p = blocks(64, &[(0, 10), (10, 20), (30, 34)]);
+        assert!(p.is_identity());
+        assert_eq!(p.moves(), 1);
+    }
+
+    #[test]
+    fn rejects_bad_ranges() {
+        assert!(Permutation::from_ranges(64, &[BitRange { start: 0, len: 63 }]).is_err());
+        assert!(
+            Permutation::from_ranges(
+                64,
+                &[
+                    BitRange { start: 0, len: 40 },
+                    BitRange { start: 30, len: 34 }
+                ]
+            )
+            .is_err()
+        );
+        assert!(Permutation::from_ranges(65, &[BitRange { start: 0, len: 65 }]).is_err());
+    }
+
+    #[test]
+    fn bijection_exhaustive_small_width() {
+        // Every value of a 12-bit space maps to a distinct value and back.
+        let p = blocks(12, &[(8, 4), (0, 3), (5, 3), (3, 2)]);
+        let mut seen = vec![false; 1 << 12];
+        for x in 0..(1u64 << 12) {
+            let y = p.apply(x);
+            assert!(y < 1 << 12);
+            assert!(!std::mem::replace(&mut seen[y as usize], true));
+            assert_eq!(p.invert(y), x);
+        }
+    }
+
+    #[test]
+    fn composition_matches_sequential_application() {
+        let a = blocks(64, &[(20, 11), (0, 20), (31, 33)]);
+        let b = blocks(64, &[(11, 30), (0, 11), (41, 23)]);
+        let ab = a.then(&b).unwrap();
+        let mut r = SplitMix64::new(3);
+        for _ in 0..1000 {
+            let x = r.next_u64();
+            assert_eq!(ab.apply(x), b.apply(a.apply(x)));
+            assert_eq!(ab.invert(ab.apply(x)), x);
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn random_block_orders_are_bijections(
+            cuts in proptest::collection::btree_set(1u32..64, 0..8),
+            seed in 0u64..1000,
+            x in proptest::num::u64::ANY,
+        ) {
+            let mut bounds: Vec<u32> = std::iter::once(0).chain(cuts).chain(std::iter::once(64)).collect();
+            bounds.dedup();
+            let mut r: Vec<BitRange> = bounds.windows(2).map(|w| BitRange { start: w[0], len: w[1] - w[0] }).collect();
+            let mut rng = SplitMix64::new(seed);
+            for i in (1..r.len()).rev() {
+                r.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            let p = Permutation::from_ranges(64, &r).unwrap();
+            proptest::prop_assert_eq!(p.invert(p.apply(x)), x);
+            proptest::prop_assert_eq!(p.apply(x).count_ones(), x.count_ones());
+        }
+    }
+}
