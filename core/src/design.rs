@@ -25,12 +25,8 @@ use crate::util::binomial;
 pub const MAX_TABLES: u64 = 256;
 
 /// The names of the paper's designs for k = 3, with their text form.
-pub const NAMED: [(&str, &str); 4] = [
-    ("paper-20", "6c3"),
-    ("paper-16", "4c1/4c1"),
-    ("paper-10", "5c2"),
-    ("paper-4", "4c1"),
-];
+pub const NAMED: [(&str, &str); 4] =
+    [("paper-20", "6c3"), ("paper-16", "4c1/4c1"), ("paper-10", "5c2"), ("paper-4", "4c1")];
 
 /// One level of a design: how the bits not yet fixed are split, and how many blocks lead.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,6 +72,8 @@ pub struct TableSpec {
     pub perm: Permutation,
     /// Leading bits of the permuted value that a query must match exactly.
     pub prefix_bits: u32,
+    /// The blocks chosen at each level (indices into that level's blocks).
+    pub choice: Vec<Vec<u32>>,
 }
 
 /// A complete table design: levels, and the tables they generate.
@@ -122,22 +120,13 @@ fn split_ranges(seq: &[BitRange], widths: &[u32]) -> Vec<Vec<BitRange>> {
         let mut need = w;
         let mut block = Vec::new();
         while need > 0 {
-            let r = cur
-                .take()
-                .or_else(|| it.next())
-                .expect("widths sum to sequence length");
+            let r = cur.take().or_else(|| it.next()).expect("widths sum to sequence length");
             if r.len <= need {
                 block.push(r);
                 need -= r.len;
             } else {
-                block.push(BitRange {
-                    start: r.start,
-                    len: need,
-                });
-                cur = Some(BitRange {
-                    start: r.start + need,
-                    len: r.len - need,
-                });
+                block.push(BitRange { start: r.start, len: need });
+                cur = Some(BitRange { start: r.start + need, len: r.len - need });
                 need = 0;
             }
         }
@@ -150,14 +139,10 @@ impl Design {
     /// A design on `width`-bit fingerprints from its levels.
     pub fn new(width: u32, levels: Vec<Level>) -> Result<Design> {
         if width == 0 || width > 64 {
-            return Err(Error::InvalidDesign(format!(
-                "width {width} is not in 1..=64"
-            )));
+            return Err(Error::InvalidDesign(format!("width {width} is not in 1..=64")));
         }
         if levels.is_empty() {
-            return Err(Error::InvalidDesign(
-                "a design needs at least one level".into(),
-            ));
+            return Err(Error::InvalidDesign("a design needs at least one level".into()));
         }
         let count = levels
             .iter()
@@ -175,23 +160,16 @@ impl Design {
                     l.choose, l.blocks
                 )));
             }
-            if let Some(w) = &l.widths {
-                if w.len() as u32 != l.blocks || w.contains(&0) {
-                    return Err(Error::InvalidDesign(format!("bad explicit widths {w:?}")));
-                }
+            if let Some(w) = &l.widths
+                && (w.len() as u32 != l.blocks || w.contains(&0))
+            {
+                return Err(Error::InvalidDesign(format!("bad explicit widths {w:?}")));
             }
         }
         let mut tables = Vec::new();
-        let all = [BitRange {
-            start: 0,
-            len: width,
-        }];
-        Self::expand(width, &levels, &[], &all, 0, &mut tables)?;
-        Ok(Design {
-            width,
-            levels,
-            tables,
-        })
+        let all = [BitRange { start: 0, len: width }];
+        Self::expand(width, &levels, &[], &all, 0, &mut Vec::new(), &mut tables)?;
+        Ok(Design { width, levels, tables })
     }
 
     fn expand(
@@ -200,15 +178,13 @@ impl Design {
         lead: &[BitRange],
         rest: &[BitRange],
         prefix: u32,
+        choice: &mut Vec<Vec<u32>>,
         out: &mut Vec<TableSpec>,
     ) -> Result<()> {
         let Some((level, deeper)) = levels.split_first() else {
             let ranges: Vec<BitRange> = lead.iter().chain(rest).copied().collect();
             let perm = Permutation::from_ranges(width, &ranges)?;
-            out.push(TableSpec {
-                perm,
-                prefix_bits: prefix,
-            });
+            out.push(TableSpec { perm, prefix_bits: prefix, choice: choice.clone() });
             return Ok(());
         };
         let bits: u32 = rest.iter().map(|r| r.len).sum();
@@ -228,11 +204,11 @@ impl Design {
                 }
             }
             if new_rest.is_empty() && !deeper.is_empty() {
-                return Err(Error::InvalidDesign(
-                    "no bits left for the next level".into(),
-                ));
+                return Err(Error::InvalidDesign("no bits left for the next level".into()));
             }
-            Self::expand(width, deeper, &new_lead, &new_rest, prefix + add, out)?;
+            choice.push(chosen);
+            Self::expand(width, deeper, &new_lead, &new_rest, prefix + add, choice, out)?;
+            choice.pop();
         }
         Ok(())
     }
@@ -246,10 +222,7 @@ impl Design {
     /// Like [`parse`](Self::parse), for `width`-bit fingerprints.
     pub fn parse_width(width: u32, text: &str) -> Result<Design> {
         let text = text.trim();
-        let body = NAMED
-            .iter()
-            .find(|(n, _)| *n == text)
-            .map_or(text, |(_, t)| *t);
+        let body = NAMED.iter().find(|(n, _)| *n == text).map_or(text, |(_, t)| *t);
         let mut levels = Vec::new();
         for part in body.split('/') {
             let bad = || {
@@ -266,17 +239,9 @@ impl Design {
                 .collect::<std::result::Result<_, _>>()
                 .map_err(|_| bad())?;
             let level = if nums.len() == 1 {
-                Level {
-                    blocks: nums[0],
-                    widths: None,
-                    choose,
-                }
+                Level { blocks: nums[0], widths: None, choose }
             } else {
-                Level {
-                    blocks: nums.len() as u32,
-                    widths: Some(nums),
-                    choose,
-                }
+                Level { blocks: nums.len() as u32, widths: Some(nums), choose }
             };
             levels.push(level);
         }
@@ -300,30 +265,37 @@ impl Design {
 
     /// The largest Hamming distance for which every pair is found in some table.
     pub fn max_k(&self) -> u32 {
-        self.levels
-            .iter()
-            .map(|l| l.blocks - l.choose)
-            .min()
-            .unwrap_or(0)
+        self.levels.iter().map(|l| l.blocks - l.choose).min().unwrap_or(0)
     }
 
     /// Checks that a query distance is within what this design answers exactly.
     pub fn check_k(&self, k: u32) -> Result<()> {
         let max = self.max_k();
-        if k > max {
-            Err(Error::KOutOfRange { k, max })
-        } else {
-            Ok(())
-        }
+        if k > max { Err(Error::KOutOfRange { k, max }) } else { Ok(()) }
+    }
+
+    /// The tables a query at distance `k <= max_k` must probe. With `b` blocks choose `c` at
+    /// a level, a pair within `k` agrees on at least `c` of the first `c + k` blocks, so only
+    /// the tables whose choices at every level lie among those are needed: `C(c + k, c)` per
+    /// level instead of `C(b, c)`. At `k = max_k` that is every table.
+    pub fn tables_for_k(&self, k: u32) -> Vec<usize> {
+        self.tables
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| {
+                t.choice
+                    .iter()
+                    .zip(&self.levels)
+                    .all(|(chosen, level)| chosen.iter().all(|&b| b < level.choose + k))
+            })
+            .map(|(i, _)| i)
+            .collect()
     }
 
     /// Expected number of fingerprints sharing a query's prefix, summed over all tables, for
     /// `n` uniformly distributed fingerprints.
     pub fn expected_candidates(&self, n: u64) -> f64 {
-        self.tables
-            .iter()
-            .map(|t| n as f64 / 2f64.powi(t.prefix_bits as i32))
-            .sum()
+        self.tables.iter().map(|t| n as f64 / 2f64.powi(t.prefix_bits as i32)).sum()
     }
 
     /// The smallest prefix length over all tables.
@@ -353,11 +325,7 @@ impl Design {
             return Err(Error::KOutOfRange { k, max: 16 });
         }
         let mut candidates: Vec<Vec<Level>> = Vec::new();
-        let even = |blocks, choose| Level {
-            blocks,
-            widths: None,
-            choose,
-        };
+        let even = |blocks, choose| Level { blocks, widths: None, choose };
         for r1 in k + 1..=(k + 10).min(32) {
             for c1 in 1..=r1 - k {
                 candidates.push(vec![even(r1, c1)]);
@@ -449,14 +417,7 @@ fn fewest_levels(f: u32, k: u32, d: i64, tau: i64, depth: u32) -> Option<(u64, V
         {
             let total = here.saturating_mul(sub);
             if total <= MAX_TABLES && best.as_ref().is_none_or(|(b, _)| total < *b) {
-                levels.insert(
-                    0,
-                    Level {
-                        blocks: r,
-                        widths: None,
-                        choose: c,
-                    },
-                );
+                levels.insert(0, Level { blocks: r, widths: None, choose: c });
                 best = Some((total, levels));
             }
         }
@@ -501,10 +462,7 @@ mod tests {
             let min = d.tables().iter().map(|t| t.prefix_bits).min().unwrap();
             let max = d.tables().iter().map(|t| t.prefix_bits).max().unwrap();
             assert_eq!((min, max), prefixes, "{name}");
-            assert!(
-                d.tables()[0].perm.is_identity(),
-                "{name}: table 0 is the identity"
-            );
+            assert!(d.tables()[0].perm.is_identity(), "{name}: table 0 is the identity");
         }
     }
 
@@ -562,13 +520,7 @@ mod tests {
     /// pairs of a small width.
     #[test]
     fn every_close_pair_shares_a_prefix_exhaustive() {
-        for (width, text) in [
-            (12, "4c1"),
-            (12, "5c2"),
-            (12, "3c1/3c1"),
-            (10, "5c3"),
-            (12, "6c2"),
-        ] {
+        for (width, text) in [(12, "4c1"), (12, "5c2"), (12, "3c1/3c1"), (10, "5c3"), (12, "6c2")] {
             let d = Design::parse_width(width, text).unwrap();
             let k = d.max_k();
             let masks: Vec<u64> = (0..1u64 << width).filter(|m| m.count_ones() <= k).collect();
@@ -576,9 +528,7 @@ mod tests {
                 for &m in &masks {
                     let y = x ^ m;
                     assert!(
-                        d.tables()
-                            .iter()
-                            .any(|t| prefix(t, width, x) == prefix(t, width, y)),
+                        d.tables().iter().any(|t| prefix(t, width, x) == prefix(t, width, y)),
                         "{text} width {width}: {x:#x} and {y:#x} share no prefix"
                     );
                 }
@@ -586,13 +536,40 @@ mod tests {
         }
     }
 
+    /// For every k below max_k, the reduced table set still covers every pair within k
+    /// (exhaustive on 12 bits) and is no larger than the full set.
+    #[test]
+    fn smaller_k_needs_fewer_tables_exhaustive() {
+        for (width, text) in [(12, "4c1"), (12, "5c2"), (12, "3c1/3c1"), (12, "6c2")] {
+            let d = Design::parse_width(width, text).unwrap();
+            assert_eq!(d.tables_for_k(d.max_k()).len(), d.tables().len());
+            for k in 0..=d.max_k() {
+                let subset = d.tables_for_k(k);
+                let masks: Vec<u64> = (0..1u64 << width).filter(|m| m.count_ones() <= k).collect();
+                for x in 0..1u64 << width {
+                    for &m in &masks {
+                        let y = x ^ m;
+                        assert!(
+                            subset.iter().any(|&t| {
+                                let t = &d.tables()[t];
+                                prefix(t, width, x) == prefix(t, width, y)
+                            }),
+                            "{text} k={k}: {x:#x} and {y:#x} missed by {subset:?}"
+                        );
+                    }
+                }
+            }
+        }
+        assert_eq!(Design::parse("5c2").unwrap().tables_for_k(0).len(), 1);
+        assert_eq!(Design::parse("5c2").unwrap().tables_for_k(1).len(), 3);
+        assert_eq!(Design::parse("4c1/4c1").unwrap().tables_for_k(1).len(), 4);
+    }
+
     /// The same on 64 bits, with random pairs at every distance up to max_k.
     #[test]
     fn every_close_pair_shares_a_prefix_random_64() {
         let mut rng = SplitMix64::new(42);
-        for text in [
-            "paper-20", "paper-16", "paper-10", "paper-4", "8c2", "7c1/5c1", "13c1",
-        ] {
+        for text in ["paper-20", "paper-16", "paper-10", "paper-4", "8c2", "7c1/5c1", "13c1"] {
             let d = Design::parse(text).unwrap();
             for _ in 0..20_000 {
                 let x = rng.next_u64();
@@ -600,9 +577,7 @@ mod tests {
                 let y = rng.flip_bits(x, dist);
                 assert_eq!(hamming(x, y), dist);
                 assert!(
-                    d.tables()
-                        .iter()
-                        .any(|t| prefix(t, 64, x) == prefix(t, 64, y)),
+                    d.tables().iter().any(|t| prefix(t, 64, x) == prefix(t, 64, y)),
                     "{text}: pair at distance {dist} missed"
                 );
             }
@@ -616,15 +591,7 @@ mod tests {
         let d = Design::parse_width(12, "4c1").unwrap();
         let three = 0b100_100_100_000u64;
         let four = 0b100_100_100_100u64;
-        assert!(
-            d.tables()
-                .iter()
-                .any(|t| prefix(t, 12, 0) == prefix(t, 12, three))
-        );
-        assert!(
-            !d.tables()
-                .iter()
-                .any(|t| prefix(t, 12, 0) == prefix(t, 12, four))
-        );
+        assert!(d.tables().iter().any(|t| prefix(t, 12, 0) == prefix(t, 12, three)));
+        assert!(!d.tables().iter().any(|t| prefix(t, 12, 0) == prefix(t, 12, four)));
     }
 }

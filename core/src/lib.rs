@@ -14,7 +14,7 @@
 //! 4. [`index`]: the exact, updatable in-memory index over documents (id, fingerprint,
 //!    timestamp), with a write buffer, immutable runs and merges.
 //!
-//! ```ignore
+//! ```
 //! use neardup_core::{Doc, Index, IndexConfig};
 //!
 //! let mut index = Index::new(IndexConfig::default()).unwrap();
@@ -25,11 +25,14 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod codec;
 pub mod design;
 pub mod error;
 pub mod fingerprint;
+pub mod index;
 pub mod permute;
 pub mod util;
 
 pub use design::Design;
 pub use error::{Error, ErrorKind, Result};
+pub use index::{Doc, Index, IndexConfig, Match};

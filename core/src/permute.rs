@@ -47,24 +47,13 @@ pub struct Permutation {
 
 #[inline(always)]
 fn low_mask(bits: u32) -> u64 {
-    if bits >= 64 {
-        u64::MAX
-    } else {
-        (1u64 << bits) - 1
-    }
+    if bits >= 64 { u64::MAX } else { (1u64 << bits) - 1 }
 }
 
 impl Permutation {
     /// The identity on `width`-bit values.
     pub fn identity(width: u32) -> Self {
-        Self::from_ranges(
-            width,
-            &[BitRange {
-                start: 0,
-                len: width,
-            }],
-        )
-        .expect("valid identity")
+        Self::from_ranges(width, &[BitRange { start: 0, len: width }]).expect("valid identity")
     }
 
     /// The permutation whose output is the given source ranges, in order, from the most
@@ -86,16 +75,12 @@ impl Permutation {
             }
             for p in r.start..r.start + r.len {
                 if std::mem::replace(&mut covered[p as usize], true) {
-                    return Err(Error::InvalidDesign(format!(
-                        "bit position {p} is used twice"
-                    )));
+                    return Err(Error::InvalidDesign(format!("bit position {p} is used twice")));
                 }
             }
         }
         if let Some(p) = covered.iter().position(|c| !c) {
-            return Err(Error::InvalidDesign(format!(
-                "bit position {p} is not covered"
-            )));
+            return Err(Error::InvalidDesign(format!("bit position {p} is not covered")));
         }
         // Merge ranges that are adjacent in both source and output.
         let mut merged: Vec<BitRange> = Vec::with_capacity(ranges.len());
@@ -113,19 +98,10 @@ impl Permutation {
             let dst = width - out_pos - r.len;
             let mask = low_mask(r.len);
             forward.push(Move { src, dst, mask });
-            inverse.push(Move {
-                src: dst,
-                dst: src,
-                mask,
-            });
+            inverse.push(Move { src: dst, dst: src, mask });
             out_pos += r.len;
         }
-        Ok(Permutation {
-            width,
-            ranges: merged,
-            forward,
-            inverse,
-        })
+        Ok(Permutation { width, ranges: merged, forward, inverse })
     }
 
     /// Width in bits of the values this permutation acts on.
@@ -169,9 +145,7 @@ impl Permutation {
     /// The composition "first `self`, then `then`": `then.apply(self.apply(x))`.
     pub fn then(&self, then: &Permutation) -> Result<Permutation> {
         if self.width != then.width {
-            return Err(Error::InvalidDesign(
-                "composing permutations of different widths".into(),
-            ));
+            return Err(Error::InvalidDesign("composing permutations of different widths".into()));
         }
         // Output position p of `then` reads position q of self's output, which reads source
         // position s of the original. Walk `then`'s ranges and split them along self's ranges.
@@ -190,10 +164,7 @@ impl Permutation {
                     .find(|&&(o, _, l)| o <= q && q < o + l)
                     .expect("ranges partition the width");
                 let take = (o + l).min(end) - q;
-                ranges.push(BitRange {
-                    start: s + (q - o),
-                    len: take,
-                });
+                ranges.push(BitRange { start: s + (q - o), len: take });
                 q += take;
             }
         }
@@ -207,10 +178,7 @@ mod tests {
     use crate::util::SplitMix64;
 
     fn blocks(width: u32, order: &[(u32, u32)]) -> Permutation {
-        let r: Vec<_> = order
-            .iter()
-            .map(|&(start, len)| BitRange { start, len })
-            .collect();
+        let r: Vec<_> = order.iter().map(|&(start, len)| BitRange { start, len }).collect();
         Permutation::from_ranges(width, &r).unwrap()
     }
 
@@ -236,10 +204,7 @@ mod tests {
         assert!(
             Permutation::from_ranges(
                 64,
-                &[
-                    BitRange { start: 0, len: 40 },
-                    BitRange { start: 30, len: 34 }
-                ]
+                &[BitRange { start: 0, len: 40 }, BitRange { start: 30, len: 34 }]
             )
             .is_err()
         );

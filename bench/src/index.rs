@@ -1,0 +1,350 @@
+//! `neardup-bench index`: builds the index over a workload, measures queries on one thread
+//! and on all threads, checks exactness against brute force in the same run, measures live
+//! inserts, and prints one JSON object as its last line.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use neardup_core::codec::{BlockSearch, Codec, RunOptions};
+use neardup_core::index::QueryScratch;
+use neardup_core::util::SplitMix64;
+use neardup_core::{Design, Doc, Index, IndexConfig, Match};
+use serde_json::json;
+
+use crate::bruteforce;
+use crate::workload::{self, Shape, Workload};
+
+/// Options of `neardup-bench index`.
+#[derive(clap::Args, Debug)]
+pub struct IndexArgs {
+    /// Stored fingerprints: raw little-endian u64, id = position (the shared peer format).
+    #[arg(long, requires = "queries_file")]
+    stored: Option<PathBuf>,
+    /// Query fingerprints: raw little-endian u64.
+    #[arg(long = "queries-file", id = "queries_file")]
+    queries_file: Option<PathBuf>,
+    /// Generated workload: number of stored fingerprints.
+    #[arg(long, default_value_t = 1_000_000)]
+    n: usize,
+    /// Generated workload: number of queries.
+    #[arg(long, default_value_t = 100_000)]
+    queries: usize,
+    /// Generated workload: seed.
+    #[arg(long, default_value_t = 20070508)]
+    seed: u64,
+    /// Generated workload: shape.
+    #[arg(long, value_enum, default_value_t = Shape::Peers)]
+    workload: Shape,
+    /// Hamming distance.
+    #[arg(long, default_value_t = 3)]
+    k: u32,
+    /// Table design: a name (paper-20, paper-16, paper-10, paper-4), a text such as 5c2 or
+    /// 4c1/4c1, or `auto` (chosen for n, k and --budget-mb).
+    #[arg(long, default_value = "paper-10")]
+    design: String,
+    /// Memory budget for `--design auto`, in MB.
+    #[arg(long, default_value_t = 1000)]
+    budget_mb: u64,
+    /// Block coding: xor (the paper's) or gap.
+    #[arg(long, default_value = "xor")]
+    codec: String,
+    /// Block size in bytes.
+    #[arg(long, default_value_t = 1024)]
+    block_bytes: usize,
+    /// Block lookup: directory or interpolation.
+    #[arg(long, default_value = "directory")]
+    search: String,
+    /// Write sorted (u32 query, u32 id) little-endian pairs here (all queries).
+    #[arg(long)]
+    pairs: Option<PathBuf>,
+    /// Queries checked against brute force (at least 1000 for `verified_exact`).
+    #[arg(long, default_value_t = 1000)]
+    verify: usize,
+    /// Documents inserted into the live index after the query measurements (0 = n / 10,
+    /// at most 1M).
+    #[arg(long, default_value_t = 0)]
+    inserts: usize,
+    /// Batch size of the live inserts.
+    #[arg(long, default_value_t = 1000)]
+    insert_batch: usize,
+    /// Also time the same queries with the other block lookup method.
+    #[arg(long)]
+    compare_search: bool,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn one_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    rayon::ThreadPoolBuilder::new().num_threads(1).build().expect("a one-thread pool").install(f)
+}
+
+/// Runs the single-thread query loop; returns (seconds, results, pairs).
+fn timed_queries(index: &Index, queries: &[u64], k: u32) -> (f64, u64) {
+    let mut scratch = QueryScratch::default();
+    let mut out: Vec<Match> = Vec::new();
+    let mut results = 0u64;
+    let t = Instant::now();
+    for &q in queries {
+        index.query_into(q, k, &mut scratch, &mut out).expect("k checked");
+        results += out.len() as u64;
+    }
+    (t.elapsed().as_secs_f64(), results)
+}
+
+/// Runs `neardup-bench index`.
+pub fn run(args: IndexArgs) -> Result<(), String> {
+    let w: Workload = match (&args.stored, &args.queries_file) {
+        (Some(s), Some(q)) => Workload {
+            stored: workload::read_u64s(s)?,
+            queries: workload::read_u64s(q)?,
+            source: format!("files:{}", s.display()),
+        },
+        _ => workload::generate(args.workload, args.n, args.queries, args.seed),
+    };
+    let n = w.stored.len();
+    if n == 0 || w.queries.is_empty() {
+        return Err("the workload needs at least one stored fingerprint and one query".into());
+    }
+    if n > u32::MAX as usize {
+        return Err("at most 2^32 - 1 stored fingerprints (ids are u32 in the pairs file)".into());
+    }
+    let design = if args.design == "auto" {
+        Design::auto(n as u64, args.k, args.budget_mb * 1_000_000).map_err(|e| e.to_string())?
+    } else {
+        Design::parse(&args.design).map_err(|e| e.to_string())?
+    };
+    design.check_k(args.k).map_err(|e| e.to_string())?;
+    let codec: Codec = args.codec.parse().map_err(|e: neardup_core::Error| e.to_string())?;
+    let search: BlockSearch =
+        args.search.parse().map_err(|e: neardup_core::Error| e.to_string())?;
+    let config = IndexConfig {
+        design: design.clone(),
+        run: RunOptions { codec, block_bytes: args.block_bytes, search },
+        ..IndexConfig::default()
+    };
+    config.validate().map_err(|e| e.to_string())?;
+    let docs: Vec<Doc> =
+        w.stored.iter().enumerate().map(|(i, &fp)| Doc { id: i as u64, fp, ts: 0 }).collect();
+    eprintln!(
+        "workload {}: n={n} queries={} k={} design={} ({} tables, prefixes {}..{} bits, {:.1} expected candidates/query)",
+        w.source,
+        w.queries.len(),
+        args.k,
+        design,
+        design.tables().len(),
+        design.min_prefix_bits(),
+        design.tables().iter().map(|t| t.prefix_bits).max().unwrap_or(0),
+        design.expected_candidates(n as u64),
+    );
+
+    // Build on one core, then on all cores (the second index is the one measured).
+    let t = Instant::now();
+    let single = one_thread(|| Index::build(config.clone(), &docs)).map_err(|e| e.to_string())?;
+    let build_seconds = t.elapsed().as_secs_f64();
+    drop(single);
+    let t = Instant::now();
+    let mut index = Index::build(config.clone(), &docs).map_err(|e| e.to_string())?;
+    let build_seconds_all = t.elapsed().as_secs_f64();
+    let mem = index.memory();
+    let floor = 64.0 - (n as f64).log2() + 1.44;
+    let bits = mem.bits_per_fp_per_table();
+    eprintln!(
+        "build: {build_seconds:.2}s on one core ({:.2}M fp/s), {build_seconds_all:.2}s on all cores; index {:.1} MB, {bits:.2} bits/fp/table (floor {floor:.2}, ratio {:.3}); ids {} bits, timestamps {} bits",
+        n as f64 / build_seconds / 1e6,
+        mem.total_bytes as f64 / 1e6,
+        bits / floor,
+        mem.column_bits.0,
+        mem.column_bits.1,
+    );
+    for (i, t) in mem.tables.iter().enumerate() {
+        if t.crowded_buckets > 0 {
+            eprintln!(
+                "  table {i}: {} crowded buckets holding {} entries, sub-indexes included in {:.1} MB",
+                t.crowded_buckets,
+                t.crowded_entries,
+                t.bytes as f64 / 1e6
+            );
+        }
+    }
+
+    // One thread: a warm-up pass, a throughput pass, a latency pass.
+    let k = args.k;
+    let _ = timed_queries(&index, &w.queries[..w.queries.len().min(10_000)], k);
+    let (secs, results) = timed_queries(&index, &w.queries, k);
+    let qps_one = w.queries.len() as f64 / secs;
+    let mut lat = Vec::with_capacity(w.queries.len());
+    {
+        let mut scratch = QueryScratch::default();
+        let mut out = Vec::new();
+        for &q in &w.queries {
+            let t = Instant::now();
+            index.query_into(q, k, &mut scratch, &mut out).expect("k checked");
+            lat.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    lat.sort_by(f64::total_cmp);
+    let (p50, p99, p999) = (percentile(&lat, 0.5), percentile(&lat, 0.99), percentile(&lat, 0.999));
+    eprintln!(
+        "one thread: {qps_one:.0} queries/s, p50 {p50:.2} us, p99 {p99:.2} us, p99.9 {p999:.2} us, {results} results"
+    );
+    let mut other_search = serde_json::Value::Null;
+    if args.compare_search {
+        let other = match search {
+            BlockSearch::Directory => BlockSearch::Interpolation,
+            BlockSearch::Interpolation => BlockSearch::Directory,
+        };
+        let cfg = IndexConfig { run: RunOptions { search: other, ..config.run }, ..config.clone() };
+        let idx2 = Index::build(cfg, &docs).map_err(|e| e.to_string())?;
+        let _ = timed_queries(&idx2, &w.queries[..w.queries.len().min(10_000)], k);
+        let (s2, r2) = timed_queries(&idx2, &w.queries, k);
+        let (s1, _) = timed_queries(&index, &w.queries, k);
+        eprintln!(
+            "block lookup: {search:?} {:.0} q/s vs {other:?} {:.0} q/s (same run, back to back)",
+            w.queries.len() as f64 / s1,
+            w.queries.len() as f64 / s2
+        );
+        assert_eq!(r2, results);
+        other_search = json!({
+            "search": format!("{other:?}").to_lowercase(),
+            "qps_one_thread": w.queries.len() as f64 / s2,
+            "this_qps_one_thread_again": w.queries.len() as f64 / s1,
+        });
+    }
+
+    // All threads.
+    let t = Instant::now();
+    let batch = index.query_batch(&w.queries, k).map_err(|e| e.to_string())?;
+    let qps_all = w.queries.len() as f64 / t.elapsed().as_secs_f64();
+    eprintln!("all {} threads: {qps_all:.0} queries/s", rayon::current_num_threads());
+
+    // Exactness against brute force on a sample, and the brute-force baseline.
+    let sample = args.verify.min(w.queries.len());
+    let t = Instant::now();
+    let truth = bruteforce::scan_many(&w.stored, &w.queries[..sample], k);
+    let bf_secs_all = t.elapsed().as_secs_f64();
+    let mut mismatches = 0;
+    for (i, want) in truth.iter().enumerate() {
+        let mut got: Vec<u32> = batch[i].iter().map(|m| m.id as u32).collect();
+        got.sort_unstable();
+        if &got != want {
+            mismatches += 1;
+            if mismatches <= 3 {
+                eprintln!("MISMATCH query {i}: index {got:?} brute force {want:?}");
+            }
+        }
+    }
+    let verified_exact = mismatches == 0 && sample >= 1000;
+    let bf_n = sample.clamp(1, 100);
+    let t = Instant::now();
+    let mut bf_results = 0;
+    for &q in &w.queries[..bf_n] {
+        bf_results += bruteforce::scan(&w.stored, q, k).len();
+    }
+    let bf_qps = bf_n as f64 / t.elapsed().as_secs_f64();
+    std::hint::black_box(bf_results);
+    eprintln!(
+        "brute force: {bf_qps:.1} queries/s on one thread ({:.2e} comparisons/s); checked {sample} queries in {bf_secs_all:.1}s: {}",
+        bf_qps * n as f64,
+        if mismatches == 0 { "exact".to_string() } else { format!("{mismatches} MISMATCHES") }
+    );
+
+    if let Some(path) = &args.pairs {
+        let mut pairs: Vec<(u32, u32)> = batch
+            .iter()
+            .enumerate()
+            .flat_map(|(qi, ms)| ms.iter().map(move |m| (qi as u32, m.id as u32)))
+            .collect();
+        pairs.sort_unstable();
+        let mut f = std::io::BufWriter::new(
+            std::fs::File::create(path)
+                .map_err(|e| format!("cannot create {}: {e}", path.display()))?,
+        );
+        for (q, id) in pairs {
+            f.write_all(&q.to_le_bytes())
+                .and_then(|_| f.write_all(&id.to_le_bytes()))
+                .map_err(|e| e.to_string())?;
+        }
+        f.flush().map_err(|e| e.to_string())?;
+    }
+    drop(batch);
+
+    // Live inserts: fresh random documents in batches, merges included.
+    let inserts = if args.inserts == 0 { (n / 10).clamp(1, 1_000_000) } else { args.inserts };
+    let mut r = SplitMix64::new(args.seed ^ 0x5EED);
+    let fresh: Vec<Doc> =
+        (0..inserts).map(|i| Doc { id: (n + i) as u64, fp: r.next_u64(), ts: 1 }).collect();
+    let t = Instant::now();
+    for chunk in fresh.chunks(args.insert_batch.max(1)) {
+        index.insert_batch(chunk).map_err(|e| e.to_string())?;
+    }
+    let insert_secs = t.elapsed().as_secs_f64();
+    let stats = index.stats();
+    // The live index stays exact: spot-check inserted and old documents.
+    let mut live_ok = true;
+    for i in 0..200 {
+        let d = if i % 2 == 0 { fresh[(i * 7919) % inserts] } else { docs[(i * 104_729) % n] };
+        let hits = index.query(d.fp, k).map_err(|e| e.to_string())?;
+        live_ok &= hits.iter().any(|m| m.id == d.id && m.distance == 0);
+    }
+    let insert_rate = inserts as f64 / insert_secs;
+    let (qs_after, _) = timed_queries(&index, &w.queries[..w.queries.len().min(20_000)], k);
+    let qps_after = w.queries.len().min(20_000) as f64 / qs_after;
+    eprintln!(
+        "live inserts: {inserts} in batches of {}: {insert_rate:.0} docs/s ({} runs, {} merges, {} docs rewritten); queries after: {qps_after:.0}/s; spot check {}",
+        args.insert_batch,
+        stats.runs,
+        stats.merges,
+        stats.merged_docs,
+        if live_ok { "ok" } else { "FAILED" }
+    );
+
+    let report = json!({
+        "bench": "index",
+        "workload": w.source,
+        "n": n,
+        "queries": w.queries.len(),
+        "k": k,
+        "design": design.to_string(),
+        "tables": design.tables().len(),
+        "codec": format!("{codec:?}").to_lowercase(),
+        "block_bytes": args.block_bytes,
+        "search": format!("{search:?}").to_lowercase(),
+        "build_seconds": build_seconds,
+        "build_fps_per_second_one_core": n as f64 / build_seconds,
+        "build_seconds_all_cores": build_seconds_all,
+        "bits_per_fp_per_table": bits,
+        "entropy_floor_bits": floor,
+        "bits_ratio_to_floor": bits / floor,
+        "index_bytes": mem.total_bytes,
+        "doc_bytes": mem.doc_bytes,
+        "crowded_buckets": mem.tables.iter().map(|t| t.crowded_buckets).sum::<usize>(),
+        "qps_one_thread": qps_one,
+        "p50_us": p50,
+        "p99_us": p99,
+        "p999_us": p999,
+        "qps_all_threads": qps_all,
+        "threads": rayon::current_num_threads(),
+        "results": results,
+        "verified_exact": verified_exact,
+        "verified_queries": sample,
+        "bruteforce_qps_one_thread": bf_qps,
+        "insert_docs_per_second": insert_rate,
+        "inserts": inserts,
+        "insert_batch": args.insert_batch,
+        "runs_after_inserts": stats.runs,
+        "qps_one_thread_after_inserts": qps_after,
+        "live_index_exact_spot_check": live_ok,
+        "other_search": other_search,
+    });
+    println!("{report}");
+    if mismatches > 0 || !live_ok {
+        return Err("the index disagreed with brute force".into());
+    }
+    Ok(())
+}

@@ -1,0 +1,1151 @@
+//! [`HxRun`]: one sorted run of distinct `u64` values in Huffman-XOR blocks.
+
+use crate::codec::huffman::{Huffman, MAX_CODE_LEN, SYMBOLS};
+use crate::error::{Error, Result};
+
+/// Format version written in every run header; readers refuse any other.
+pub const FORMAT_VERSION: u16 = 1;
+const MAGIC: [u8; 4] = *b"NDHX";
+/// Size of a serialized run header.
+pub const HEADER_BYTES: usize = 4 + 2 + 1 + 1 + 4 + 4 + 8 + SYMBOLS + 4;
+/// Bytes at the start of a block: first value (u64), value count (u16), bits of the code
+/// stream (u16).
+const BLOCK_HEAD: usize = 12;
+/// Most values one block holds (its count is a u16).
+const MAX_BLOCK_ENTRIES: u32 = u16::MAX as u32;
+/// Bytes at the end of a block: CRC-32 of everything before it.
+const BLOCK_TAIL: usize = 4;
+/// Extra zero bytes after the last block, so 16-byte loads near the end stay in bounds.
+const SLACK: usize = 16;
+/// Smallest and largest block sizes.
+const MIN_BLOCK: usize = 32;
+const MAX_BLOCK: usize = 8192;
+
+/// How a value is coded relative to its predecessor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Codec {
+    /// `h` is the leading 1-bit of `value XOR predecessor` (Manku et al.). The default.
+    #[default]
+    Xor,
+    /// `h` is the leading 1-bit of `value - predecessor`: the same code applied to the gap,
+    /// about two bits a value smaller on random data.
+    Gap,
+}
+
+impl Codec {
+    fn to_byte(self) -> u8 {
+        match self {
+            Codec::Xor => 0,
+            Codec::Gap => 1,
+        }
+    }
+
+    fn from_byte(b: u8) -> Result<Codec> {
+        match b {
+            0 => Ok(Codec::Xor),
+            1 => Ok(Codec::Gap),
+            _ => Err(Error::corrupt(format!("unknown codec {b}"))),
+        }
+    }
+
+    /// The word whose leading bit and lower bits are coded for `next` after `prev`.
+    #[inline(always)]
+    fn delta(self, prev: u64, next: u64) -> u64 {
+        match self {
+            Codec::Xor => prev ^ next,
+            Codec::Gap => next.wrapping_sub(prev),
+        }
+    }
+
+    /// Inverse of [`delta`](Self::delta).
+    #[inline(always)]
+    fn apply(self, prev: u64, delta: u64) -> u64 {
+        match self {
+            Codec::Xor => prev ^ delta,
+            Codec::Gap => prev.wrapping_add(delta),
+        }
+    }
+}
+
+impl std::str::FromStr for Codec {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Codec> {
+        match s {
+            "xor" => Ok(Codec::Xor),
+            "gap" => Ok(Codec::Gap),
+            _ => Err(Error::InvalidConfig(format!("unknown codec {s:?}: expected xor or gap"))),
+        }
+    }
+}
+
+/// A codec fixed at compile time, so the decode loop has no per-value branch on it.
+trait Code {
+    fn apply(prev: u64, delta: u64) -> u64;
+}
+
+struct XorCode;
+impl Code for XorCode {
+    #[inline(always)]
+    fn apply(prev: u64, delta: u64) -> u64 {
+        prev ^ delta
+    }
+}
+
+struct GapCode;
+impl Code for GapCode {
+    #[inline(always)]
+    fn apply(prev: u64, delta: u64) -> u64 {
+        prev.wrapping_add(delta)
+    }
+}
+
+/// Asks the CPU to start loading the cache line at `data[at]` (a hint; out of range is
+/// ignored).
+#[inline(always)]
+fn prefetch(data: &[u8], at: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if at < data.len() {
+        // SAFETY: prefetching is a hint that never faults; the pointer is in bounds anyway.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                data.as_ptr().add(at) as *const i8,
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (data, at);
+}
+
+/// How a lookup finds the block that may hold a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum BlockSearch {
+    /// A table on the top bits of the key points at the first block of each bucket; the
+    /// few blocks in a bucket are then searched. Robust on clustered data.
+    #[default]
+    Directory,
+    /// Interpolation over the block keys, falling back to binary search.
+    Interpolation,
+}
+
+impl std::str::FromStr for BlockSearch {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<BlockSearch> {
+        match s {
+            "directory" => Ok(BlockSearch::Directory),
+            "interpolation" => Ok(BlockSearch::Interpolation),
+            _ => Err(Error::InvalidConfig(format!(
+                "unknown block search {s:?}: expected directory or interpolation"
+            ))),
+        }
+    }
+}
+
+/// Options for encoding a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RunOptions {
+    /// Value coding.
+    pub codec: Codec,
+    /// Block size in bytes (32 ..= 8192).
+    pub block_bytes: usize,
+    /// Block lookup method.
+    pub search: BlockSearch,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions { codec: Codec::Xor, block_bytes: 1024, search: BlockSearch::Directory }
+    }
+}
+
+impl RunOptions {
+    /// Checks the options are in range.
+    pub fn validate(&self) -> Result<()> {
+        if !(MIN_BLOCK..=MAX_BLOCK).contains(&self.block_bytes) {
+            return Err(Error::InvalidConfig(format!(
+                "block size {} is not in {MIN_BLOCK}..={MAX_BLOCK} bytes",
+                self.block_bytes
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Writes bits most-significant first into a zeroed byte buffer.
+struct BitWriter<'a> {
+    out: &'a mut [u8],
+    pos: usize,
+}
+
+impl BitWriter<'_> {
+    /// Appends the low `n` bits of `v` (`n <= 57`, `v < 2^n`).
+    #[inline(always)]
+    fn put(&mut self, v: u64, n: u32) {
+        if n == 0 {
+            return;
+        }
+        let byte = self.pos >> 3;
+        let shift = 64 - n - (self.pos & 7) as u32;
+        let cur = u64::from_be_bytes(self.out[byte..byte + 8].try_into().expect("8 bytes"));
+        self.out[byte..byte + 8].copy_from_slice(&(cur | (v << shift)).to_be_bytes());
+        self.pos += n as usize;
+    }
+
+    /// Appends the low `n` bits of `v` (`n <= 64`).
+    #[inline(always)]
+    fn put_long(&mut self, v: u64, n: u32) {
+        if n > 57 {
+            self.put(v >> 32, n - 32);
+            self.put(v & 0xFFFF_FFFF, 32);
+        } else {
+            self.put(v, n);
+        }
+    }
+}
+
+#[inline(always)]
+fn load_be64(data: &[u8], byte: usize) -> u64 {
+    u64::from_be_bytes(data[byte..byte + 8].try_into().expect("8 bytes"))
+}
+
+/// Reads `n` bits (1 ..= 64) at bit position `pos`.
+#[inline(always)]
+fn read_bits(data: &[u8], pos: usize, n: u32) -> u64 {
+    let byte = pos >> 3;
+    let w = u128::from_be_bytes(data[byte..byte + 16].try_into().expect("16 bytes")) << (pos & 7);
+    (w >> (128 - n)) as u64
+}
+
+/// The symbol `h` for a non-zero delta word.
+#[inline(always)]
+fn symbol(delta: u64) -> u32 {
+    63 - delta.leading_zeros()
+}
+
+/// Decoding state inside one block: a bit buffer over the code stream and the position in
+/// the low-bits stream.
+///
+/// A block stores the Huffman codes of all its values first and their low bits after. The
+/// code stream is read through a 64-bit buffer kept in a register, so finding the next code
+/// costs a table lookup and a shift; the low bits sit at positions that are running sums of
+/// the decoded `h`, so reading them is off that chain.
+#[derive(Clone, Copy, Debug)]
+struct Cursor {
+    /// Upcoming code bits, most significant first.
+    cbuf: u64,
+    /// Valid bits in `cbuf`.
+    cbits: u32,
+    /// Bit position (in the block) of the first bit of `cbuf`.
+    cpos: usize,
+    /// Bit position (in the block) of the next value's low bits.
+    rpos: usize,
+}
+
+impl Cursor {
+    /// A cursor at the second value of `block` (the first is stored whole).
+    #[inline(always)]
+    fn new(block: &[u8]) -> Cursor {
+        let code_bits = u16::from_le_bytes([block[10], block[11]]) as usize;
+        Cursor { cbuf: 0, cbits: 0, cpos: BLOCK_HEAD * 8, rpos: BLOCK_HEAD * 8 + code_bits }
+    }
+
+    /// The next value's delta word.
+    #[inline(always)]
+    fn next(&mut self, block: &[u8], lut: &Lut) -> u64 {
+        if self.cbits < MAX_CODE_LEN {
+            self.cbuf = load_be64(block, self.cpos >> 3) << (self.cpos & 7);
+            self.cbits = 64 - (self.cpos & 7) as u32;
+        }
+        let e = lut[(self.cbuf >> (64 - MAX_CODE_LEN)) as usize];
+        let len = (e >> 8) as u32;
+        let h = (e & 0xFF) as u32;
+        self.cbuf <<= len;
+        self.cbits -= len;
+        self.cpos += len as usize;
+        let low = if h <= 57 {
+            let w = load_be64(block, self.rpos >> 3) << (self.rpos & 7);
+            (w >> 1) >> (63 - h)
+        } else {
+            read_bits(block, self.rpos, h)
+        };
+        self.rpos += h as usize;
+        (1u64 << h) | low
+    }
+}
+
+/// A run's decoding table: entry `len << 8 | h` for every [`MAX_CODE_LEN`]-bit window.
+type Lut = [u16; 1 << MAX_CODE_LEN];
+
+/// One range scan over a run, prepared ahead and run by [`scan_lanes`]. A query prepares
+/// the scans of all its tables first (their block lookups and prefetches overlap), then
+/// decodes.
+#[derive(Debug)]
+pub struct Lane<'a> {
+    data: &'a [u8],
+    lut: &'a Lut,
+    ranks: &'a [u32],
+    bb: usize,
+    block: usize,
+    /// Values left in the current block after `v`.
+    left: u32,
+    cur: Cursor,
+    v: u64,
+    rank: u32,
+    lo: u64,
+    hi: u64,
+    pq: u64,
+    tag: u32,
+    done: bool,
+}
+
+/// Values a lane decodes per call, with its state in registers.
+const BURST: usize = 16;
+
+impl Lane<'_> {
+    /// Decodes up to [`BURST`] values, reporting those within `k` of the lane's query.
+    #[inline(always)]
+    fn burst<C: Code>(&mut self, k: u32, out: &mut Vec<(u64, u32, u32)>) {
+        let (lut, lo, hi, pq) = (self.lut, self.lo, self.hi, self.pq);
+        let mut block = &self.data[self.block * self.bb..];
+        let (mut v, mut cur, mut left, mut rank) = (self.v, self.cur, self.left, self.rank);
+        for _ in 0..BURST {
+            if v >= lo && (v ^ pq).count_ones() <= k {
+                out.push((v, rank, self.tag));
+            }
+            if left == 0 {
+                self.block += 1;
+                if self.block + 1 >= self.ranks.len() {
+                    self.done = true;
+                    return;
+                }
+                block = &self.data[self.block * self.bb..];
+                v = u64::from_le_bytes(block[..8].try_into().expect("8 bytes"));
+                left = self.ranks[self.block + 1] - self.ranks[self.block] - 1;
+                cur = Cursor::new(block);
+            } else {
+                v = C::apply(v, cur.next(block, lut));
+                left -= 1;
+            }
+            rank += 1;
+            if v > hi {
+                self.done = true;
+                return;
+            }
+        }
+        (self.v, self.cur, self.left, self.rank) = (v, cur, left, rank);
+    }
+}
+
+/// Runs `lanes` to completion, one after the other, appending `(value, rank, tag)`
+/// for every value within `k` of its lane's query. All lanes must come from runs with
+/// codec `codec`.
+pub fn scan_lanes(codec: Codec, lanes: &mut [Lane<'_>], k: u32, out: &mut Vec<(u64, u32, u32)>) {
+    match codec {
+        Codec::Xor => scan_lanes_with::<XorCode>(lanes, k, out),
+        Codec::Gap => scan_lanes_with::<GapCode>(lanes, k, out),
+    }
+}
+
+fn scan_lanes_with<C: Code>(lanes: &mut [Lane<'_>], k: u32, out: &mut Vec<(u64, u32, u32)>) {
+    for lane in lanes.iter_mut() {
+        while !lane.done {
+            lane.burst::<C>(k, out);
+        }
+    }
+}
+
+/// A sorted run of distinct `u64` values, Huffman-XOR coded in fixed-size blocks.
+#[derive(Debug, Clone)]
+pub struct HxRun {
+    opts: RunOptions,
+    huffman: Huffman,
+    len: usize,
+    /// `blocks * block_bytes` bytes, then [`SLACK`] zero bytes. A block's first value, read
+    /// from its first 8 bytes, is its search key.
+    data: Vec<u8>,
+    /// Entries before each block; `ranks[blocks] == len`, so `ranks.len() - 1` blocks.
+    ranks: Vec<u32>,
+    dir_shift: u32,
+    /// `dir[t]` = index of the first block whose key has top bits `>= t`.
+    dir: Vec<u32>,
+}
+
+impl HxRun {
+    /// Encodes strictly increasing `values`.
+    pub fn encode(values: &[u64], opts: RunOptions) -> Result<HxRun> {
+        opts.validate()?;
+        if values.len() > u32::MAX as usize {
+            return Err(Error::InvalidConfig("a run holds at most 2^32 - 1 values".into()));
+        }
+        let mut counts = [0u64; SYMBOLS];
+        for w in values.windows(2) {
+            if w[1] <= w[0] {
+                return Err(Error::InvalidConfig("run values must be strictly increasing".into()));
+            }
+            counts[symbol(opts.codec.delta(w[0], w[1])) as usize] += 1;
+        }
+        let huffman = Huffman::from_counts(&counts);
+        let bb = opts.block_bytes;
+        let cap_bits = (bb - BLOCK_HEAD - BLOCK_TAIL) * 8;
+        let mut data = Vec::with_capacity(values.len() * 6 + SLACK);
+        data.resize(SLACK, 0);
+        let mut ranks = Vec::new();
+        let mut deltas = Vec::new();
+        let mut i = 0;
+        while i < values.len() {
+            let start = data.len() - SLACK;
+            data.resize(start + bb + SLACK, 0);
+            let block = &mut data[start..];
+            block[..8].copy_from_slice(&values[i].to_le_bytes());
+            ranks.push(i as u32);
+            // How many values fit: codes and low bits together within the capacity.
+            let first = i;
+            let (mut used, mut code_bits) = (0usize, 0usize);
+            let mut j = i + 1;
+            deltas.clear();
+            while j < values.len() && (j - first) < MAX_BLOCK_ENTRIES as usize {
+                let delta = opts.codec.delta(values[j - 1], values[j]);
+                let h = symbol(delta);
+                let len = huffman.code(h).1;
+                if used + (len + h) as usize > cap_bits {
+                    break;
+                }
+                used += (len + h) as usize;
+                code_bits += len as usize;
+                deltas.push(delta);
+                j += 1;
+            }
+            let mut codes = BitWriter { out: &mut block[BLOCK_HEAD..], pos: 0 };
+            for &delta in &deltas {
+                let (code, len) = huffman.code(symbol(delta));
+                codes.put(code as u64, len);
+            }
+            let mut low = BitWriter { out: &mut block[BLOCK_HEAD..], pos: code_bits };
+            for &delta in &deltas {
+                let h = symbol(delta);
+                low.put_long(delta & !(1u64 << h), h);
+            }
+            let count = (j - first) as u16;
+            block[8..10].copy_from_slice(&count.to_le_bytes());
+            block[10..12].copy_from_slice(&(code_bits as u16).to_le_bytes());
+            let crc = crc32fast::hash(&block[..bb - BLOCK_TAIL]);
+            block[bb - BLOCK_TAIL..bb].copy_from_slice(&crc.to_le_bytes());
+            i = j;
+        }
+        ranks.push(values.len() as u32);
+        data.shrink_to_fit();
+        ranks.shrink_to_fit();
+        let mut run =
+            HxRun { opts, huffman, len: values.len(), data, ranks, dir_shift: 64, dir: Vec::new() };
+        run.build_directory();
+        Ok(run)
+    }
+
+    /// The first value of block `b`.
+    #[inline(always)]
+    fn key(&self, b: usize) -> u64 {
+        let at = b * self.opts.block_bytes;
+        u64::from_le_bytes(self.data[at..at + 8].try_into().expect("8 bytes"))
+    }
+
+    /// Builds the top-bits directory: about one entry per block.
+    fn build_directory(&mut self) {
+        let blocks = self.blocks();
+        let bits = if blocks <= 1 { 0 } else { (usize::BITS - 1 - blocks.leading_zeros()).min(24) };
+        self.dir_shift = 64 - bits;
+        let buckets = 1usize << bits;
+        let mut dir = vec![0u32; buckets + 1];
+        let mut b = 0usize;
+        for (t, d) in dir.iter_mut().enumerate() {
+            while b < blocks
+                && ((self.key(b).checked_shr(self.dir_shift).unwrap_or(0)) as usize) < t
+            {
+                b += 1;
+            }
+            *d = b as u32;
+        }
+        self.dir = dir;
+    }
+
+    /// Number of values.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the run holds no values.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Number of blocks.
+    pub fn blocks(&self) -> usize {
+        self.ranks.len() - 1
+    }
+
+    /// The options the run was encoded with.
+    pub fn options(&self) -> RunOptions {
+        self.opts
+    }
+
+    /// Changes the block lookup method (no re-encoding needed).
+    pub fn set_search(&mut self, search: BlockSearch) {
+        self.opts.search = search;
+    }
+
+    /// The run's Huffman code.
+    pub fn huffman(&self) -> &Huffman {
+        &self.huffman
+    }
+
+    /// Smallest value, if any.
+    pub fn first(&self) -> Option<u64> {
+        (self.len > 0).then(|| self.key(0))
+    }
+
+    /// Bytes of memory this run holds (blocks, keys, ranks, directory, decoding table).
+    pub fn heap_bytes(&self) -> usize {
+        self.data.capacity()
+            + self.ranks.capacity() * 4
+            + self.dir.capacity() * 4
+            + self.huffman.lut().len() * 2
+            + std::mem::size_of::<Self>()
+    }
+
+    /// Index of the block where a scan for values `>= key` starts: the last block whose
+    /// first value is `<= key`, or block 0.
+    #[inline]
+    pub fn block_for(&self, key: u64) -> usize {
+        match self.opts.search {
+            BlockSearch::Directory => self.block_by_directory(key),
+            BlockSearch::Interpolation => self.block_by_interpolation(key),
+        }
+    }
+
+    #[inline]
+    fn block_by_directory(&self, key: u64) -> usize {
+        let t = key.checked_shr(self.dir_shift).unwrap_or(0) as usize;
+        let (lo, hi) = (self.dir[t] as usize, self.dir[t + 1] as usize);
+        // Blocks lo..hi have keys with top bits == t; the answer is the last of them with key
+        // <= `key`, or lo - 1.
+        let mut b = lo;
+        while b < hi && self.key(b) <= key {
+            b += 1;
+        }
+        b.saturating_sub(1)
+    }
+
+    #[inline]
+    fn block_by_interpolation(&self, key: u64) -> usize {
+        let n = self.blocks();
+        if n <= 1 || key <= self.key(0) {
+            return 0;
+        }
+        let (mut lo, mut hi) = (0usize, n - 1); // invariant: key(lo) <= key < key(hi)
+        if self.key(hi) <= key {
+            return hi;
+        }
+        let (mut klo, mut khi) = (self.key(lo), self.key(hi));
+        // Now keys[lo] <= key < keys[hi].
+        for _ in 0..3 {
+            if hi - lo <= 8 {
+                break;
+            }
+            let span = (khi - klo) as u128;
+            let off = ((key - klo) as u128 * (hi - lo) as u128 / span) as usize;
+            let guess = (lo + off).clamp(lo + 1, hi - 1);
+            let kg = self.key(guess);
+            if kg <= key {
+                (lo, klo) = (guess, kg);
+                // Probe a little ahead: a good guess is usually within a few blocks.
+                let ahead = (guess + 2).min(hi);
+                let ka = self.key(ahead);
+                if ka > key {
+                    (hi, khi) = (ahead, ka);
+                } else {
+                    (lo, klo) = (ahead, ka);
+                }
+            } else {
+                (hi, khi) = (guess, kg);
+                let back = guess.saturating_sub(2).max(lo);
+                let kb = self.key(back);
+                if kb <= key {
+                    (lo, klo) = (back, kb);
+                } else {
+                    (hi, khi) = (back, kb);
+                }
+            }
+        }
+        // Binary search for the last block in lo..hi with key <= `key`.
+        let (mut a, mut b) = (lo, hi);
+        while b - a > 1 {
+            let mid = a + (b - a) / 2;
+            if self.key(mid) <= key { a = mid } else { b = mid }
+        }
+        a
+    }
+
+    /// A hint for [`prefetch`](Self::prefetch): the first block of `key`'s directory
+    /// bucket (one load from the directory; no effect on results).
+    #[inline]
+    pub fn block_hint(&self, key: u64) -> usize {
+        match self.opts.search {
+            BlockSearch::Directory => {
+                let t = key.checked_shr(self.dir_shift).unwrap_or(0) as usize;
+                self.dir.get(t).map_or(0, |&b| b as usize)
+            }
+            BlockSearch::Interpolation => {
+                let n = self.blocks() as u128;
+                ((key as u128 * n) >> 64) as usize
+            }
+        }
+    }
+
+    /// Starts loading the blocks around `hint` (from [`block_hint`](Self::block_hint)) so
+    /// that a scan's cache misses overlap with other work.
+    #[inline]
+    pub fn prefetch(&self, hint: usize) {
+        let bb = self.opts.block_bytes;
+        prefetch(&self.data, hint.saturating_sub(1) * bb);
+        prefetch(&self.data, hint * bb);
+    }
+
+    /// Calls `visit(value, rank)` for every value in `lo..=hi`, in increasing order.
+    #[inline]
+    pub fn scan_range(&self, lo: u64, hi: u64, visit: impl FnMut(u64, usize)) {
+        if self.len == 0 || lo > hi {
+            return;
+        }
+        match self.opts.codec {
+            Codec::Xor => self.scan_with::<XorCode>(lo, hi, visit),
+            Codec::Gap => self.scan_with::<GapCode>(lo, hi, visit),
+        }
+    }
+
+    /// [`scan_range`](Self::scan_range) with the codec fixed at compile time.
+    #[inline(always)]
+    fn scan_with<C: Code>(&self, lo: u64, hi: u64, mut visit: impl FnMut(u64, usize)) {
+        let bb = self.opts.block_bytes;
+        let lut = self.huffman.lut();
+        let mut b = self.block_for(lo);
+        while b < self.blocks() {
+            let block = &self.data[b * bb..];
+            let count = self.ranks[b + 1] - self.ranks[b];
+            let mut v = u64::from_le_bytes(block[..8].try_into().expect("8 bytes"));
+            if v > hi {
+                return;
+            }
+            let rank0 = self.ranks[b] as usize;
+            if v >= lo {
+                visit(v, rank0);
+            }
+            let mut cur = Cursor::new(block);
+            for j in 1..count as usize {
+                v = C::apply(v, cur.next(block, lut));
+                if v > hi {
+                    return;
+                }
+                if v >= lo {
+                    visit(v, rank0 + j);
+                }
+            }
+            b += 1;
+        }
+    }
+
+    /// The value of rank `rank` (its position in sorted order), if `rank < len`.
+    pub fn get(&self, rank: usize) -> Option<u64> {
+        if rank >= self.len {
+            return None;
+        }
+        let b = self.ranks.partition_point(|&r| r as usize <= rank) - 1;
+        let block = &self.data[b * self.opts.block_bytes..];
+        let mut v = u64::from_le_bytes(block[..8].try_into().expect("8 bytes"));
+        let mut cur = Cursor::new(block);
+        for _ in self.ranks[b] as usize..rank {
+            v = self.opts.codec.apply(v, cur.next(block, self.huffman.lut()));
+        }
+        Some(v)
+    }
+
+    /// Starts an interleavable scan of `lo..=hi` that reports values within `k` of `pq`.
+    /// See [`Lane`].
+    #[inline]
+    pub fn lane(&self, lo: u64, hi: u64, pq: u64, tag: u32) -> Lane<'_> {
+        let bb = self.opts.block_bytes;
+        let mut lane = Lane {
+            data: &self.data,
+            lut: self.huffman.lut(),
+            ranks: &self.ranks,
+            bb,
+            block: 0,
+            left: 0,
+            cur: Cursor { cbuf: 0, cbits: 0, cpos: 0, rpos: 0 },
+            v: 0,
+            rank: 0,
+            lo,
+            hi,
+            pq,
+            tag,
+            done: true,
+        };
+        if self.len == 0 || lo > hi {
+            return lane;
+        }
+        let b = self.block_for(lo);
+        let block = &self.data[b * bb..];
+        lane.block = b;
+        lane.v = u64::from_le_bytes(block[..8].try_into().expect("8 bytes"));
+        lane.left = self.ranks[b + 1] - self.ranks[b] - 1;
+        lane.cur = Cursor::new(block);
+        lane.rank = self.ranks[b];
+        lane.done = lane.v > hi;
+        lane
+    }
+
+    /// The codec of this run.
+    pub fn codec(&self) -> Codec {
+        self.opts.codec
+    }
+
+    /// The rank (position in sorted order) of `value`, if present.
+    pub fn rank_of(&self, value: u64) -> Option<usize> {
+        let mut found = None;
+        self.scan_range(value, value, |_, r| found = Some(r));
+        found
+    }
+
+    /// Decodes every value, in order.
+    pub fn to_vec(&self) -> Vec<u64> {
+        let mut out = Vec::with_capacity(self.len);
+        self.scan_range(0, u64::MAX, |v, _| out.push(v));
+        out
+    }
+
+    /// Decodes one block with every check: checksum, counts, code validity, bounds and
+    /// strict increase. Never panics on damaged bytes.
+    fn decode_block_checked(
+        block: &[u8],
+        bb: usize,
+        huffman: &Huffman,
+        codec: Codec,
+        out: &mut Vec<u64>,
+    ) -> Result<()> {
+        if block.len() < bb + SLACK {
+            return Err(Error::corrupt("block is truncated"));
+        }
+        let stored = u32::from_le_bytes(block[bb - BLOCK_TAIL..bb].try_into().expect("4 bytes"));
+        if crc32fast::hash(&block[..bb - BLOCK_TAIL]) != stored {
+            return Err(Error::corrupt("block checksum mismatch"));
+        }
+        let mut v = u64::from_le_bytes(block[..8].try_into().expect("8 bytes"));
+        let count = u16::from_le_bytes([block[8], block[9]]) as u32;
+        let code_bits = u16::from_le_bytes([block[10], block[11]]) as usize;
+        let code_end = BLOCK_HEAD * 8 + code_bits;
+        let end_bits = (bb - BLOCK_TAIL) * 8;
+        if count == 0 {
+            return Err(Error::corrupt("empty block"));
+        }
+        if code_end > end_bits {
+            return Err(Error::corrupt("block code stream runs past the block"));
+        }
+        out.push(v);
+        let lut = huffman.lut();
+        let (mut cpos, mut rpos) = (BLOCK_HEAD * 8, code_end);
+        for _ in 1..count {
+            let e = lut[read_bits(block, cpos, MAX_CODE_LEN) as usize];
+            let (len, h) = ((e >> 8) as u32, (e & 0xFF) as u32);
+            if len == 0 {
+                return Err(Error::corrupt("invalid Huffman code in block"));
+            }
+            if cpos + len as usize > code_end {
+                return Err(Error::corrupt("block code stream is shorter than its count"));
+            }
+            if rpos + h as usize > end_bits {
+                return Err(Error::corrupt("block low bits run past the block"));
+            }
+            let low = if h == 0 { 0 } else { read_bits(block, rpos, h) };
+            cpos += len as usize;
+            rpos += h as usize;
+            let delta = (1u64 << h) | low;
+            let next = codec.apply(v, delta);
+            let increasing = match codec {
+                Codec::Xor => next > v,
+                Codec::Gap => v.checked_add(delta).is_some(),
+            };
+            if !increasing {
+                return Err(Error::corrupt("block values are not strictly increasing"));
+            }
+            v = next;
+            out.push(v);
+        }
+        if cpos != code_end {
+            return Err(Error::corrupt("block code stream is longer than its count"));
+        }
+        Ok(())
+    }
+
+    /// The serialized header: magic, format version, codec, block size, counts, Huffman code
+    /// lengths, CRC-32.
+    pub fn header_bytes(&self) -> [u8; HEADER_BYTES] {
+        let mut h = [0u8; HEADER_BYTES];
+        h[0..4].copy_from_slice(&MAGIC);
+        h[4..6].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        h[6] = self.opts.codec.to_byte();
+        h[7] = 0;
+        h[8..12].copy_from_slice(&(self.opts.block_bytes as u32).to_le_bytes());
+        h[12..16].copy_from_slice(&(self.blocks() as u32).to_le_bytes());
+        h[16..24].copy_from_slice(&(self.len as u64).to_le_bytes());
+        h[24..24 + SYMBOLS].copy_from_slice(self.huffman.lengths());
+        let crc = crc32fast::hash(&h[..HEADER_BYTES - 4]);
+        h[HEADER_BYTES - 4..].copy_from_slice(&crc.to_le_bytes());
+        h
+    }
+
+    /// The bytes of block `b` (exactly the block size).
+    pub fn block_bytes(&self, b: usize) -> &[u8] {
+        let bb = self.opts.block_bytes;
+        &self.data[b * bb..(b + 1) * bb]
+    }
+
+    /// The whole run as bytes: header, then every block.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(HEADER_BYTES + self.data.len());
+        out.extend_from_slice(&self.header_bytes());
+        out.extend_from_slice(&self.data[..self.data.len() - SLACK]);
+        out
+    }
+
+    /// Reads a run written by [`to_bytes`](Self::to_bytes), verifying the header, every
+    /// block checksum and every value. `search` is the lookup method to use in memory.
+    pub fn from_bytes(bytes: &[u8], search: BlockSearch) -> Result<HxRun> {
+        if bytes.len() < HEADER_BYTES {
+            return Err(Error::corrupt("run is shorter than its header"));
+        }
+        let (header, body) = bytes.split_at(HEADER_BYTES);
+        let bb = Self::parse_header(header)?.1.block_bytes;
+        if body.len() % bb != 0 {
+            return Err(Error::corrupt("run body is not a whole number of blocks"));
+        }
+        Self::from_parts(header, body.chunks(bb), search)
+    }
+
+    /// Parses a header into (blocks, options, len, Huffman code).
+    fn parse_header(h: &[u8]) -> Result<(usize, RunOptions, usize, Huffman)> {
+        if h.len() != HEADER_BYTES {
+            return Err(Error::corrupt("run header has the wrong size"));
+        }
+        if h[0..4] != MAGIC {
+            return Err(Error::corrupt("not a neardup run (bad magic)"));
+        }
+        let version = u16::from_le_bytes([h[4], h[5]]);
+        let stored = u32::from_le_bytes(h[HEADER_BYTES - 4..].try_into().expect("4 bytes"));
+        if crc32fast::hash(&h[..HEADER_BYTES - 4]) != stored {
+            return Err(Error::corrupt("run header checksum mismatch"));
+        }
+        if version != FORMAT_VERSION {
+            return Err(Error::UnsupportedVersion {
+                found: version as u32,
+                supported: FORMAT_VERSION as u32,
+            });
+        }
+        let codec = Codec::from_byte(h[6])?;
+        let block_bytes = u32::from_le_bytes(h[8..12].try_into().expect("4 bytes")) as usize;
+        let blocks = u32::from_le_bytes(h[12..16].try_into().expect("4 bytes")) as usize;
+        let len = u64::from_le_bytes(h[16..24].try_into().expect("8 bytes")) as usize;
+        let mut lengths = [0u8; SYMBOLS];
+        lengths.copy_from_slice(&h[24..24 + SYMBOLS]);
+        let huffman = Huffman::from_lengths(&lengths)?;
+        let opts = RunOptions { codec, block_bytes, search: BlockSearch::Directory };
+        opts.validate().map_err(|e| Error::corrupt(format!("run header: {e}")))?;
+        if len > u32::MAX as usize || blocks > len {
+            return Err(Error::corrupt("run header counts are impossible"));
+        }
+        Ok((blocks, opts, len, huffman))
+    }
+
+    /// Rebuilds a run from its header and its blocks (as stored one by one), verifying
+    /// everything.
+    pub fn from_parts<'a>(
+        header: &[u8],
+        blocks: impl IntoIterator<Item = &'a [u8]>,
+        search: BlockSearch,
+    ) -> Result<HxRun> {
+        let (nblocks, mut opts, len, huffman) = Self::parse_header(header)?;
+        opts.search = search;
+        let bb = opts.block_bytes;
+        let mut data = Vec::with_capacity(nblocks * bb + SLACK);
+        let mut ranks = Vec::with_capacity(nblocks + 1);
+        let mut values = Vec::new();
+        let mut scratch = vec![0u8; bb + SLACK];
+        let mut total = 0usize;
+        let mut last: Option<u64> = None;
+        for (i, block) in blocks.into_iter().enumerate() {
+            if i >= nblocks {
+                return Err(Error::corrupt("run has more blocks than its header says"));
+            }
+            if block.len() != bb {
+                return Err(Error::corrupt(format!(
+                    "block {i} has {} bytes, expected {bb}",
+                    block.len()
+                )));
+            }
+            scratch[..bb].copy_from_slice(block);
+            values.clear();
+            Self::decode_block_checked(&scratch, bb, &huffman, opts.codec, &mut values)
+                .map_err(|e| Error::corrupt(format!("block {i}: {e}")))?;
+            if last.is_some_and(|l| values[0] <= l) {
+                return Err(Error::corrupt(format!("block {i} does not follow its predecessor")));
+            }
+            last = values.last().copied();
+            ranks.push(total as u32);
+            total += values.len();
+            data.extend_from_slice(block);
+        }
+        if ranks.len() != nblocks {
+            return Err(Error::corrupt(format!(
+                "run is truncated: {} of {nblocks} blocks",
+                ranks.len()
+            )));
+        }
+        if total != len {
+            return Err(Error::corrupt(format!("run holds {total} values, header says {len}")));
+        }
+        ranks.push(total as u32);
+        data.resize(data.len() + SLACK, 0);
+        let mut run = HxRun { opts, huffman, len, data, ranks, dir_shift: 64, dir: Vec::new() };
+        run.build_directory();
+        Ok(run)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::util::SplitMix64;
+
+    fn sorted_random(n: usize, seed: u64) -> Vec<u64> {
+        let mut r = SplitMix64::new(seed);
+        let mut v: Vec<u64> = (0..n).map(|_| r.next_u64()).collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    fn clustered(n: usize, seed: u64) -> Vec<u64> {
+        // Values packed in a few narrow ranges, plus extremes.
+        let mut r = SplitMix64::new(seed);
+        let mut v: Vec<u64> = (0..n)
+            .map(|i| match i % 4 {
+                0 => r.next_u64() >> 40,
+                1 => 0xABCD_0000_0000_0000 | (r.next_u64() >> 48),
+                2 => u64::MAX - (r.next_u64() >> 50),
+                _ => r.next_u64(),
+            })
+            .collect();
+        v.extend([0, 1, 2, u64::MAX]);
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
+    fn all_options() -> Vec<RunOptions> {
+        let mut out = Vec::new();
+        for codec in [Codec::Xor, Codec::Gap] {
+            for block_bytes in [32, 100, 1024, 4096] {
+                for search in [BlockSearch::Directory, BlockSearch::Interpolation] {
+                    out.push(RunOptions { codec, block_bytes, search });
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn round_trip_and_ranges() {
+        for data in
+            [sorted_random(5000, 1), clustered(5000, 2), vec![], vec![42], vec![0, u64::MAX]]
+        {
+            for opts in all_options() {
+                let run = HxRun::encode(&data, opts).unwrap();
+                assert_eq!(run.to_vec(), data, "{opts:?}");
+                let back = HxRun::from_bytes(&run.to_bytes(), opts.search).unwrap();
+                assert_eq!(back.to_vec(), data);
+                assert_eq!(run.get(data.len()), None);
+                // Range scans and ranks agree with the plain sorted list.
+                let mut r = SplitMix64::new(9);
+                for _ in 0..200 {
+                    let (a, b) = (r.next_u64(), r.next_u64());
+                    let (lo, hi) = (a.min(b), a.max(b) >> (r.below(60) as u32));
+                    let mut got = Vec::new();
+                    run.scan_range(lo, hi, |v, rank| {
+                        assert_eq!(data[rank], v);
+                        got.push(v);
+                    });
+                    let want: Vec<u64> =
+                        data.iter().copied().filter(|&v| v >= lo && v <= hi).collect();
+                    assert_eq!(got, want);
+                }
+                for (i, &v) in data.iter().enumerate().step_by(37) {
+                    assert_eq!(run.rank_of(v), Some(i));
+                    assert_eq!(run.get(i), Some(v));
+                    if v > 0 && (i == 0 || data[i - 1] != v - 1) {
+                        assert_eq!(run.rank_of(v - 1), None);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn lanes_match_plain_scans() {
+        let data = [sorted_random(20_000, 31), clustered(20_000, 32)];
+        for codec in [Codec::Xor, Codec::Gap] {
+            let runs: Vec<HxRun> = data
+                .iter()
+                .map(|d| {
+                    HxRun::encode(d, RunOptions { codec, block_bytes: 96, ..Default::default() })
+                        .unwrap()
+                })
+                .collect();
+            let mut r = SplitMix64::new(3);
+            for _ in 0..300 {
+                let k = r.below(40) as u32;
+                let mut want = Vec::new();
+                let mut lanes = Vec::new();
+                for (t, run) in runs.iter().enumerate() {
+                    for j in 0..3u32 {
+                        let pq = r.next_u64();
+                        let p = 4 + r.below(20) as u32;
+                        let (lo, hi) = (pq & !(u64::MAX >> p), pq | (u64::MAX >> p));
+                        let tag = t as u32 * 10 + j;
+                        run.scan_range(lo, hi, |v, rank| {
+                            if (v ^ pq).count_ones() <= k {
+                                want.push((v, rank as u32, tag));
+                            }
+                        });
+                        lanes.push(run.lane(lo, hi, pq, tag));
+                    }
+                }
+                let mut got = Vec::new();
+                scan_lanes(codec, &mut lanes, k, &mut got);
+                got.sort_unstable();
+                want.sort_unstable();
+                assert_eq!(got, want);
+            }
+        }
+    }
+
+    #[test]
+    fn block_search_methods_agree() {
+        for data in [sorted_random(20_000, 3), clustered(20_000, 4)] {
+            let a =
+                HxRun::encode(&data, RunOptions { block_bytes: 64, ..Default::default() }).unwrap();
+            let mut b = a.clone();
+            b.set_search(BlockSearch::Interpolation);
+            let mut r = SplitMix64::new(5);
+            for _ in 0..20_000 {
+                let key = match r.below(3) {
+                    0 => r.next_u64(),
+                    1 => data[r.below(data.len() as u64) as usize],
+                    _ => data[r.below(data.len() as u64) as usize].wrapping_add(1),
+                };
+                assert_eq!(a.block_for(key), b.block_for(key), "key {key:#x}");
+                let blk = a.block_for(key);
+                assert!(blk == 0 || a.key(blk) <= key);
+                assert!(blk + 1 >= a.blocks() || a.key(blk + 1) > key);
+            }
+        }
+    }
+
+    #[test]
+    fn rejects_unsorted_and_bad_options() {
+        assert!(HxRun::encode(&[3, 2], RunOptions::default()).is_err());
+        assert!(HxRun::encode(&[3, 3], RunOptions::default()).is_err());
+        let bad = RunOptions { block_bytes: 8, ..Default::default() };
+        assert!(HxRun::encode(&[1], bad).is_err());
+    }
+
+    #[test]
+    fn compresses_near_the_floor() {
+        let n = 200_000;
+        let data = sorted_random(n, 11);
+        let floor = 64.0 - (n as f64).log2() + 1.44;
+        // Block headers, checksums, ranks, the directory and the 4 KiB decoding table add about
+        // 1.2 bits a value at this size; XOR coding itself is about 2 bits above the floor.
+        for (codec, slack) in [(Codec::Xor, 3.4), (Codec::Gap, 1.5)] {
+            let run = HxRun::encode(&data, RunOptions { codec, ..Default::default() }).unwrap();
+            let bits = run.heap_bytes() as f64 * 8.0 / n as f64;
+            eprintln!("{codec:?}: {bits:.2} bits a value, floor {floor:.2}");
+            assert!(bits < floor + slack, "{codec:?}: {bits:.2} bits vs floor {floor:.2}");
+            assert!(bits > floor - 0.5, "{codec:?}: {bits:.2} is below the floor {floor:.2}?");
+        }
+    }
+
+    #[test]
+    fn every_corruption_is_an_error_never_a_panic() {
+        let data = sorted_random(3000, 21);
+        for codec in [Codec::Xor, Codec::Gap] {
+            let run =
+                HxRun::encode(&data, RunOptions { codec, block_bytes: 256, ..Default::default() })
+                    .unwrap();
+            let bytes = run.to_bytes();
+            let mut r = SplitMix64::new(77);
+            // Every single-bit flip in the header and in a sample of block bytes.
+            let positions: Vec<usize> = (0..HEADER_BYTES * 8)
+                .chain((0..4000).map(|_| r.below(bytes.len() as u64 * 8) as usize))
+                .collect();
+            for bit in positions {
+                let mut damaged = bytes.clone();
+                damaged[bit / 8] ^= 1 << (bit % 8);
+                assert!(HxRun::from_bytes(&damaged, BlockSearch::Directory).is_err(), "bit {bit}");
+            }
+            // Truncation at every block boundary and in between.
+            for cut in (0..bytes.len()).step_by(97) {
+                assert!(HxRun::from_bytes(&bytes[..cut], BlockSearch::Directory).is_err());
+            }
+            // A block with a valid checksum but garbage content decodes to an error.
+            let mut forged = bytes.clone();
+            let b0 = HEADER_BYTES;
+            for (i, x) in forged[b0 + 12..b0 + 252].iter_mut().enumerate() {
+                *x = (i as u8).wrapping_mul(151).wrapping_add(7);
+            }
+            let crc = crc32fast::hash(&forged[b0..b0 + 252]);
+            forged[b0 + 252..b0 + 256].copy_from_slice(&crc.to_le_bytes());
+            assert!(HxRun::from_bytes(&forged, BlockSearch::Directory).is_err());
+        }
+    }
+
+    #[test]
+    fn unknown_version_is_reported() {
+        let run = HxRun::encode(&[1, 2, 3], RunOptions::default()).unwrap();
+        let mut bytes = run.to_bytes();
+        bytes[4] = 9;
+        let crc = crc32fast::hash(&bytes[..HEADER_BYTES - 4]);
+        bytes[HEADER_BYTES - 4..HEADER_BYTES].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(
+            HxRun::from_bytes(&bytes, BlockSearch::Directory).unwrap_err(),
+            Error::UnsupportedVersion { found: 9, supported: 1 }
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn arbitrary_sets_round_trip(
+            mut v in proptest::collection::vec(proptest::num::u64::ANY, 0..600),
+            bb in 32usize..300,
+            gap in proptest::bool::ANY,
+        ) {
+            v.sort_unstable();
+            v.dedup();
+            let opts = RunOptions { codec: if gap { Codec::Gap } else { Codec::Xor }, block_bytes: bb, ..Default::default() };
+            let run = HxRun::encode(&v, opts).unwrap();
+            proptest::prop_assert_eq!(run.to_vec(), v.clone());
+            let back = HxRun::from_bytes(&run.to_bytes(), BlockSearch::Interpolation).unwrap();
+            proptest::prop_assert_eq!(back.to_vec(), v);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..2000)) {
+            let _ = HxRun::from_bytes(&bytes, BlockSearch::Directory);
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! Per-document data of a run, stored once (not once per table).
+//!
+//! Tables hold each distinct fingerprint once. The run's identity-ordered table doubles as
+//! the document store's key column: the rank of a fingerprint in it locates its documents.
+//! Documents are kept in (fingerprint, insertion) order as bit-packed id and timestamp
+//! columns; fingerprints shared by several documents (exact duplicates) are listed in a small
+//! side table, so the common case of one document per fingerprint costs nothing extra.
+
+use std::ops::Range;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use super::packed::{Packed, order_i64, unorder_i64};
+
+/// Document columns of one run.
+#[derive(Debug)]
+pub(crate) struct DocStore {
+    ids: Packed,
+    ts: Packed,
+    /// `(distinct rank, extra documents at ranks <= this one)` for every fingerprint held by
+    /// more than one document, by rank.
+    dups: Vec<(u32, u32)>,
+    deleted: Deleted,
+}
+
+/// A lazily allocated, thread-safe set of deleted document positions.
+#[derive(Debug, Default)]
+struct Deleted {
+    bits: OnceLock<Box<[AtomicU64]>>,
+    count: AtomicUsize,
+}
+
+impl DocStore {
+    /// Builds the columns from documents sorted by fingerprint (then insertion order), given
+    /// as `(fp, id, ts)`.
+    pub(crate) fn new(sorted: &[(u64, u64, i64)]) -> DocStore {
+        let ids = Packed::new(sorted.len(), sorted.iter().map(|d| d.1));
+        let ts = Packed::new(sorted.len(), sorted.iter().map(|d| order_i64(d.2)));
+        let mut dups = Vec::new();
+        let mut extra = 0u32;
+        let mut rank = 0u32;
+        let mut i = 0;
+        while i < sorted.len() {
+            let mut j = i + 1;
+            while j < sorted.len() && sorted[j].0 == sorted[i].0 {
+                j += 1;
+            }
+            if j - i > 1 {
+                extra += (j - i - 1) as u32;
+                dups.push((rank, extra));
+            }
+            rank += 1;
+            i = j;
+        }
+        dups.shrink_to_fit();
+        DocStore { ids, ts, dups, deleted: Deleted::default() }
+    }
+
+    /// Number of documents, deleted ones included.
+    pub(crate) fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Positions of the documents whose fingerprint has distinct rank `rank`.
+    #[inline]
+    pub(crate) fn range_of_rank(&self, rank: usize) -> Range<usize> {
+        if self.dups.is_empty() {
+            return rank..rank + 1;
+        }
+        let r = rank as u32;
+        let i = self.dups.partition_point(|d| d.0 < r);
+        let before = if i == 0 { 0 } else { self.dups[i - 1].1 } as usize;
+        let start = rank + before;
+        match self.dups.get(i) {
+            Some(&(dr, cum)) if dr == r => start..start + 1 + (cum as usize - before),
+            _ => start..start + 1,
+        }
+    }
+
+    /// Id of the document at `pos`.
+    #[inline]
+    pub(crate) fn id(&self, pos: usize) -> u64 {
+        self.ids.get(pos)
+    }
+
+    /// Timestamp of the document at `pos`.
+    #[inline]
+    pub(crate) fn ts(&self, pos: usize) -> i64 {
+        unorder_i64(self.ts.get(pos))
+    }
+
+    /// Whether the document at `pos` is deleted.
+    #[inline]
+    pub(crate) fn is_deleted(&self, pos: usize) -> bool {
+        match self.deleted.bits.get() {
+            None => false,
+            Some(bits) => bits[pos / 64].load(Ordering::Relaxed) & (1 << (pos % 64)) != 0,
+        }
+    }
+
+    /// Marks the document at `pos` deleted; true if it was not already.
+    pub(crate) fn mark_deleted(&self, pos: usize) -> bool {
+        let bits = self
+            .deleted
+            .bits
+            .get_or_init(|| (0..self.len().div_ceil(64)).map(|_| AtomicU64::new(0)).collect());
+        let mask = 1u64 << (pos % 64);
+        let was = bits[pos / 64].fetch_or(mask, Ordering::Relaxed);
+        if was & mask == 0 {
+            self.deleted.count.fetch_add(1, Ordering::Relaxed);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Number of deleted documents.
+    pub(crate) fn deleted(&self) -> usize {
+        self.deleted.count.load(Ordering::Relaxed)
+    }
+
+    /// Positions of deleted documents, ascending.
+    pub(crate) fn deleted_positions(&self) -> Vec<u32> {
+        let Some(bits) = self.deleted.bits.get() else { return Vec::new() };
+        let mut out = Vec::with_capacity(self.deleted());
+        for (w, word) in bits.iter().enumerate() {
+            let mut x = word.load(Ordering::Relaxed);
+            while x != 0 {
+                out.push((w * 64 + x.trailing_zeros() as usize) as u32);
+                x &= x - 1;
+            }
+        }
+        out
+    }
+
+    /// Heap bytes held.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.ids.heap_bytes()
+            + self.ts.heap_bytes()
+            + self.dups.capacity() * 8
+            + self.deleted.bits.get().map_or(0, |b| b.len() * 8)
+    }
+
+    /// Bits per id and per timestamp.
+    pub(crate) fn column_bits(&self) -> (u32, u32) {
+        (self.ids.bits(), self.ts.bits())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_with_duplicates() {
+        // fps: 5 (x1), 7 (x3), 9 (x1), 11 (x2)
+        let docs = [
+            (5, 50, 1),
+            (7, 70, 2),
+            (7, 71, 3),
+            (7, 72, -4),
+            (9, 90, 5),
+            (11, 110, 6),
+            (11, 111, 7),
+        ];
+        let s = DocStore::new(&docs);
+        assert_eq!(s.range_of_rank(0), 0..1);
+        assert_eq!(s.range_of_rank(1), 1..4);
+        assert_eq!(s.range_of_rank(2), 4..5);
+        assert_eq!(s.range_of_rank(3), 5..7);
+        assert_eq!((0..7).map(|p| s.id(p)).collect::<Vec<_>>(), [50, 70, 71, 72, 90, 110, 111]);
+        assert_eq!(s.ts(3), -4);
+        assert!(!s.is_deleted(2));
+        assert!(s.mark_deleted(2));
+        assert!(!s.mark_deleted(2));
+        assert!(s.is_deleted(2));
+        assert_eq!(s.deleted(), 1);
+        assert_eq!(s.deleted_positions(), [2]);
+    }
+}

@@ -1,0 +1,596 @@
+//! The exact, updatable in-memory index.
+//!
+//! Documents (id, fingerprint, timestamp) go into a small write buffer, scanned linearly by
+//! queries. When the buffer fills it becomes an immutable [`Run`]: the documents once, plus
+//! one sorted, compressed table per permutation of the [`Design`]. Runs are merged
+//! size-tiered: when `merge_fanout` runs of the same size class accumulate, they become one
+//! run, so each document is rewritten about `log_fanout(n / buffer)` times while a query
+//! visits few runs. Queries see the buffer and every run, so every answer is exact at all
+//! times. Deletes mark documents in place; merges drop them.
+//!
+//! Merges run inline by default ([`IndexConfig::auto_merge`]). A server that wants them off
+//! its write path turns that off, takes a [`MergeJob`] with [`Index::next_merge`], runs it on
+//! another thread and installs the result with [`Index::finish_merge`]; deletes made in the
+//! meantime are carried over.
+
+mod docs;
+mod packed;
+mod run;
+mod table;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use run::BuildContext;
+pub use run::Run;
+use table::CrowdPolicy;
+
+use crate::codec::RunOptions;
+use crate::design::Design;
+use crate::error::{Error, Result};
+
+/// A stored document: the caller's id, its simhash fingerprint and a timestamp.
+///
+/// Ids are opaque to the index and not checked for uniqueness: inserting the same id twice
+/// stores two documents (the service layer above enforces one document per id). Timestamps
+/// are the caller's (milliseconds since the Unix epoch by convention); the index only orders
+/// results by them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Doc {
+    /// The caller's document id.
+    pub id: u64,
+    /// The document's 64-bit simhash.
+    pub fp: u64,
+    /// When the document was seen.
+    pub ts: i64,
+}
+
+/// One answer to a query: a stored document within the query's distance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Match {
+    /// The document's id.
+    pub id: u64,
+    /// Its fingerprint.
+    pub fp: u64,
+    /// Hamming distance between its fingerprint and the query.
+    pub distance: u32,
+    /// Its timestamp.
+    pub ts: i64,
+}
+
+/// How an [`Index`] stores and maintains its tables.
+#[derive(Debug, Clone, PartialEq)]
+pub struct IndexConfig {
+    /// The permuted-table design; queries may ask for any `k <= design.max_k()`.
+    pub design: Design,
+    /// Block coding, block size and block lookup of every table.
+    pub run: RunOptions,
+    /// Documents the write buffer holds before it becomes a run.
+    pub buffer_docs: usize,
+    /// How many runs of one size class are merged at once (at least 2).
+    pub merge_fanout: usize,
+    /// Merge inline on insert and delete. Off, the owner drives merges with
+    /// [`Index::next_merge`] and [`Index::finish_merge`].
+    pub auto_merge: bool,
+    /// A prefix bucket with at most this many entries never gets a sub-index.
+    pub crowd_min: usize,
+    /// A prefix bucket with more than this many times the mean bucket size gets a sub-index.
+    pub crowd_factor: f64,
+    /// Build the tables of a run in parallel.
+    pub parallel_build: bool,
+}
+
+impl Default for IndexConfig {
+    /// The paper's 10-table design for k <= 3, XOR coding in 1 KiB blocks, a 4096-document
+    /// buffer, fanout 4, automatic merges.
+    fn default() -> Self {
+        IndexConfig {
+            design: Design::parse("paper-10").expect("named design"),
+            run: RunOptions::default(),
+            buffer_docs: 4096,
+            merge_fanout: 4,
+            auto_merge: true,
+            crowd_min: 1024,
+            crowd_factor: 16.0,
+            parallel_build: true,
+        }
+    }
+}
+
+impl IndexConfig {
+    /// Checks every option is in range.
+    pub fn validate(&self) -> Result<()> {
+        self.run.validate()?;
+        if self.buffer_docs == 0 {
+            return Err(Error::InvalidConfig("buffer_docs must be at least 1".into()));
+        }
+        if self.merge_fanout < 2 {
+            return Err(Error::InvalidConfig("merge_fanout must be at least 2".into()));
+        }
+        if self.crowd_factor.is_nan() || self.crowd_factor < 1.0 {
+            return Err(Error::InvalidConfig("crowd_factor must be at least 1".into()));
+        }
+        if self.design.width() != 64 {
+            return Err(Error::InvalidConfig("the index stores 64-bit fingerprints".into()));
+        }
+        if !self.design.tables().first().is_some_and(|t| t.perm.is_identity()) {
+            return Err(Error::InvalidConfig("table 0 of the design must be the identity".into()));
+        }
+        Ok(())
+    }
+
+    fn build_context(&self) -> BuildContext {
+        BuildContext {
+            design: self.design.clone(),
+            opts: self.run,
+            policy: CrowdPolicy {
+                min: self.crowd_min,
+                factor: self.crowd_factor,
+                k: self.design.max_k(),
+                max_depth: 3,
+            },
+            parallel: self.parallel_build,
+        }
+    }
+}
+
+/// Reusable buffers for queries, so a hot loop allocates nothing.
+#[derive(Debug, Default)]
+pub struct QueryScratch {
+    hits: Vec<(u64, u32, u32)>,
+    pqs: Vec<u64>,
+    hints: Vec<usize>,
+}
+
+/// A merge the owner runs off the write path: see [`Index::next_merge`].
+#[derive(Debug)]
+pub struct MergeJob {
+    id: u64,
+    sources: Vec<Arc<Run>>,
+    deleted_at_start: Vec<Vec<u32>>,
+    ctx: Arc<BuildContext>,
+}
+
+impl MergeJob {
+    /// Builds the merged run. Needs no access to the index; may run on any thread.
+    pub fn run(&self) -> Result<Run> {
+        Run::merge(self.id, &self.sources, &self.ctx)
+    }
+
+    /// Ids of the runs being merged.
+    pub fn source_ids(&self) -> Vec<u64> {
+        self.sources.iter().map(|r| r.id()).collect()
+    }
+}
+
+/// Memory held by one table across all runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TableMemory {
+    /// Bytes of this table's runs and crowded-prefix sub-indexes.
+    pub bytes: usize,
+    /// Distinct fingerprints it holds.
+    pub entries: usize,
+    /// `bytes * 8 / entries`.
+    pub bits_per_fp: f64,
+    /// Buckets with a sub-index.
+    pub crowded_buckets: usize,
+    /// Entries in those buckets.
+    pub crowded_entries: usize,
+}
+
+/// Where an index's memory goes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryReport {
+    /// Every byte the index holds: tables, documents, buffer.
+    pub total_bytes: usize,
+    /// Per table, in design order. Table 0's run is also the document store's key column.
+    pub tables: Vec<TableMemory>,
+    /// Document ids and timestamps (bit-packed), duplicate lists and delete marks.
+    pub doc_bytes: usize,
+    /// The write buffer.
+    pub buffer_bytes: usize,
+    /// Bits per document id and per timestamp in the largest run.
+    pub column_bits: (u32, u32),
+}
+
+impl MemoryReport {
+    /// Mean bits per distinct fingerprint per table, over all tables.
+    pub fn bits_per_fp_per_table(&self) -> f64 {
+        let bytes: usize = self.tables.iter().map(|t| t.bytes).sum();
+        let entries: usize = self.tables.iter().map(|t| t.entries).sum();
+        if entries == 0 { 0.0 } else { bytes as f64 * 8.0 / entries as f64 }
+    }
+}
+
+/// Counts of what an index holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct IndexStats {
+    /// Live documents.
+    pub docs: usize,
+    /// Documents in the write buffer.
+    pub buffered: usize,
+    /// Immutable runs.
+    pub runs: usize,
+    /// Deleted documents still held by runs (until their next merge).
+    pub deleted_pending: usize,
+    /// Merges done so far.
+    pub merges: u64,
+    /// Documents written by merges so far.
+    pub merged_docs: u64,
+}
+
+/// An exact near-duplicate index over 64-bit simhash fingerprints. See the module docs.
+#[derive(Debug)]
+pub struct Index {
+    config: IndexConfig,
+    ctx: Arc<BuildContext>,
+    /// Tables to probe for each `k` in `0..=max_k`.
+    for_k: Vec<Vec<usize>>,
+    runs: Vec<Arc<Run>>,
+    buffer: Vec<Doc>,
+    next_run_id: u64,
+    merges: u64,
+    merged_docs: u64,
+}
+
+impl Index {
+    /// An empty index.
+    pub fn new(config: IndexConfig) -> Result<Index> {
+        config.validate()?;
+        let ctx = Arc::new(config.build_context());
+        let for_k = (0..=config.design.max_k()).map(|k| config.design.tables_for_k(k)).collect();
+        Ok(Index {
+            config,
+            ctx,
+            for_k,
+            runs: Vec::new(),
+            buffer: Vec::new(),
+            next_run_id: 1,
+            merges: 0,
+            merged_docs: 0,
+        })
+    }
+
+    /// An index holding `docs`, built as one run (the fast path for bulk loads).
+    pub fn build(config: IndexConfig, docs: &[Doc]) -> Result<Index> {
+        let mut index = Index::new(config)?;
+        if !docs.is_empty() {
+            let run = Run::build(index.take_run_id(), docs, &index.ctx)?;
+            index.runs.push(Arc::new(run));
+        }
+        Ok(index)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &IndexConfig {
+        &self.config
+    }
+
+    /// The table design.
+    pub fn design(&self) -> &Design {
+        &self.config.design
+    }
+
+    /// The largest k queries may ask for.
+    pub fn max_k(&self) -> u32 {
+        self.config.design.max_k()
+    }
+
+    fn take_run_id(&mut self) -> u64 {
+        let id = self.next_run_id;
+        self.next_run_id += 1;
+        id
+    }
+
+    /// Inserts one document.
+    pub fn insert(&mut self, doc: Doc) -> Result<()> {
+        self.buffer.push(doc);
+        if self.buffer.len() >= self.config.buffer_docs {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Inserts many documents. A batch at least as large as the buffer becomes a run of its
+    /// own directly.
+    pub fn insert_batch(&mut self, docs: &[Doc]) -> Result<()> {
+        if docs.len() >= self.config.buffer_docs {
+            self.flush()?;
+            let run = Run::build(self.take_run_id(), docs, &self.ctx)?;
+            self.runs.push(Arc::new(run));
+            return self.maybe_merge();
+        }
+        for &d in docs {
+            self.insert(d)?;
+        }
+        Ok(())
+    }
+
+    /// Turns the write buffer into a run now (no-op when it is empty).
+    pub fn flush(&mut self) -> Result<()> {
+        if self.buffer.is_empty() {
+            return Ok(());
+        }
+        let run = Run::build(self.take_run_id(), &self.buffer, &self.ctx)?;
+        self.buffer.clear();
+        self.runs.push(Arc::new(run));
+        self.maybe_merge()
+    }
+
+    /// Deletes every document whose id is in `ids`; returns how many were deleted. Scans
+    /// the id columns once per call, so batch deletes.
+    pub fn delete(&mut self, ids: &[u64]) -> Result<usize> {
+        let set: HashSet<u64> = ids.iter().copied().collect();
+        let before = self.buffer.len();
+        self.buffer.retain(|d| !set.contains(&d.id));
+        let mut n = before - self.buffer.len();
+        for r in &self.runs {
+            n += r.delete_ids(&set);
+        }
+        self.compact_deleted()?;
+        Ok(n)
+    }
+
+    /// Deletes the document with this id and fingerprint; true if it was found. Costs one
+    /// block lookup per run.
+    pub fn delete_doc(&mut self, id: u64, fp: u64) -> Result<bool> {
+        if let Some(i) = self.buffer.iter().position(|d| d.id == id && d.fp == fp) {
+            self.buffer.remove(i);
+            return Ok(true);
+        }
+        let found = self.runs.iter().any(|r| r.delete_doc(id, fp));
+        if found {
+            self.compact_deleted()?;
+        }
+        Ok(found)
+    }
+
+    /// Rewrites runs more than half deleted (inline merges only).
+    fn compact_deleted(&mut self) -> Result<()> {
+        if !self.config.auto_merge {
+            return Ok(());
+        }
+        for i in 0..self.runs.len() {
+            if self.runs[i].deleted() * 2 > self.runs[i].len() {
+                let id = self.take_run_id();
+                let merged = Run::merge(id, &self.runs[i..=i], &self.ctx)?;
+                self.merges += 1;
+                self.merged_docs += merged.len() as u64;
+                self.runs[i] = Arc::new(merged);
+            }
+        }
+        self.runs.retain(|r| !r.is_empty());
+        Ok(())
+    }
+
+    fn size_class(&self, docs: usize) -> u32 {
+        let f = self.config.merge_fanout;
+        let mut cap = self.config.buffer_docs.saturating_mul(f);
+        let mut level = 0;
+        while docs >= cap {
+            level += 1;
+            cap = cap.saturating_mul(f);
+        }
+        level
+    }
+
+    /// The newest runs that make a merge under the size-tiered policy, as a range.
+    fn merge_candidates(&self) -> Option<std::ops::Range<usize>> {
+        let n = self.runs.len();
+        let last = self.size_class(self.runs.last()?.live_len());
+        let same =
+            self.runs.iter().rev().take_while(|r| self.size_class(r.live_len()) == last).count();
+        (same >= self.config.merge_fanout).then(|| n - same..n)
+    }
+
+    fn maybe_merge(&mut self) -> Result<()> {
+        if !self.config.auto_merge {
+            return Ok(());
+        }
+        while let Some(range) = self.merge_candidates() {
+            let id = self.take_run_id();
+            let merged = Run::merge(id, &self.runs[range.clone()], &self.ctx)?;
+            self.merges += 1;
+            self.merged_docs += merged.len() as u64;
+            self.runs.splice(range, [Arc::new(merged)]);
+        }
+        Ok(())
+    }
+
+    /// The next merge the size-tiered policy wants, for the owner to run off the write path
+    /// (with `auto_merge` off). The runs stay queryable meanwhile.
+    pub fn next_merge(&mut self) -> Option<MergeJob> {
+        let range = self.merge_candidates().or_else(|| {
+            self.runs.iter().position(|r| r.deleted() * 2 > r.len()).map(|i| i..i + 1)
+        })?;
+        let sources: Vec<Arc<Run>> = self.runs[range].to_vec();
+        let deleted_at_start = sources.iter().map(|r| r.deleted_positions()).collect();
+        Some(MergeJob { id: self.take_run_id(), sources, deleted_at_start, ctx: self.ctx.clone() })
+    }
+
+    /// Installs a merged run built from `job`, replacing its sources. Documents deleted from
+    /// the sources since the job was taken are deleted from the merged run too. Fails if the
+    /// sources are no longer all present (another merge replaced them).
+    pub fn finish_merge(&mut self, job: MergeJob, merged: Run) -> Result<()> {
+        let MergeJob { id, sources, deleted_at_start, ctx: _ } = job;
+        if merged.id() != id {
+            return Err(Error::InvalidConfig("merged run does not belong to this job".into()));
+        }
+        let positions: Option<Vec<usize>> =
+            sources.iter().map(|s| self.runs.iter().position(|r| Arc::ptr_eq(r, s))).collect();
+        let Some(mut positions) = positions else {
+            return Err(Error::InvalidConfig("merge sources are gone from the index".into()));
+        };
+        for (src, before) in sources.iter().zip(&deleted_at_start) {
+            for pos in src.deleted_positions() {
+                if before.binary_search(&pos).is_err()
+                    && let Some((id, fp)) = src.doc_at(pos as usize)
+                {
+                    merged.delete_doc(id, fp);
+                }
+            }
+        }
+        positions.sort_unstable();
+        let first = positions[0];
+        for &p in positions.iter().rev() {
+            self.runs.remove(p);
+        }
+        self.merges += 1;
+        self.merged_docs += merged.len() as u64;
+        self.runs.insert(first, Arc::new(merged));
+        Ok(())
+    }
+
+    /// Every live document within `k` of `fp`, each once, ordered by distance, then
+    /// timestamp, then id.
+    pub fn query(&self, fp: u64, k: u32) -> Result<Vec<Match>> {
+        let mut out = Vec::new();
+        self.query_into(fp, k, &mut QueryScratch::default(), &mut out)?;
+        Ok(out)
+    }
+
+    /// Like [`query`](Self::query), reusing `scratch`; clears `out` and fills it.
+    pub fn query_into(
+        &self,
+        fp: u64,
+        k: u32,
+        scratch: &mut QueryScratch,
+        out: &mut Vec<Match>,
+    ) -> Result<()> {
+        out.clear();
+        self.collect_unsorted(fp, k, scratch, out)?;
+        if out.len() > 1 {
+            out.sort_unstable_by_key(|m| (m.distance, m.ts, m.id));
+        }
+        Ok(())
+    }
+
+    /// Appends every match, unordered.
+    #[inline]
+    fn collect_unsorted(
+        &self,
+        fp: u64,
+        k: u32,
+        scratch: &mut QueryScratch,
+        out: &mut Vec<Match>,
+    ) -> Result<()> {
+        let Some(tables) = self.for_k.get(k as usize) else {
+            return Err(Error::KOutOfRange { k, max: self.max_k() });
+        };
+        for r in &self.runs {
+            r.query(fp, k, &self.config.design, tables, scratch, out);
+        }
+        for d in &self.buffer {
+            let distance = (d.fp ^ fp).count_ones();
+            if distance <= k {
+                out.push(Match { id: d.id, fp: d.fp, distance, ts: d.ts });
+            }
+        }
+        Ok(())
+    }
+
+    /// Answers many queries on all cores; `result[i]` answers `fps[i]`.
+    pub fn query_batch(&self, fps: &[u64], k: u32) -> Result<Vec<Vec<Match>>> {
+        self.check_k(k)?;
+        Ok(fps
+            .par_chunks(256)
+            .flat_map_iter(|chunk| {
+                let mut scratch = QueryScratch::default();
+                chunk
+                    .iter()
+                    .map(|&q| {
+                        let mut out = Vec::new();
+                        self.query_into(q, k, &mut scratch, &mut out)
+                            .map(|_| out)
+                            .unwrap_or_default()
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect())
+    }
+
+    /// Checks `k` against the design.
+    pub fn check_k(&self, k: u32) -> Result<()> {
+        self.config.design.check_k(k)
+    }
+
+    /// Number of live documents.
+    pub fn len(&self) -> usize {
+        self.buffer.len() + self.runs.iter().map(|r| r.live_len()).sum::<usize>()
+    }
+
+    /// Whether no live document is stored.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The immutable runs, oldest first.
+    pub fn runs(&self) -> &[Arc<Run>] {
+        &self.runs
+    }
+
+    /// The documents in the write buffer, oldest first.
+    pub fn buffered(&self) -> &[Doc] {
+        &self.buffer
+    }
+
+    /// Counts of what the index holds.
+    pub fn stats(&self) -> IndexStats {
+        IndexStats {
+            docs: self.len(),
+            buffered: self.buffer.len(),
+            runs: self.runs.len(),
+            deleted_pending: self.runs.iter().map(|r| r.deleted()).sum(),
+            merges: self.merges,
+            merged_docs: self.merged_docs,
+        }
+    }
+
+    /// Where the index's memory goes.
+    pub fn memory(&self) -> MemoryReport {
+        let design = &self.config.design;
+        let mut tables: Vec<TableMemory> = design
+            .tables()
+            .iter()
+            .map(|_| TableMemory {
+                bytes: 0,
+                entries: 0,
+                bits_per_fp: 0.0,
+                crowded_buckets: 0,
+                crowded_entries: 0,
+            })
+            .collect();
+        let mut doc_bytes = 0;
+        let mut column_bits = (0, 0);
+        let mut largest = 0;
+        for r in &self.runs {
+            let m = r.memory();
+            doc_bytes += m.doc_bytes + std::mem::size_of::<Run>();
+            if r.len() >= largest {
+                largest = r.len();
+                column_bits = m.column_bits;
+            }
+            for (t, b) in tables.iter_mut().zip(&m.tables) {
+                t.bytes += b.bytes;
+                t.entries += b.entries;
+                t.crowded_buckets += b.crowded;
+                t.crowded_entries += b.crowded_entries;
+            }
+        }
+        for t in &mut tables {
+            t.bits_per_fp =
+                if t.entries == 0 { 0.0 } else { t.bytes as f64 * 8.0 / t.entries as f64 };
+        }
+        let buffer_bytes = self.buffer.capacity() * std::mem::size_of::<Doc>();
+        let total_bytes = tables.iter().map(|t| t.bytes).sum::<usize>()
+            + doc_bytes
+            + buffer_bytes
+            + std::mem::size_of::<Self>();
+        MemoryReport { total_bytes, tables, doc_bytes, buffer_bytes, column_bits }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,124 @@
+//! Bit-packed integer columns with a frame of reference: each value is stored as its offset
+//! from the column's minimum in just as many bits as the largest offset needs. Document ids
+//! numbered 0..10M take 24 bits; timestamps that are all equal take none.
+
+/// A read-only column of `u64` values, bit-packed.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Packed {
+    base: u64,
+    bits: u32,
+    len: usize,
+    words: Vec<u64>,
+}
+
+impl Packed {
+    /// Packs the values yielded by `values` (which must yield exactly `len` of them).
+    pub(crate) fn new(len: usize, values: impl Iterator<Item = u64> + Clone) -> Packed {
+        let (mut min, mut max) = (u64::MAX, 0u64);
+        for v in values.clone() {
+            min = min.min(v);
+            max = max.max(v);
+        }
+        if len == 0 {
+            return Packed::default();
+        }
+        let bits = 64 - (max - min).leading_zeros();
+        let mut words = vec![0u64; (len * bits as usize).div_ceil(64) + 1];
+        if bits > 0 {
+            for (i, v) in values.enumerate() {
+                let d = v - min;
+                let at = i * bits as usize;
+                let (w, o) = (at / 64, (at % 64) as u32);
+                words[w] |= d << o;
+                if o + bits > 64 {
+                    words[w + 1] |= d >> (64 - o);
+                }
+            }
+        }
+        words.shrink_to_fit();
+        Packed { base: min, bits, len, words }
+    }
+
+    /// Value `i` (`i < len`).
+    #[inline]
+    pub(crate) fn get(&self, i: usize) -> u64 {
+        debug_assert!(i < self.len);
+        if self.bits == 0 {
+            return self.base;
+        }
+        let at = i * self.bits as usize;
+        let (w, o) = (at / 64, (at % 64) as u32);
+        let lo = self.words[w] >> o;
+        let hi = if o + self.bits > 64 { self.words[w + 1] << (64 - o) } else { 0 };
+        let mask = if self.bits == 64 { u64::MAX } else { (1u64 << self.bits) - 1 };
+        self.base + ((lo | hi) & mask)
+    }
+
+    /// Number of values.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Bits per value.
+    pub(crate) fn bits(&self) -> u32 {
+        self.bits
+    }
+
+    /// Heap bytes held.
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.words.capacity() * 8
+    }
+
+    /// All values, in order.
+    #[cfg(test)]
+    pub(crate) fn iter(&self) -> impl Iterator<Item = u64> + '_ {
+        (0..self.len).map(|i| self.get(i))
+    }
+}
+
+/// Maps an `i64` to a `u64` preserving order (flips the sign bit).
+#[inline]
+pub(crate) fn order_i64(v: i64) -> u64 {
+    (v as u64) ^ (1 << 63)
+}
+
+/// Inverse of [`order_i64`].
+#[inline]
+pub(crate) fn unorder_i64(v: u64) -> i64 {
+    (v ^ (1 << 63)) as i64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::util::SplitMix64;
+
+    #[test]
+    fn round_trips_at_every_width() {
+        let mut r = SplitMix64::new(1);
+        for bits in 0..=64u32 {
+            let base = r.next_u64() >> 1;
+            let vals: Vec<u64> = (0..300)
+                .map(|_| {
+                    let off = if bits == 0 { 0 } else { r.next_u64() >> (64 - bits) };
+                    base.wrapping_add(off)
+                })
+                .collect();
+            let p = Packed::new(vals.len(), vals.iter().copied());
+            assert!(p.bits() <= bits.max(1) || bits == 0);
+            assert_eq!(p.iter().collect::<Vec<_>>(), vals, "bits {bits}");
+        }
+        assert_eq!(Packed::new(0, std::iter::empty()).len(), 0);
+    }
+
+    #[test]
+    fn i64_order() {
+        let xs = [i64::MIN, -5, -1, 0, 1, 7, i64::MAX];
+        for w in xs.windows(2) {
+            assert!(order_i64(w[0]) < order_i64(w[1]));
+        }
+        for x in xs {
+            assert_eq!(unorder_i64(order_i64(x)), x);
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! One permuted table of a run, with sub-indexes for crowded prefixes.
+//!
+//! Simhash clusters similar documents, so one prefix of a table can hold far more than
+//! `n / 2^p` entries (the paper's Figure 2), and a query landing there would scan them all.
+//! When a bucket (the entries sharing a table's prefix) holds more than a threshold, the
+//! table applies the same idea again inside it: the bucket's remaining `64 - p` bits are
+//! split into `k + 1` blocks, and one sub-table per block, permuted so that block leads,
+//! finds every entry within `k` of a query by an exact match on the longer prefix. Sub-tables
+//! are themselves tables, so a sub-bucket that is still crowded is split again, a few levels
+//! deep at most. A query's cost in a crowded bucket then grows with the bucket's entries
+//! divided by `2^(bits of the sub-prefix)` instead of with the bucket's size.
+
+use std::sync::Arc;
+
+use crate::codec::{HxRun, Lane, RunOptions, scan_lanes};
+use crate::design::{Design, Level};
+use crate::error::Result;
+use crate::permute::{BitRange, Permutation};
+
+/// Marks a probe hit that carries no rank.
+pub(crate) const NO_RANK: u32 = u32::MAX;
+
+/// When a bucket counts as crowded, and how deep sub-indexes may go.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct CrowdPolicy {
+    /// A bucket with at most this many entries is never crowded.
+    pub min: usize,
+    /// A bucket is crowded when it holds more than this many times the mean bucket size.
+    pub factor: f64,
+    /// The largest k the sub-indexes must answer (the design's `max_k`).
+    pub k: u32,
+    /// Nesting limit for sub-indexes.
+    pub max_depth: u32,
+}
+
+/// A sorted, compressed table of permuted fingerprints.
+#[derive(Debug)]
+pub(crate) struct TableRun {
+    pub(crate) hx: Arc<HxRun>,
+    prefix_bits: u32,
+    /// Sub-indexes of crowded buckets, by prefix.
+    crowded: Vec<Crowded>,
+}
+
+#[derive(Debug)]
+struct Crowded {
+    prefix: u64,
+    /// Sub-tables for each k: the indices into `subs` a query at that k probes.
+    for_k: Arc<Vec<Vec<usize>>>,
+    subs: Vec<SubTable>,
+}
+
+#[derive(Debug)]
+struct SubTable {
+    /// Acts on the table's permuted values; keeps the outer prefix in place.
+    perm: Permutation,
+    table: TableRun,
+}
+
+/// `[lo, hi]`: the values sharing `v`'s top `p` bits.
+#[inline(always)]
+fn prefix_range(v: u64, p: u32) -> (u64, u64) {
+    if p == 0 {
+        (0, u64::MAX)
+    } else {
+        let low = u64::MAX >> p;
+        (v & !low, v | low)
+    }
+}
+
+impl TableRun {
+    /// Builds a table from its sorted, distinct, permuted values. `hx`, if given, is the
+    /// already encoded run of exactly these values (the identity table shares the
+    /// document store's).
+    pub(crate) fn build(
+        sorted: &[u64],
+        hx: Option<Arc<HxRun>>,
+        prefix_bits: u32,
+        opts: RunOptions,
+        policy: &CrowdPolicy,
+        depth: u32,
+    ) -> Result<TableRun> {
+        let hx = match hx {
+            Some(hx) => hx,
+            None => Arc::new(HxRun::encode(sorted, opts)?),
+        };
+        let mut crowded = Vec::new();
+        let rest = 64 - prefix_bits;
+        if prefix_bits > 0 && depth < policy.max_depth && rest > policy.k {
+            let mean = sorted.len() as f64 / 2f64.powi(prefix_bits as i32);
+            let limit = (policy.min as f64).max(policy.factor * mean) as usize;
+            if sorted.len() > limit {
+                let mut sub_design: Option<(Design, Arc<Vec<Vec<usize>>>)> = None;
+                let mut i = 0;
+                while i < sorted.len() {
+                    let (_, hi) = prefix_range(sorted[i], prefix_bits);
+                    let mut j = i + 1;
+                    while j < sorted.len() && sorted[j] <= hi {
+                        j += 1;
+                    }
+                    if j - i > limit {
+                        if sub_design.is_none() {
+                            let d = Design::new(
+                                rest,
+                                vec![Level { blocks: policy.k + 1, widths: None, choose: 1 }],
+                            )?;
+                            let for_k = (0..=policy.k).map(|k| d.tables_for_k(k)).collect();
+                            sub_design = Some((d, Arc::new(for_k)));
+                        }
+                        let (d, for_k) = sub_design.as_ref().expect("set above");
+                        crowded.push(Self::sub_index(
+                            &sorted[i..j],
+                            prefix_bits,
+                            d,
+                            for_k,
+                            opts,
+                            policy,
+                            depth,
+                        )?);
+                    }
+                    i = j;
+                }
+            }
+        }
+        Ok(TableRun { hx, prefix_bits, crowded })
+    }
+
+    fn sub_index(
+        bucket: &[u64],
+        prefix_bits: u32,
+        design: &Design,
+        for_k: &Arc<Vec<Vec<usize>>>,
+        opts: RunOptions,
+        policy: &CrowdPolicy,
+        depth: u32,
+    ) -> Result<Crowded> {
+        let mut subs = Vec::with_capacity(design.tables().len());
+        for spec in design.tables() {
+            // Lift the sub-design's permutation of the low bits to 64 bits.
+            let mut ranges = vec![BitRange { start: 0, len: prefix_bits }];
+            ranges.extend(
+                spec.perm
+                    .ranges()
+                    .iter()
+                    .map(|r| BitRange { start: r.start + prefix_bits, len: r.len }),
+            );
+            let perm = Permutation::from_ranges(64, &ranges)?;
+            let mut vals: Vec<u64> = bucket.iter().map(|&v| perm.apply(v)).collect();
+            vals.sort_unstable();
+            let table = TableRun::build(
+                &vals,
+                None,
+                prefix_bits + spec.prefix_bits,
+                opts,
+                policy,
+                depth + 1,
+            )?;
+            subs.push(SubTable { perm, table });
+        }
+        Ok(Crowded { prefix: bucket[0] >> (64 - prefix_bits), for_k: for_k.clone(), subs })
+    }
+
+    /// Where the block a [`plan`](Self::plan) of `pq` will read is, roughly: one directory
+    /// load, so the loads of several tables overlap.
+    #[inline]
+    pub(crate) fn block_hint(&self, pq: u64) -> usize {
+        self.hx.block_hint(prefix_range(pq, self.prefix_bits).0)
+    }
+
+    /// Starts loading the blocks around `hint` (from [`block_hint`](Self::block_hint)).
+    #[inline]
+    pub(crate) fn prefetch(&self, hint: usize) {
+        self.hx.prefetch(hint);
+    }
+
+    /// Prepares the probe of this table for the permuted query `pq`: adds a [`Lane`] for
+    /// the prefix bucket to `lanes`, or, when the bucket is crowded, probes its sub-index at
+    /// once. Hits are `(value in this table's space, rank, tag)`; the rank is the value's
+    /// rank in the main run, or [`NO_RANK`] for hits from a sub-index.
+    #[inline]
+    pub(crate) fn plan<'a>(
+        &'a self,
+        pq: u64,
+        k: u32,
+        tag: u32,
+        lanes: &mut Vec<Lane<'a>>,
+        hits: &mut Vec<(u64, u32, u32)>,
+    ) {
+        let p = self.prefix_bits;
+        if !self.crowded.is_empty() {
+            let prefix = pq >> (64 - p);
+            if let Ok(i) = self.crowded.binary_search_by_key(&prefix, |c| c.prefix) {
+                self.probe_crowded(&self.crowded[i], pq, k, tag, hits);
+                return;
+            }
+        }
+        let (lo, hi) = prefix_range(pq, p);
+        lanes.push(self.hx.lane(lo, hi, pq, tag));
+    }
+
+    /// Probes a crowded bucket's sub-tables one after the other.
+    fn probe_crowded(
+        &self,
+        c: &Crowded,
+        pq: u64,
+        k: u32,
+        tag: u32,
+        hits: &mut Vec<(u64, u32, u32)>,
+    ) {
+        for &s in &c.for_k[k.min(c.for_k.len() as u32 - 1) as usize] {
+            let sub = &c.subs[s];
+            let start = hits.len();
+            let mut lanes = Vec::with_capacity(1);
+            sub.table.plan(sub.perm.apply(pq), k, tag, &mut lanes, hits);
+            scan_lanes(self.hx.codec(), &mut lanes, k, hits);
+            for hit in &mut hits[start..] {
+                *hit = (sub.perm.invert(hit.0), NO_RANK, tag);
+            }
+        }
+    }
+
+    /// Number of distinct values in the main run.
+    pub(crate) fn len(&self) -> usize {
+        self.hx.len()
+    }
+
+    /// Heap bytes of the main run (when `with_main`) and of every sub-index.
+    pub(crate) fn heap_bytes(&self, with_main: bool) -> usize {
+        let main = if with_main { self.hx.heap_bytes() } else { 0 };
+        main + self.crowded_bytes()
+    }
+
+    fn crowded_bytes(&self) -> usize {
+        self.crowded
+            .iter()
+            .flat_map(|c| &c.subs)
+            .map(|s| s.table.heap_bytes(true) + std::mem::size_of::<SubTable>())
+            .sum()
+    }
+
+    /// Number of crowded buckets (at the top level) and the entries they hold.
+    pub(crate) fn crowded_stats(&self) -> (usize, usize) {
+        let entries =
+            self.crowded.iter().map(|c| c.subs.first().map_or(0, |s| s.table.len())).sum();
+        (self.crowded.len(), entries)
+    }
+}

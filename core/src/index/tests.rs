@@ -1,0 +1,291 @@
+//! Exactness of the index against brute force, on uniform, clustered and crowded-prefix
+//! data, for every k up to the design's, with inserts, deletes and merges interleaved.
+
+use super::*;
+use crate::codec::{BlockSearch, Codec};
+use crate::util::SplitMix64;
+
+/// Ground truth: a plain list of live documents.
+#[derive(Default)]
+struct Model {
+    docs: Vec<Doc>,
+}
+
+impl Model {
+    fn query(&self, q: u64, k: u32) -> Vec<Match> {
+        let mut v: Vec<Match> = self
+            .docs
+            .iter()
+            .filter(|d| (d.fp ^ q).count_ones() <= k)
+            .map(|d| Match { id: d.id, fp: d.fp, distance: (d.fp ^ q).count_ones(), ts: d.ts })
+            .collect();
+        v.sort_unstable_by_key(|m| (m.distance, m.ts, m.id));
+        v
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Shape {
+    Uniform,
+    Clustered,
+    CrowdedPrefix,
+}
+
+struct Gen {
+    rng: SplitMix64,
+    shape: Shape,
+    centers: Vec<u64>,
+    next_id: u64,
+}
+
+impl Gen {
+    fn new(seed: u64, shape: Shape) -> Gen {
+        let mut rng = SplitMix64::new(seed);
+        let centers = (0..20).map(|_| rng.next_u64()).collect();
+        Gen { rng, shape, centers, next_id: 1 }
+    }
+
+    fn fp(&mut self) -> u64 {
+        match self.shape {
+            Shape::Uniform => self.rng.next_u64(),
+            Shape::Clustered => {
+                let c = self.centers[self.rng.below(self.centers.len() as u64) as usize];
+                let flips = self.rng.below(7) as u32;
+                self.rng.flip_bits(c, flips)
+            }
+            Shape::CrowdedPrefix => {
+                if self.rng.below(3) == 0 {
+                    self.rng.next_u64()
+                } else {
+                    // Share the top 30 bits with the first center; random below, sometimes
+                    // a close neighbour of an earlier value.
+                    (self.centers[0] & !((1 << 34) - 1)) | (self.rng.next_u64() >> 30)
+                }
+            }
+        }
+    }
+
+    fn doc(&mut self) -> Doc {
+        let id = self.next_id;
+        self.next_id += 1;
+        let fp = self.fp();
+        Doc { id, fp, ts: (self.rng.below(1000) as i64) - 500 }
+    }
+
+    fn query(&mut self, model: &Model, k: u32) -> u64 {
+        if !model.docs.is_empty() && self.rng.below(4) != 0 {
+            let d = model.docs[self.rng.below(model.docs.len() as u64) as usize];
+            let flips = self.rng.below(k as u64 + 2) as u32;
+            self.rng.flip_bits(d.fp, flips)
+        } else {
+            self.fp()
+        }
+    }
+}
+
+fn check_all_k(index: &Index, model: &Model, g: &mut Gen, queries: usize) {
+    for k in 0..=index.max_k() {
+        for _ in 0..queries {
+            let q = g.query(model, k);
+            let got = index.query(q, k).unwrap();
+            let want = model.query(q, k);
+            assert_eq!(got, want, "k={k} q={q:#018x} design={}", index.design());
+        }
+    }
+}
+
+/// Random interleaving of every write operation, checked after each step.
+fn exercise(config: IndexConfig, shape: Shape, seed: u64, steps: usize) -> Index {
+    let mut index = Index::new(config).unwrap();
+    let mut model = Model::default();
+    let mut g = Gen::new(seed, shape);
+    let mut pending: Option<MergeJob> = None;
+    for step in 0..steps {
+        match g.rng.below(10) {
+            0..=3 => {
+                let d = g.doc();
+                // Exact duplicates of existing fingerprints now and then.
+                let d = if !model.docs.is_empty() && g.rng.below(8) == 0 {
+                    Doc { fp: model.docs[g.rng.below(model.docs.len() as u64) as usize].fp, ..d }
+                } else {
+                    d
+                };
+                index.insert(d).unwrap();
+                model.docs.push(d);
+            }
+            4 | 5 => {
+                let n = if g.rng.below(3) == 0 { 300 } else { 1 + g.rng.below(40) as usize };
+                let batch: Vec<Doc> = (0..n).map(|_| g.doc()).collect();
+                index.insert_batch(&batch).unwrap();
+                model.docs.extend_from_slice(&batch);
+            }
+            6 if !model.docs.is_empty() => {
+                let n = 1 + g.rng.below(5) as usize;
+                let mut ids: Vec<u64> = (0..n)
+                    .map(|_| model.docs[g.rng.below(model.docs.len() as u64) as usize].id)
+                    .collect();
+                ids.push(u64::MAX); // an id that does not exist
+                ids.sort_unstable();
+                ids.dedup();
+                let before = model.docs.len();
+                model.docs.retain(|d| !ids.contains(&d.id));
+                assert_eq!(index.delete(&ids).unwrap(), before - model.docs.len());
+            }
+            7 if !model.docs.is_empty() => {
+                let i = g.rng.below(model.docs.len() as u64) as usize;
+                let d = model.docs.remove(i);
+                assert!(index.delete_doc(d.id, d.fp).unwrap());
+                assert!(!index.delete_doc(d.id, d.fp).unwrap());
+            }
+            8 => index.flush().unwrap(),
+            _ => {
+                if let Some(job) = pending.take() {
+                    let merged = job.run().unwrap();
+                    index.finish_merge(job, merged).unwrap();
+                } else {
+                    pending = index.next_merge();
+                }
+            }
+        }
+        assert_eq!(index.len(), model.docs.len(), "step {step}");
+        if step % 7 == 0 {
+            check_all_k(&index, &model, &mut g, 6);
+        }
+    }
+    if let Some(job) = pending.take() {
+        let merged = job.run().unwrap();
+        index.finish_merge(job, merged).unwrap();
+    }
+    check_all_k(&index, &model, &mut g, 40);
+    index
+}
+
+fn small_config(design: &str) -> IndexConfig {
+    IndexConfig {
+        design: Design::parse(design).unwrap(),
+        run: RunOptions { codec: Codec::Xor, block_bytes: 64, search: BlockSearch::Directory },
+        buffer_docs: 32,
+        merge_fanout: 3,
+        auto_merge: true,
+        crowd_min: 8,
+        crowd_factor: 2.0,
+        parallel_build: false,
+    }
+}
+
+#[test]
+fn exact_under_interleaved_writes_every_design_and_shape() {
+    let designs = ["paper-4", "paper-10", "paper-16", "paper-20", "7c1", "8c2", "9c1"];
+    for (i, design) in designs.iter().enumerate() {
+        for (j, shape) in
+            [Shape::Uniform, Shape::Clustered, Shape::CrowdedPrefix].into_iter().enumerate()
+        {
+            exercise(small_config(design), shape, (i * 10 + j) as u64, 250);
+        }
+    }
+}
+
+#[test]
+fn exact_with_background_merges_and_other_codecs() {
+    for (codec, search, bb) in [
+        (Codec::Gap, BlockSearch::Interpolation, 48),
+        (Codec::Xor, BlockSearch::Interpolation, 1024),
+        (Codec::Gap, BlockSearch::Directory, 200),
+    ] {
+        for shape in [Shape::Uniform, Shape::Clustered, Shape::CrowdedPrefix] {
+            let mut c = small_config("paper-10");
+            c.run = RunOptions { codec, block_bytes: bb, search };
+            c.auto_merge = false;
+            exercise(c, shape, 99, 300);
+        }
+    }
+}
+
+#[test]
+fn crowded_prefixes_get_sub_indexes_and_stay_exact() {
+    // 20% of the values share their top 30 bits.
+    let mut g = Gen::new(5, Shape::Uniform);
+    let base = g.rng.next_u64() & !((1u64 << 34) - 1);
+    let docs: Vec<Doc> = (0..20_000u64)
+        .map(|id| {
+            let fp = if id % 5 == 0 { base | (g.rng.next_u64() >> 30) } else { g.rng.next_u64() };
+            Doc { id, fp, ts: 0 }
+        })
+        .collect();
+    let mut config = IndexConfig { parallel_build: false, ..IndexConfig::default() };
+    config.design = Design::parse("paper-4").unwrap();
+    let index = Index::build(config, &docs).unwrap();
+    let mem = index.memory();
+    // Table 0 leads with bits 0..16, inside the shared 30: one huge bucket.
+    assert!(mem.tables[0].crowded_buckets >= 1, "{mem:?}");
+    assert!(mem.tables[0].crowded_entries >= 4000);
+    let model = Model { docs };
+    let mut g2 = Gen::new(6, Shape::Uniform);
+    for k in 0..=3 {
+        for i in 0..300 {
+            let q = if i % 2 == 0 {
+                base | (g2.rng.next_u64() >> 30)
+            } else {
+                let d = model.docs[(i * 37) % model.docs.len()];
+                g2.rng.flip_bits(d.fp, k)
+            };
+            assert_eq!(index.query(q, k).unwrap(), model.query(q, k), "k={k}");
+        }
+    }
+}
+
+#[test]
+fn bulk_build_matches_incremental_and_batch_queries() {
+    let mut g = Gen::new(8, Shape::Clustered);
+    let docs: Vec<Doc> = (0..5000).map(|_| g.doc()).collect();
+    let bulk = Index::build(IndexConfig::default(), &docs).unwrap();
+    let mut inc = Index::new(IndexConfig { buffer_docs: 100, ..IndexConfig::default() }).unwrap();
+    for d in &docs {
+        inc.insert(*d).unwrap();
+    }
+    assert!(inc.stats().merges > 0);
+    let qs: Vec<u64> = (0..500).map(|i| g.rng.flip_bits(docs[i * 7].fp, (i % 4) as u32)).collect();
+    let batch = bulk.query_batch(&qs, 3).unwrap();
+    for (q, b) in qs.iter().zip(&batch) {
+        assert_eq!(&bulk.query(*q, 3).unwrap(), b);
+        assert_eq!(&inc.query(*q, 3).unwrap(), b);
+    }
+}
+
+#[test]
+fn out_of_range_k_is_an_error() {
+    let index = Index::new(IndexConfig::default()).unwrap();
+    assert_eq!(index.query(0, 4).unwrap_err(), Error::KOutOfRange { k: 4, max: 3 });
+    assert!(index.query_batch(&[1, 2], 9).is_err());
+}
+
+#[test]
+fn bad_config_is_rejected() {
+    let bad = [
+        IndexConfig { buffer_docs: 0, ..IndexConfig::default() },
+        IndexConfig { merge_fanout: 1, ..IndexConfig::default() },
+        IndexConfig { crowd_factor: 0.5, ..IndexConfig::default() },
+        IndexConfig {
+            run: RunOptions { block_bytes: 4, ..RunOptions::default() },
+            ..IndexConfig::default()
+        },
+    ];
+    for c in bad {
+        assert!(matches!(Index::new(c), Err(Error::InvalidConfig(_))));
+    }
+}
+
+#[test]
+fn memory_report_counts_every_table() {
+    let mut g = Gen::new(3, Shape::Uniform);
+    let docs: Vec<Doc> = (0..50_000).map(|_| g.doc()).collect();
+    let index = Index::build(IndexConfig::default(), &docs).unwrap();
+    let m = index.memory();
+    assert_eq!(m.tables.len(), 10);
+    let floor = 64.0 - (50_000f64).log2() + 1.44;
+    for t in &m.tables {
+        assert_eq!(t.entries, 50_000);
+        assert!(t.bits_per_fp > floor && t.bits_per_fp < floor + 4.0, "{t:?}");
+    }
+    assert!(m.total_bytes > m.tables.iter().map(|t| t.bytes).sum::<usize>() + m.doc_bytes - 1);
+}
