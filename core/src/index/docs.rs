@@ -56,6 +56,46 @@ impl DocStore {
         DocStore { ids, ts, dups, deleted: Deleted::default() }
     }
 
+    /// Appends the columns' bytes (deletion marks are not part of them).
+    pub(crate) fn write(&self, out: &mut Vec<u8>) {
+        self.ids.write(out);
+        self.ts.write(out);
+        out.extend_from_slice(&(self.dups.len() as u64).to_le_bytes());
+        for &(r, c) in &self.dups {
+            out.extend_from_slice(&r.to_le_bytes());
+            out.extend_from_slice(&c.to_le_bytes());
+        }
+    }
+
+    /// Reads columns written by [`write`](Self::write), checking they describe `distinct`
+    /// fingerprints.
+    pub(crate) fn read(bytes: &[u8], distinct: usize) -> Option<(DocStore, &[u8])> {
+        let (ids, rest) = Packed::read(bytes)?;
+        let (ts, rest) = Packed::read(rest)?;
+        let (n, mut rest) = super::packed::take_u64(rest)?;
+        let n = usize::try_from(n).ok()?;
+        if n > distinct || rest.len() < n.checked_mul(8)? {
+            return None;
+        }
+        let mut dups = Vec::with_capacity(n);
+        for _ in 0..n {
+            let (r, tail) = rest.split_first_chunk::<4>()?;
+            let (c, tail) = tail.split_first_chunk::<4>()?;
+            dups.push((u32::from_le_bytes(*r), u32::from_le_bytes(*c)));
+            rest = tail;
+        }
+        // Ranks strictly increase, cumulative extras strictly increase, and the documents
+        // add up.
+        let ordered = dups.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1);
+        let extra = dups.last().map_or(0, |d| d.1 as usize);
+        let fits = dups.last().is_none_or(|d| (d.0 as usize) < distinct)
+            && dups.first().is_none_or(|d| d.1 > 0);
+        if !ordered || !fits || ids.len() != distinct + extra || ts.len() != ids.len() {
+            return None;
+        }
+        Some((DocStore { ids, ts, dups, deleted: Deleted::default() }, rest))
+    }
+
     /// Number of documents, deleted ones included.
     pub(crate) fn len(&self) -> usize {
         self.ids.len()

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use run::BuildContext;
-pub use run::Run;
+pub use run::{Run, StoredTable};
 use table::CrowdPolicy;
 
 use crate::codec::RunOptions;
@@ -261,6 +261,28 @@ impl Index {
             index.runs.push(Arc::new(run));
         }
         Ok(index)
+    }
+
+    /// Rebuilds a stored run for this index (see [`Run::meta_bytes`]), verifying every
+    /// checksum. Tables that are damaged, missing or built for another design or encoding
+    /// are rebuilt from an intact one; their indices are returned with the run. Add the run
+    /// with [`restore`](Self::restore).
+    pub fn load_run(&self, meta: &[u8], tables: &[StoredTable<'_>]) -> Result<(Run, Vec<usize>)> {
+        Run::load(meta, tables, &self.ctx)
+    }
+
+    /// Replaces the index's runs with `runs` (oldest first) and empties the buffer, as at
+    /// start-up after loading stored runs. Run ids must be distinct; new runs get larger ids.
+    pub fn restore(&mut self, runs: Vec<Run>) -> Result<()> {
+        let mut ids: Vec<u64> = runs.iter().map(|r| r.id()).collect();
+        ids.sort_unstable();
+        if ids.windows(2).any(|w| w[0] == w[1]) {
+            return Err(Error::InvalidConfig("two runs with the same id".into()));
+        }
+        self.next_run_id = ids.last().map_or(1, |&m| m + 1).max(self.next_run_id);
+        self.runs = runs.into_iter().map(Arc::new).collect();
+        self.buffer.clear();
+        Ok(())
     }
 
     /// The configuration.

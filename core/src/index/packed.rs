@@ -76,6 +76,45 @@ impl Packed {
     }
 }
 
+impl Packed {
+    /// Appends the column's bytes: base, bit width, length, words.
+    pub(crate) fn write(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.base.to_le_bytes());
+        out.extend_from_slice(&self.bits.to_le_bytes());
+        out.extend_from_slice(&(self.len as u64).to_le_bytes());
+        out.extend_from_slice(&(self.words.len() as u64).to_le_bytes());
+        for w in &self.words {
+            out.extend_from_slice(&w.to_le_bytes());
+        }
+    }
+
+    /// Reads a column written by [`write`](Self::write) from the front of `bytes`,
+    /// returning it and the rest.
+    pub(crate) fn read(bytes: &[u8]) -> Option<(Packed, &[u8])> {
+        let (base, rest) = take_u64(bytes)?;
+        let (bits, rest) = rest.split_first_chunk::<4>()?;
+        let bits = u32::from_le_bytes(*bits);
+        let (len, rest) = take_u64(rest)?;
+        let (nwords, rest) = take_u64(rest)?;
+        let len = usize::try_from(len).ok()?;
+        let nwords = usize::try_from(nwords).ok()?;
+        let need = if len == 0 { 0 } else { (len.checked_mul(bits as usize)?).div_ceil(64) + 1 };
+        if bits > 64 || nwords != need || rest.len() < nwords.checked_mul(8)? {
+            return None;
+        }
+        let (body, rest) = rest.split_at(nwords * 8);
+        let words =
+            body.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8"))).collect();
+        Some((Packed { base, bits, len, words }, rest))
+    }
+}
+
+/// Splits a little-endian u64 off the front of `bytes`.
+pub(crate) fn take_u64(bytes: &[u8]) -> Option<(u64, &[u8])> {
+    let (v, rest) = bytes.split_first_chunk::<8>()?;
+    Some((u64::from_le_bytes(*v), rest))
+}
+
 /// Maps an `i64` to a `u64` preserving order (flips the sign bit).
 #[inline]
 pub(crate) fn order_i64(v: i64) -> u64 {
@@ -109,6 +148,21 @@ mod tests {
             assert_eq!(p.iter().collect::<Vec<_>>(), vals, "bits {bits}");
         }
         assert_eq!(Packed::new(0, std::iter::empty()).len(), 0);
+    }
+
+    #[test]
+    fn bytes_round_trip_and_reject_garbage() {
+        let vals: Vec<u64> = (0..1000u64).map(|i| i * 7919 % 1_000_003).collect();
+        let p = Packed::new(vals.len(), vals.iter().copied());
+        let mut b = Vec::new();
+        p.write(&mut b);
+        b.extend_from_slice(b"tail");
+        let (q, rest) = Packed::read(&b).unwrap();
+        assert_eq!(rest, b"tail");
+        assert_eq!(q.iter().collect::<Vec<_>>(), vals);
+        for cut in 0..40 {
+            assert!(Packed::read(&b[..cut]).is_none());
+        }
     }
 
     #[test]

@@ -26,6 +26,19 @@ pub(crate) struct BuildContext {
     pub parallel: bool,
 }
 
+const META_MAGIC: [u8; 4] = *b"NDRN";
+/// Version of the run metadata record.
+const META_VERSION: u16 = 1;
+
+/// One table of a stored run: its compressed run's header and blocks, as stored.
+#[derive(Debug, Clone, Copy)]
+pub struct StoredTable<'a> {
+    /// The header from [`Run::table_header`].
+    pub header: &'a [u8],
+    /// The blocks from [`Run::table_blocks`], in order.
+    pub blocks: &'a [&'a [u8]],
+}
+
 /// An immutable batch of documents and its permuted tables.
 #[derive(Debug)]
 pub struct Run {
@@ -241,6 +254,194 @@ impl Run {
                 }
             }
         }
+    }
+
+    /// The run's metadata record: ids, counts, the design it was built for, the document
+    /// columns, and a CRC-32. Together with every table's [`table_header`](Self::table_header)
+    /// and [`table_blocks`](Self::table_blocks) it is everything [`Run::load`] needs.
+    /// Deletion marks are not included: see [`deleted_positions`](Self::deleted_positions).
+    pub fn meta_bytes(&self, design: &Design) -> Vec<u8> {
+        let text = design.to_string();
+        let mut out = Vec::new();
+        out.extend_from_slice(&META_MAGIC);
+        out.extend_from_slice(&META_VERSION.to_le_bytes());
+        out.extend_from_slice(&0u16.to_le_bytes());
+        out.extend_from_slice(&self.id.to_le_bytes());
+        out.extend_from_slice(&(self.docs.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(self.fps.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(self.tables.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(text.len() as u32).to_le_bytes());
+        out.extend_from_slice(text.as_bytes());
+        self.docs.write(&mut out);
+        let crc = crc32fast::hash(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    /// Number of tables.
+    pub fn tables(&self) -> usize {
+        self.tables.len()
+    }
+
+    /// The header of table `t`'s compressed run.
+    pub fn table_header(&self, t: usize) -> [u8; crate::codec::HEADER_BYTES] {
+        self.tables[t].hx.header_bytes()
+    }
+
+    /// The blocks of table `t`'s compressed run, in order.
+    pub fn table_blocks(&self, t: usize) -> impl ExactSizeIterator<Item = &[u8]> {
+        let hx = &self.tables[t].hx;
+        (0..hx.blocks()).map(move |b| hx.block_bytes(b))
+    }
+
+    /// Marks documents deleted by position (as returned by
+    /// [`deleted_positions`](Self::deleted_positions)); positions out of range are an error.
+    pub fn restore_deleted(&self, positions: &[u32]) -> Result<()> {
+        if positions.iter().any(|&p| p as usize >= self.docs.len()) {
+            return Err(Error::corrupt("deleted position outside the run"));
+        }
+        for &p in positions {
+            self.docs.mark_deleted(p as usize);
+        }
+        Ok(())
+    }
+
+    /// Rebuilds a run from its stored parts, verifying every checksum and count. A table
+    /// whose blocks are damaged or missing is rebuilt from an intact one (every table holds
+    /// the same fingerprints), and so are all tables when the run was built for another
+    /// design; the indices of rebuilt tables are returned. Fails when the metadata is
+    /// damaged or no table is intact.
+    pub(crate) fn load(
+        meta: &[u8],
+        tables: &[StoredTable<'_>],
+        ctx: &BuildContext,
+    ) -> Result<(Run, Vec<usize>)> {
+        let (id, n_docs, distinct, built_for, docs) = Self::parse_meta(meta)?;
+        let stored_design = Design::parse(&built_for)
+            .map_err(|e| Error::corrupt(format!("run {id}: stored design: {e}")))?;
+        let same_design = stored_design == ctx.design;
+        // Decode what is intact and encoded as this index encodes.
+        let decoded: Vec<Option<HxRun>> = tables
+            .iter()
+            .map(|st| {
+                HxRun::from_parts(st.header, st.blocks.iter().copied(), ctx.opts.search)
+                    .ok()
+                    .filter(|hx| hx.len() == distinct)
+            })
+            .collect();
+        let usable = |hx: &HxRun| {
+            let o = hx.options();
+            o.codec == ctx.opts.codec && o.block_bytes == ctx.opts.block_bytes
+        };
+        // The fingerprints in identity order, from table 0 or else any intact table.
+        let fps_sorted: Vec<u64> = match decoded.first().and_then(Option::as_ref) {
+            Some(hx) => hx.to_vec(),
+            None => {
+                let (t, hx) = decoded
+                    .iter()
+                    .enumerate()
+                    .find_map(|(t, d)| d.as_ref().map(|hx| (t, hx)))
+                    .ok_or_else(|| Error::corrupt(format!("run {id}: every table is damaged")))?;
+                let perm = &stored_design
+                    .tables()
+                    .get(t)
+                    .ok_or_else(|| {
+                        Error::corrupt(format!("run {id}: more tables than its design"))
+                    })?
+                    .perm;
+                let mut v: Vec<u64> = hx.to_vec().into_iter().map(|x| perm.invert(x)).collect();
+                v.sort_unstable();
+                v
+            }
+        };
+        if fps_sorted.len() != distinct || docs.len() != n_docs {
+            return Err(Error::corrupt(format!("run {id}: counts disagree with its metadata")));
+        }
+        let mut decoded: Vec<Option<HxRun>> =
+            decoded.into_iter().map(|d| d.filter(|hx| usable(hx))).collect();
+        let mut rebuilt = Vec::new();
+        let fps = Arc::new(match decoded.first_mut().and_then(Option::take) {
+            Some(hx) => hx,
+            None => {
+                rebuilt.push(0);
+                HxRun::encode(&fps_sorted, ctx.opts)?
+            }
+        });
+        let mut built = Vec::with_capacity(ctx.design.tables().len());
+        for (t, spec) in ctx.design.tables().iter().enumerate() {
+            let table = if t == 0 {
+                TableRun::build(
+                    &fps_sorted,
+                    Some(fps.clone()),
+                    spec.prefix_bits,
+                    ctx.opts,
+                    &ctx.policy,
+                    0,
+                )?
+            } else {
+                let intact =
+                    if same_design { decoded.get_mut(t).and_then(Option::take) } else { None };
+                match intact {
+                    Some(hx) => {
+                        let v = hx.to_vec();
+                        TableRun::build(
+                            &v,
+                            Some(Arc::new(hx)),
+                            spec.prefix_bits,
+                            ctx.opts,
+                            &ctx.policy,
+                            0,
+                        )?
+                    }
+                    None => {
+                        rebuilt.push(t);
+                        let mut v: Vec<u64> =
+                            fps_sorted.iter().map(|&x| spec.perm.apply(x)).collect();
+                        v.sort_unstable();
+                        TableRun::build(&v, None, spec.prefix_bits, ctx.opts, &ctx.policy, 0)?
+                    }
+                }
+            };
+            built.push(table);
+        }
+        Ok((Run { id, fps, docs, tables: built }, rebuilt))
+    }
+
+    fn parse_meta(meta: &[u8]) -> Result<(u64, usize, usize, String, DocStore)> {
+        let bad = |what: &str| Error::corrupt(format!("run metadata: {what}"));
+        let (body, crc) = meta.split_last_chunk::<4>().ok_or_else(|| bad("truncated"))?;
+        if body.len() < 4 || body[..4] != META_MAGIC {
+            return Err(bad("not a neardup run"));
+        }
+        if crc32fast::hash(body) != u32::from_le_bytes(*crc) {
+            return Err(bad("checksum mismatch"));
+        }
+        let version = u16::from_le_bytes([body[4], body[5]]);
+        if version != META_VERSION {
+            return Err(Error::UnsupportedVersion {
+                found: version as u32,
+                supported: META_VERSION as u32,
+            });
+        }
+        let rest = body.get(8..).ok_or_else(|| bad("truncated"))?;
+        let (id, rest) = super::packed::take_u64(rest).ok_or_else(|| bad("truncated"))?;
+        let (n_docs, rest) = super::packed::take_u64(rest).ok_or_else(|| bad("truncated"))?;
+        let (distinct, rest) = super::packed::take_u64(rest).ok_or_else(|| bad("truncated"))?;
+        let (_tables, rest) = rest.split_first_chunk::<4>().ok_or_else(|| bad("truncated"))?;
+        let (len, rest) = rest.split_first_chunk::<4>().ok_or_else(|| bad("truncated"))?;
+        let len = u32::from_le_bytes(*len) as usize;
+        if rest.len() < len {
+            return Err(bad("truncated"));
+        }
+        let (text, rest) = rest.split_at(len);
+        let text = std::str::from_utf8(text).map_err(|_| bad("design is not UTF-8"))?.to_string();
+        let distinct = usize::try_from(distinct).map_err(|_| bad("too large"))?;
+        let n_docs = usize::try_from(n_docs).map_err(|_| bad("too large"))?;
+        let (docs, rest) = DocStore::read(rest, distinct).ok_or_else(|| bad("document columns"))?;
+        if !rest.is_empty() {
+            return Err(bad("trailing bytes"));
+        }
+        Ok((id, n_docs, distinct, text, docs))
     }
 
     /// Memory of each table (the identity table's run counted with the documents), of the
