@@ -1,0 +1,42 @@
+//! # neardup-proto
+//!
+//! neardup's gRPC interface: the `.proto` files under `proto/` and the Rust code tonic and
+//! prost generate from them at build time (with a vendored `protoc`, so cargo is all a
+//! machine needs).
+//!
+//! - [`v1`]: the public API, package `neardup.v1`, what clients call.
+//! - [`internal`]: what the router asks of shard nodes, and the reserved Raft transport,
+//!   package `neardup.internal.v1`.
+//! - [`FILE_DESCRIPTOR_SET`]: both packages' descriptors, for gRPC reflection.
+//!
+//! Versioning rules are in `proto/VERSIONING.md`: within `v1`, additive changes only.
+#![deny(missing_docs)]
+
+pub mod codec;
+
+/// Generated code, in modules that mirror the protobuf packages.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod neardup {
+    /// The public API, package `neardup.v1` (see `proto/neardup/v1/neardup.proto`).
+    pub mod v1 {
+        tonic::include_proto!("neardup.v1");
+    }
+    /// Internal packages.
+    pub mod internal {
+        /// Package `neardup.internal.v1` (see `proto/neardup/internal/v1/shard.proto`).
+        pub mod v1 {
+            tonic::include_proto!("neardup.internal.v1");
+        }
+    }
+}
+
+pub use neardup::internal::v1 as internal;
+pub use neardup::v1;
+
+/// Encoded `FileDescriptorSet` of both packages, for the reflection service.
+pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("neardup_descriptor");
+
+/// Name of the public service, as health checks and reflection know it.
+pub const PUBLIC_SERVICE: &str = "neardup.v1.Neardup";
+/// Name of the internal shard service.
+pub const SHARD_SERVICE: &str = "neardup.internal.v1.Shard";
