@@ -1,0 +1,234 @@
+//! The shard's per-document data: caller id, internal id, fingerprint, timestamp, cluster.
+//!
+//! The index knows documents by opaque `u64` ids; callers name them by strings (URLs). This
+//! table maps one to the other, once per replica, and keeps what the index does not: the
+//! fingerprint of a document by id (to replace or delete it with one block lookup) and its
+//! cluster. Internal ids are handed out in increasing order and never reused, so a log record
+//! always means the same document.
+//!
+//! Entries live in a slab; two hash tables of slab positions find them by internal id and by
+//! name, so each name is stored once. Replaying log records onto a snapshot taken while they
+//! were written may briefly hold two entries with one name (see [`crate::record`]); lookups
+//! by name are only made once replay is over, when names are unique again.
+
+use hashbrown::HashTable;
+
+use crate::record::Op;
+
+/// One stored document.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DocEntry {
+    /// Internal id (never 0).
+    pub id: u64,
+    /// Fingerprint.
+    pub fp: u64,
+    /// Timestamp, ms.
+    pub ts: i64,
+    /// Internal id of the document that founded its cluster.
+    pub cluster: u64,
+    /// The caller's id.
+    pub name: Box<str>,
+}
+
+/// Documents by internal id and by name. See the module docs.
+#[derive(Debug, Default)]
+pub struct DocTable {
+    slots: Vec<DocEntry>,
+    free: Vec<u32>,
+    by_id: HashTable<u32>,
+    by_name: HashTable<u32>,
+    next_id: u64,
+    live: usize,
+    name_bytes: usize,
+}
+
+#[inline]
+fn hash_id(id: u64) -> u64 {
+    // SplitMix64's finaliser: ids are sequential, the table needs every bit mixed.
+    let mut z = id.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+#[inline]
+fn hash_name(name: &str) -> u64 {
+    xxhash_rust::xxh3::xxh3_64(name.as_bytes())
+}
+
+impl DocTable {
+    /// An empty table whose first internal id is 1.
+    pub fn new() -> DocTable {
+        DocTable { next_id: 1, ..Default::default() }
+    }
+
+    /// Live documents.
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    /// Whether no document is stored.
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    /// The next internal id [`allocate_id`](Self::allocate_id) hands out.
+    pub fn next_id(&self) -> u64 {
+        self.next_id
+    }
+
+    /// Hands out a fresh internal id.
+    pub fn allocate_id(&mut self) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    /// The document named `name`.
+    pub fn by_name(&self, name: &str) -> Option<&DocEntry> {
+        let slots = &self.slots;
+        self.by_name
+            .find(hash_name(name), |&s| &*slots[s as usize].name == name)
+            .map(|&s| &slots[s as usize])
+    }
+
+    /// The document with internal id `id`.
+    #[inline]
+    pub fn by_id(&self, id: u64) -> Option<&DocEntry> {
+        let slots = &self.slots;
+        self.by_id.find(hash_id(id), |&s| slots[s as usize].id == id).map(|&s| &slots[s as usize])
+    }
+
+    /// Stores `entry`, replacing an entry with the same internal id. Names are not checked
+    /// for uniqueness here (see the module docs); writers resolve names first.
+    pub fn put(&mut self, entry: DocEntry) {
+        self.next_id = self.next_id.max(entry.id + 1);
+        if self.by_id(entry.id).is_some() {
+            self.remove(entry.id);
+        }
+        self.name_bytes += entry.name.len();
+        let (h_id, h_name) = (hash_id(entry.id), hash_name(&entry.name));
+        let slot = match self.free.pop() {
+            Some(s) => {
+                self.slots[s as usize] = entry;
+                s
+            }
+            None => {
+                self.slots.push(entry);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let slots = &self.slots;
+        self.by_id.insert_unique(h_id, slot, |&s| hash_id(slots[s as usize].id));
+        self.by_name.insert_unique(h_name, slot, |&s| hash_name(&slots[s as usize].name));
+        self.live += 1;
+    }
+
+    /// Removes the document with internal id `id`; returns it.
+    pub fn remove(&mut self, id: u64) -> Option<DocEntry> {
+        let slots = &self.slots;
+        let slot = self.by_id.find_entry(hash_id(id), |&s| slots[s as usize].id == id).ok()?;
+        let (s, _) = slot.remove();
+        let name_hash = hash_name(&self.slots[s as usize].name);
+        if let Ok(e) = self.by_name.find_entry(name_hash, |&x| x == s) {
+            e.remove();
+        }
+        let entry = std::mem::replace(
+            &mut self.slots[s as usize],
+            DocEntry { id: 0, fp: 0, ts: 0, cluster: 0, name: Box::from("") },
+        );
+        self.free.push(s);
+        self.live -= 1;
+        self.name_bytes -= entry.name.len();
+        Some(entry)
+    }
+
+    /// Applies one replayed log operation (idempotent: see [`crate::record`]).
+    pub fn apply(&mut self, op: &Op<'_>) {
+        match *op {
+            Op::Put { id, fp, ts, cluster, name } => {
+                self.put(DocEntry { id, fp, ts, cluster, name: name.into() })
+            }
+            Op::Remove { id, .. } => {
+                self.remove(id);
+                self.next_id = self.next_id.max(id + 1);
+            }
+        }
+    }
+
+    /// Live entries in slot order, from slot `from`; with the slot after the last one
+    /// visited. Visits at most `max` entries.
+    pub fn entries_from(&self, from: usize, max: usize) -> (Vec<&DocEntry>, usize) {
+        let mut out = Vec::with_capacity(max.min(self.live));
+        let mut s = from;
+        while s < self.slots.len() && out.len() < max {
+            if self.slots[s].id != 0 {
+                out.push(&self.slots[s]);
+            }
+            s += 1;
+        }
+        (out, s)
+    }
+
+    /// Number of slots (live or free), the bound for [`entries_from`](Self::entries_from).
+    pub fn slot_count(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Approximate heap bytes held.
+    pub fn heap_bytes(&self) -> usize {
+        self.slots.capacity() * std::mem::size_of::<DocEntry>()
+            + self.free.capacity() * 4
+            + (self.by_id.capacity() + self.by_name.capacity()) * 5
+            + self.name_bytes
+            + self.live * 8 // allocator rounding of names, roughly
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(id: u64, name: &str) -> DocEntry {
+        DocEntry { id, fp: id * 3, ts: id as i64, cluster: id, name: name.into() }
+    }
+
+    #[test]
+    fn put_get_remove_reuse() {
+        let mut t = DocTable::new();
+        for i in 1..=1000u64 {
+            t.put(e(i, &format!("u{i}")));
+        }
+        assert_eq!(t.len(), 1000);
+        assert_eq!(t.next_id(), 1001);
+        assert_eq!(t.by_name("u17").unwrap().id, 17);
+        assert_eq!(t.by_id(17).unwrap().name.as_ref(), "u17");
+        assert_eq!(t.remove(17).unwrap().name.as_ref(), "u17");
+        assert!(t.remove(17).is_none());
+        assert!(t.by_name("u17").is_none() && t.by_id(17).is_none());
+        t.put(e(2000, "u17"));
+        assert_eq!(t.by_name("u17").unwrap().id, 2000);
+        assert_eq!(t.slot_count(), 1000, "the freed slot is reused");
+        let (all, end) = t.entries_from(0, usize::MAX);
+        assert_eq!((all.len(), end), (1000, 1000));
+    }
+
+    #[test]
+    fn replay_over_a_later_snapshot_converges() {
+        // The true history: put 5 "n"; remove 5; put 9 "n". A fuzzy snapshot already holds 9.
+        let mut t = DocTable::new();
+        t.put(e(9, "n"));
+        let ops = [
+            Op::Put { id: 5, fp: 15, ts: 5, cluster: 5, name: "n" },
+            Op::Remove { id: 5, fp: 15 },
+            Op::Put { id: 9, fp: 27, ts: 9, cluster: 9, name: "n" },
+        ];
+        for op in &ops {
+            t.apply(op);
+        }
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.by_name("n").unwrap().id, 9);
+        assert!(t.by_id(5).is_none());
+        assert_eq!(t.next_id(), 10);
+    }
+}

@@ -1,0 +1,109 @@
+//! The one error type of `neardup-server`.
+//!
+//! Callers map it to gRPC status codes in one place ([`crate::service`]); [`Error::class`]
+//! gives the coarse class that mapping needs, so a new variant is placed once.
+
+use neardup_core::ErrorKind;
+
+/// Result alias of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What a caller should make of an [`Error`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// The request is wrong; retrying it unchanged fails again.
+    InvalidInput,
+    /// A named document is not stored.
+    NotFound,
+    /// The shard cannot answer now (starting, shutting down, storage failing); a retry may
+    /// work.
+    Unavailable,
+    /// Stored data is damaged; the shard does not serve it.
+    DataLoss,
+    /// A bug.
+    Internal,
+}
+
+/// Errors of the shard node.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The request is invalid (bad k, id too long, conflicting operations...).
+    #[error("invalid request: {0}")]
+    InvalidInput(String),
+    /// The index refused the request (for example k out of range).
+    #[error(transparent)]
+    Index(neardup_core::Error),
+    /// Delete with `must_exist` named ids that are not stored.
+    #[error("{} document(s) not stored, first: {:?}", .0.len(), .0.first())]
+    NotFound(Vec<String>),
+    /// The shard is still recovering its data.
+    #[error("the shard is recovering its data")]
+    Recovering,
+    /// The shard is shutting down and takes no new work.
+    #[error("the shard is shutting down")]
+    ShuttingDown,
+    /// A stored tablet is damaged beyond repair; nothing is served from it.
+    #[error("tablet is corrupt and not served: {0}")]
+    CorruptTablet(String),
+    /// The storage engine failed (I/O error, disk full, damaged database files).
+    #[error("storage failed: {0}")]
+    Storage(String),
+    /// The data directory cannot be used.
+    #[error("data directory {path}: {reason}")]
+    DataDir {
+        /// The directory.
+        path: String,
+        /// Why it cannot be used.
+        reason: String,
+    },
+    /// The data directory was written by another, incompatible configuration or format.
+    #[error("data directory is incompatible: {0}")]
+    Incompatible(String),
+    /// A bug: an invariant did not hold.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// The coarse class of this error.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Error::InvalidInput(_) => ErrorClass::InvalidInput,
+            Error::Index(e) => match e.kind() {
+                ErrorKind::InvalidInput => ErrorClass::InvalidInput,
+                ErrorKind::Corrupt => ErrorClass::DataLoss,
+            },
+            Error::NotFound(_) => ErrorClass::NotFound,
+            Error::Recovering | Error::ShuttingDown | Error::Storage(_) => ErrorClass::Unavailable,
+            Error::CorruptTablet(_) => ErrorClass::DataLoss,
+            Error::DataDir { .. } | Error::Incompatible(_) => ErrorClass::Unavailable,
+            Error::Internal(_) => ErrorClass::Internal,
+        }
+    }
+}
+
+impl From<neardup_core::Error> for Error {
+    fn from(e: neardup_core::Error) -> Self {
+        Error::Index(e)
+    }
+}
+
+impl From<sled::Error> for Error {
+    fn from(e: sled::Error) -> Self {
+        Error::Storage(e.to_string())
+    }
+}
+
+/// Maps a shard error to its gRPC status: the one place this crate does so.
+impl From<Error> for tonic::Status {
+    fn from(e: Error) -> tonic::Status {
+        let msg = e.to_string();
+        match e.class() {
+            ErrorClass::InvalidInput => tonic::Status::invalid_argument(msg),
+            ErrorClass::NotFound => tonic::Status::not_found(msg),
+            ErrorClass::Unavailable => tonic::Status::unavailable(msg),
+            ErrorClass::DataLoss => tonic::Status::data_loss(msg),
+            ErrorClass::Internal => tonic::Status::internal(msg),
+        }
+    }
+}

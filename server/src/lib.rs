@@ -1,0 +1,37 @@
+//! # neardup-server
+//!
+//! A shard node of neardup: it owns tablets (in this release, every permuted table of the
+//! design on one node) and their storage.
+//!
+//! - [`shard`]: the index and document table made durable — write-ahead log with group
+//!   commit, runs stored as Huffman-XOR blocks, background merges and checkpoints, recovery.
+//! - [`storage`]: the storage contract ([`storage::Store`]) and its sled implementation.
+//! - [`record`], [`persist`], [`docs`], [`commit`]: the log record format, the stored
+//!   layout, the document table and group commit.
+//! - [`service`]: the internal gRPC service (`neardup.internal.v1.Shard`) over a [`Shard`].
+//! - [`metrics`]: the shard's Prometheus series.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), neardup_server::Error> {
+//! use neardup_server::{Shard, ShardConfig, ShardMetrics};
+//! let shard = Shard::open("./neardup-data".as_ref(), ShardConfig::default(),
+//!     ShardMetrics::default())?;
+//! shard.recover()?; // blocks until the stored data is loaded
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+pub mod commit;
+pub mod docs;
+pub mod error;
+pub mod metrics;
+pub mod persist;
+pub mod record;
+pub mod service;
+pub mod shard;
+pub mod storage;
+
+pub use error::{Error, ErrorClass, Result};
+pub use metrics::ShardMetrics;
+pub use service::{RaftService, ShardService};
+pub use shard::{Shard, ShardConfig, Status, WriteOutcome};

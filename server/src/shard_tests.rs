@@ -1,0 +1,277 @@
+//! The shard against a plain model: writes, replacements, deletes, admissions, and restarts
+//! with and without checkpoints, snapshots and damaged data.
+
+use std::collections::BTreeMap;
+
+use neardup_core::util::SplitMix64;
+
+use super::*;
+use crate::ErrorClass;
+
+fn config() -> ShardConfig {
+    let mut c = ShardConfig::default();
+    c.index.buffer_docs = 64;
+    c.checkpoint_ops = 200;
+    c.checkpoint_interval = Duration::from_secs(3600);
+    c.idle_flush = Duration::from_secs(3600);
+    c.snapshot_log_bytes = u64::MAX;
+    c.max_record_bytes = 2048;
+    c.min_free_bytes = 0;
+    c.cache_bytes = 8 << 20;
+    c
+}
+
+fn open(dir: &Path, c: ShardConfig) -> Arc<Shard> {
+    let s = Shard::open(dir, c, ShardMetrics::default()).unwrap();
+    s.recover().unwrap();
+    s
+}
+
+fn doc(name: &str, fp: u64, ts: i64) -> ShardDocument {
+    ShardDocument { id: name.into(), fingerprint: fp, timestamp_ms: ts }
+}
+
+/// The truth: name -> (fp, ts).
+#[derive(Default, Clone)]
+struct Model(BTreeMap<String, (u64, i64)>);
+
+impl Model {
+    fn query(&self, q: u64, k: u32) -> Vec<(String, u32)> {
+        let mut v: Vec<(u32, i64, String)> = self
+            .0
+            .iter()
+            .filter(|(_, (fp, _))| (fp ^ q).count_ones() <= k)
+            .map(|(n, (fp, ts))| ((fp ^ q).count_ones(), *ts, n.clone()))
+            .collect();
+        v.sort();
+        v.into_iter().map(|(d, _, n)| (n, d)).collect()
+    }
+}
+
+/// Compares every answer's (name, distance) set with the model (ties in the order may
+/// differ only among equal distance and timestamp, so compare sorted).
+fn check(shard: &Shard, model: &Model, queries: &[u64]) {
+    let got = shard.probe(queries, 3, 100_000).unwrap();
+    for (q, r) in queries.iter().zip(got) {
+        let mut g: Vec<(String, u32)> =
+            r.matches.iter().map(|m| (m.id.clone(), m.distance)).collect();
+        let mut w = model.query(*q, 3);
+        g.sort();
+        w.sort();
+        assert_eq!(g, w, "query {q:#x}");
+    }
+    assert_eq!(shard.stats().unwrap().documents as usize, model.0.len());
+}
+
+/// A workload: random fingerprints, some near-copies, replacements and deletes.
+fn workload(shard: &Shard, model: &mut Model, rng: &mut SplitMix64, rounds: usize) -> Vec<u64> {
+    let mut queries = Vec::new();
+    for round in 0..rounds {
+        let mut docs = Vec::new();
+        for _ in 0..1 + rng.below(40) {
+            let name = format!("https://example.org/{}", rng.below(600));
+            let fp = match model.0.values().nth(rng.below(model.0.len().max(1) as u64) as usize) {
+                Some((f, _)) if rng.below(3) == 0 => {
+                    let n = rng.below(4) as u32;
+                    rng.flip_bits(*f, n)
+                }
+                _ => rng.next_u64(),
+            };
+            docs.push(doc(&name, fp, rng.below(1000) as i64));
+        }
+        let out = shard.write(&docs, &[], false).unwrap();
+        shard.wait_durable_blocking(out.seq).unwrap();
+        for d in &docs {
+            model.0.insert(d.id.clone(), (d.fingerprint, d.timestamp_ms));
+            let n = rng.below(5) as u32;
+            queries.push(rng.flip_bits(d.fingerprint, n));
+        }
+        if round % 3 == 0 {
+            let dels: Vec<String> =
+                (0..3).map(|_| format!("https://example.org/{}", rng.below(600))).collect();
+            let mut dels = dels;
+            dels.sort();
+            dels.dedup();
+            let out = shard.write(&[], &dels, false).unwrap();
+            shard.wait_durable_blocking(out.seq).unwrap();
+            let mut n = 0;
+            for d in &dels {
+                n += u64::from(model.0.remove(d).is_some());
+            }
+            assert_eq!(out.deleted, n);
+            assert_eq!(out.missing.len() as u64, dels.len() as u64 - n);
+        }
+        if round % 7 == 0 {
+            shard.maintain_once().unwrap();
+        }
+    }
+    queries.extend((0..50).map(|_| rng.next_u64()));
+    queries
+}
+
+#[test]
+fn writes_replacements_and_deletes_match_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = open(dir.path(), config());
+    let (mut model, mut rng) = (Model::default(), SplitMix64::new(1));
+    let queries = workload(&shard, &mut model, &mut rng, 120);
+    check(&shard, &model, &queries);
+    // Re-inserting an id replaces it: one document, the new fingerprint.
+    let out = shard.write(&[doc("x", 1, 0), doc("x", 2, 0)], &[], false).unwrap();
+    assert_eq!((out.inserted, out.replaced), (1, 0), "the last of a batch wins");
+    let out = shard.write(&[doc("x", 3, 5)], &[], false).unwrap();
+    assert_eq!((out.inserted, out.replaced), (1, 1));
+    model.0.insert("x".into(), (3, 5));
+    check(&shard, &model, &[1, 2, 3]);
+    shard.shutdown().unwrap();
+}
+
+#[test]
+fn bad_writes_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = open(dir.path(), config());
+    let out = shard.write(&[doc("a", 10, 0)], &[], false).unwrap();
+    shard.wait_durable_blocking(out.seq).unwrap();
+    let before = shard.stats().unwrap();
+    let long = "u".repeat(1025);
+    let errors = [
+        shard.write(&[doc("", 1, 0)], &[], false).unwrap_err(),
+        shard.write(&[doc("b", 1, 0), doc(&long, 1, 0)], &[], false).unwrap_err(),
+        shard.write(&[], &["a".into(), "nope".into()], true).unwrap_err(),
+        shard.write(&[doc("a", 1, 0)], &["a".into()], false).unwrap_err(),
+        shard.probe(&[1], 4, 10).unwrap_err(),
+        shard.admit(&doc("", 1, 0), 3, 10, false).unwrap_err(),
+    ];
+    let classes: Vec<ErrorClass> = errors.iter().map(|e| e.class()).collect();
+    use ErrorClass::*;
+    assert_eq!(
+        classes,
+        [InvalidInput, InvalidInput, NotFound, InvalidInput, InvalidInput, InvalidInput]
+    );
+    let after = shard.stats().unwrap();
+    assert_eq!((before.documents, before.wal_bytes), (after.documents, after.wal_bytes));
+    assert_eq!(shard.probe(&[10], 0, 10).unwrap()[0].matches[0].id, "a");
+    assert!(shard.probe(&[1], 0, 10).unwrap()[0].matches.is_empty(), "b was not stored");
+    shard.shutdown().unwrap();
+}
+
+#[test]
+fn admission_attaches_to_the_earliest_near_duplicate() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = open(dir.path(), config());
+    let base = 0xABCD_0000_1234_0000u64;
+    let (a, _) = shard.admit(&doc("a", base, 100), 3, 10, false).unwrap();
+    assert!(!a.duplicate && a.inserted);
+    assert_eq!(a.original_id, "a");
+    // Far away: a cluster of its own.
+    let (z, _) = shard.admit(&doc("z", !base, 50), 3, 10, false).unwrap();
+    assert_ne!(z.cluster_id, a.cluster_id);
+    // b is 2 bits from a and earlier: still joins a's cluster (a is the only near one).
+    let (b, _) = shard.admit(&doc("b", base ^ 0b11, 10), 3, 10, false).unwrap();
+    assert!(b.duplicate && b.inserted);
+    assert_eq!((b.cluster_id, b.original_id.as_str()), (a.cluster_id, "a"));
+    // c is near both; b is the earliest, so c's original is b, in the same cluster.
+    let (c, _) = shard.admit(&doc("c", base ^ 0b101, 500), 3, 10, true).unwrap();
+    assert!(c.duplicate && !c.inserted, "skip_insert_if_duplicate");
+    assert_eq!((c.cluster_id, c.original_id.as_str()), (a.cluster_id, "b"));
+    assert_eq!(c.matches.len(), 2);
+    assert_eq!(shard.stats().unwrap().documents, 3);
+    // Re-admitting a with the same content does not find itself.
+    let (a2, _) = shard.admit(&doc("a", base, 100), 3, 1, false).unwrap();
+    assert!(a2.duplicate && a2.replaced && !a2.truncated);
+    assert_eq!(a2.original_id, "b");
+    let m = &shard.probe(&[base], 0, 10).unwrap()[0].matches;
+    assert_eq!(m.len(), 1);
+    assert_eq!(m[0].cluster_id, a.cluster_id);
+    shard.shutdown().unwrap();
+}
+
+#[test]
+fn restarts_recover_everything_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut model, mut rng) = (Model::default(), SplitMix64::new(7));
+    let mut queries = Vec::new();
+    // Clean shutdowns, crash-like stops, document snapshots and log truncation in turn.
+    for life in 0..6 {
+        let mut c = config();
+        if life % 2 == 1 {
+            c.snapshot_log_bytes = 4096;
+        }
+        let shard = open(dir.path(), c);
+        check(&shard, &model, &queries);
+        queries.extend(workload(&shard, &mut model, &mut rng, 60));
+        check(&shard, &model, &queries);
+        if life % 3 == 2 {
+            shard.close_without_checkpoint();
+        } else {
+            shard.shutdown().unwrap();
+        }
+    }
+    let shard = open(dir.path(), config());
+    check(&shard, &model, &queries);
+    shard.shutdown().unwrap();
+}
+
+/// Damages stored runs through the storage layer, as a disk might.
+fn damage(dir: &Path, what: &str) {
+    let store = SledStore::open(&dir.join("db"), 8 << 20).unwrap();
+    let manifest =
+        Manifest::decode(&store.space("meta").unwrap().get(b"manifest").unwrap().unwrap()).unwrap();
+    let sid = *manifest.runs.last().unwrap();
+    let space = match what {
+        "table" => store.space("run_blocks").unwrap(),
+        _ => store.space("run_meta").unwrap(),
+    };
+    let (k, mut v) = space.scan(&key64(sid), &key64(sid + 1)).next().unwrap().unwrap();
+    let mid = v.len() / 2;
+    v[mid] ^= 0x5A;
+    space.put(&k, &v).unwrap();
+    store.sync().unwrap();
+}
+
+#[test]
+fn damaged_tables_are_rebuilt_and_damaged_runs_are_not_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut model, mut rng) = (Model::default(), SplitMix64::new(3));
+    let shard = open(dir.path(), config());
+    let queries = workload(&shard, &mut model, &mut rng, 40);
+    shard.shutdown().unwrap();
+    drop(shard);
+    damage(dir.path(), "table");
+    let metrics = ShardMetrics::default();
+    let shard = Shard::open(dir.path(), config(), metrics).unwrap();
+    shard.recover().unwrap();
+    check(&shard, &model, &queries);
+    shard.shutdown().unwrap();
+    drop(shard);
+    // Rewritten on recovery: a clean start now, same answers.
+    let shard = open(dir.path(), config());
+    check(&shard, &model, &queries);
+    shard.shutdown().unwrap();
+    drop(shard);
+    damage(dir.path(), "meta");
+    let shard = Shard::open(dir.path(), config(), ShardMetrics::default()).unwrap();
+    let err = shard.recover().unwrap_err();
+    assert_eq!(err.class(), ErrorClass::DataLoss, "{err}");
+    assert!(matches!(shard.status(), Status::Corrupt(_)));
+    assert_eq!(shard.probe(&queries[..1], 3, 10).unwrap_err().class(), ErrorClass::DataLoss);
+    assert_eq!(
+        shard.write(&[doc("n", 1, 1)], &[], false).unwrap_err().class(),
+        ErrorClass::DataLoss
+    );
+}
+
+#[test]
+fn unusable_data_directories_are_refused_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let e = Shard::open(&file, config(), ShardMetrics::default()).unwrap_err();
+    assert!(e.to_string().contains("not a directory"), "{e}");
+    let e = Shard::open(&file.join("below"), config(), ShardMetrics::default()).unwrap_err();
+    assert!(e.to_string().contains("cannot be created"), "{e}");
+    let mut c = config();
+    c.min_free_bytes = u64::MAX;
+    let e = Shard::open(&dir.path().join("d"), c, ShardMetrics::default()).unwrap_err();
+    assert!(e.to_string().contains("full"), "{e}");
+}
