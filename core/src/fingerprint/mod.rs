@@ -48,7 +48,7 @@ use std::time::Instant;
 use xxhash_rust::xxh3::{Xxh3Builder, xxh3_64, xxh3_128};
 
 use crate::{Error, Result};
-pub use text::{HANGUL_RANGES, SPACELESS_RANGES, UNICODE_VERSION};
+pub use text::{HANGUL_RANGES, SPACELESS_RANGES, UNICODE_VERSION, VARIATION_SELECTORS};
 use text::{Tokens, for_each_ngram};
 
 /// The version of the fingerprint computation this module implements. Any change that can

@@ -11,7 +11,10 @@
 use unicode_general_category::{GeneralCategory as G, get_general_category};
 use unicode_normalization::UnicodeNormalization;
 
-use super::{DocFingerprint, FeatureHash, FingerprintConfig, HANGUL_RANGES, Idf, SPACELESS_RANGES};
+use super::{
+    DocFingerprint, FeatureHash, FingerprintConfig, HANGUL_RANGES, Idf, SPACELESS_RANGES,
+    VARIATION_SELECTORS,
+};
 use crate::{Error, Result};
 
 enum Unit {
@@ -28,6 +31,9 @@ enum Class {
 }
 
 fn class(c: char) -> Class {
+    if in_any(c, VARIATION_SELECTORS) {
+        return Class::Ignore;
+    }
     match get_general_category(c) {
         G::UppercaseLetter
         | G::LowercaseLetter
@@ -77,7 +83,7 @@ fn units(config: &FingerprintConfig, text: &str) -> Vec<Unit> {
             out.push(Unit::Char(c));
             in_word = false;
             after_spaceless = true;
-        } else if cls == Class::Word || cls == Class::Mark {
+        } else if cls == Class::Word || (cls == Class::Mark && in_word) {
             if in_word {
                 if let Some(Unit::Word(w)) = out.last_mut() {
                     w.push(c);
@@ -87,7 +93,8 @@ fn units(config: &FingerprintConfig, text: &str) -> Vec<Unit> {
                 in_word = true;
             }
             after_spaceless = false;
-        } else if cls == Class::Separator {
+        } else if cls != Class::Ignore {
+            // A separator, or a mark with nothing to attach to.
             in_word = false;
             after_spaceless = false;
         }

@@ -21,7 +21,7 @@ pub const UNICODE_VERSION: (u64, u64, u64) = (16, 0, 0);
 const SEP: u8 = 0; // separates tokens
 const WORD: u8 = 1; // general category L* or N*
 const MARK: u8 = 2; // general category M*
-const FORMAT: u8 = 3; // general category Cf: ignored
+const FORMAT: u8 = 3; // general category Cf, or a variation selector: ignored
 const UNASSIGNED: u8 = 4; // general category Cn: replaced by U+0020 before NFKC
 const BASE_MASK: u8 = 7;
 // Flags.
@@ -66,6 +66,15 @@ pub const HANGUL_RANGES: &[(u32, u32)] = &[
     (0xFFA0, 0xFFDC), // Halfwidth Hangul
 ];
 
+/// Code points with the Variation_Selector property; ignored like format characters (an
+/// ideographic or emoji variation does not change the text).
+pub const VARIATION_SELECTORS: &[(u32, u32)] = &[
+    (0x180B, 0x180D),
+    (0x180F, 0x180F),
+    (0xFE00, 0xFE0F),
+    (0xE0100, 0xE01EF),
+];
+
 fn in_ranges(cp: u32, ranges: &[(u32, u32)]) -> bool {
     ranges.iter().any(|&(lo, hi)| lo <= cp && cp <= hi)
 }
@@ -87,6 +96,11 @@ fn compute_class(c: char) -> u8 {
         _ => SEP,
     };
     let cp = c as u32;
+    let base = if in_ranges(cp, VARIATION_SELECTORS) {
+        FORMAT
+    } else {
+        base
+    };
     let mut class = base;
     if base == WORD || base == MARK {
         if in_ranges(cp, SPACELESS_RANGES) {
@@ -274,7 +288,8 @@ impl Tokens {
         match class & BASE_MASK {
             WORD | MARK if class & spaceless_mask != 0 => self.spaceless(c),
             MARK if self.after_spaceless => self.spaceless(c),
-            WORD | MARK => self.word_char(c),
+            MARK if self.in_word => self.word_char(c),
+            WORD => self.word_char(c),
             FORMAT => {}
             _ => self.separator(),
         }
@@ -438,6 +453,10 @@ mod tests {
         let (w, c, _) = toks("漢\u{301}字", false);
         assert!(w.is_empty());
         assert_eq!(c.len(), 3);
+        // A mark with nothing to attach to separates; variation selectors are ignored.
+        let (w, c, _) = toks("\u{301}a \u{301}b ❤\u{FE0F} 葛\u{E0100}城", false);
+        assert_eq!(w, ["a", "b"]);
+        assert_eq!(c, ["葛", "城"]);
     }
 
     #[test]
