@@ -3,6 +3,8 @@
 
 use clap::{Parser, Subcommand};
 
+mod fingerprint;
+
 #[derive(Parser)]
 #[command(
     name = "neardup-bench",
@@ -14,9 +16,15 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// Fingerprinting throughput (MB of text per second per core), MD5 and xxh3 features,
+    /// against a naive implementation and raw MD5 measured in the same run.
+    Fingerprint(fingerprint::Args),
+}
 
 fn main() {
     let cli = Cli::parse();
-    match cli.command {}
+    match cli.command {
+        Command::Fingerprint(args) => fingerprint::run(args),
+    }
 }

@@ -37,7 +37,7 @@
 //! assert!(hamming(a.simhash, c) < 32);
 //! ```
 
-mod md5x8;
+mod md5_lanes;
 pub mod naive;
 mod text;
 
@@ -435,10 +435,10 @@ impl Fingerprinter {
         }
         let t = &self.tokens;
         let arena = |e: &Entry| if e.chars { &t.chars } else { &t.words };
-        let mut batch: [usize; md5x8::LANES] = [0; md5x8::LANES];
+        let mut batch: [usize; md5_lanes::LANES] = [0; md5_lanes::LANES];
         let mut filled = 0;
-        let flush = |batch: &[usize; md5x8::LANES], filled: usize, entries: &mut [Entry]| {
-            let msgs: [&[u8]; md5x8::LANES] = std::array::from_fn(|l| {
+        let flush = |batch: &[usize; md5_lanes::LANES], filled: usize, entries: &mut [Entry]| {
+            let msgs: [&[u8]; md5_lanes::LANES] = std::array::from_fn(|l| {
                 if l < filled {
                     let e = &entries[batch[l]];
                     &arena(e)[e.start..e.end]
@@ -446,22 +446,22 @@ impl Fingerprinter {
                     &[]
                 }
             });
-            let out = md5x8::md5_low64_x8(&msgs);
+            let out = md5_lanes::md5_low64_lanes(&msgs);
             for l in 0..filled {
                 entries[batch[l]].hash = out[l];
             }
         };
         for i in 0..self.entries.len() {
             let e = &self.entries[i];
-            if e.end - e.start <= md5x8::MAX_LEN {
+            if e.end - e.start <= md5_lanes::MAX_LEN {
                 batch[filled] = i;
                 filled += 1;
-                if filled == md5x8::LANES {
+                if filled == md5_lanes::LANES {
                     flush(&batch, filled, &mut self.entries);
                     filled = 0;
                 }
             } else {
-                let h = md5x8::md5_low64(&arena(e)[e.start..e.end]);
+                let h = md5_lanes::md5_low64(&arena(e)[e.start..e.end]);
                 self.entries[i].hash = h;
             }
         }

@@ -149,7 +149,7 @@ pub fn feature_occurrences(config: &FingerprintConfig, text: &str) -> Vec<String
 /// The feature hash of one feature string.
 pub fn feature_hash(hash: FeatureHash, feature: &str) -> u64 {
     match hash {
-        FeatureHash::Md5 => super::md5x8::md5_low64(feature.as_bytes()),
+        FeatureHash::Md5 => super::md5_lanes::md5_low64(feature.as_bytes()),
         FeatureHash::Xxh3 => xxhash_rust::xxh3::xxh3_64(feature.as_bytes()),
     }
 }

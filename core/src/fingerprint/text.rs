@@ -261,26 +261,44 @@ impl Tokens {
         self.nfkc = nfkc;
     }
 
+    /// ASCII text needs no NFKC and has no spaceless characters; one branch-free pass maps
+    /// each byte through a table (lowercase letter or digit, or 0 for a separator), writes it
+    /// unconditionally and advances the output only past word bytes and the first separator
+    /// after a word, so token boundaries cost no mispredicted branches.
     fn tokenise_ascii(&mut self, bytes: &[u8]) {
-        let mut i = 0;
-        let n = bytes.len();
-        while i < n {
-            while i < n && !ascii_is_word(bytes[i]) {
-                i += 1;
-            }
-            let start = i;
-            while i < n && ascii_is_word(bytes[i]) {
-                i += 1;
-            }
-            if start < i {
-                if !self.words.is_empty() {
-                    self.words.push(b' ');
+        static LUT: [u8; 256] = {
+            let mut t = [0u8; 256];
+            let mut b = 0;
+            while b < 256 {
+                let c = b as u8;
+                if c.is_ascii_alphanumeric() {
+                    t[b] = c.to_ascii_lowercase();
                 }
-                self.word_starts.push(self.words.len());
-                self.words
-                    .extend(bytes[start..i].iter().map(|b| b.to_ascii_lowercase()));
+                b += 1;
             }
+            t
+        };
+        let n = bytes.len();
+        self.words.clear();
+        self.words.resize(n + 1, 0);
+        self.word_starts.clear();
+        self.word_starts.resize(n / 2 + 2, 0);
+        let out = &mut self.words[..n + 1];
+        let starts = &mut self.word_starts[..n / 2 + 2];
+        let (mut pos, mut tokens, mut prev) = (0usize, 0usize, 0usize);
+        for &b in bytes {
+            let c = LUT[b as usize];
+            let word = (c != 0) as usize;
+            out[pos] = if word == 1 { c } else { b' ' };
+            starts[tokens] = pos;
+            tokens += word & !prev & 1;
+            pos += word | prev;
+            prev = word;
         }
+        // A separator after the last token advanced `pos` past a trailing space.
+        let len = if prev == 0 && pos > 0 { pos - 1 } else { pos };
+        self.words.truncate(len);
+        self.word_starts.truncate(tokens);
     }
 
     #[inline]
