@@ -508,6 +508,13 @@ mod tests {
     }
 
     #[test]
+    fn category_table_is_the_pinned_unicode_version() {
+        // Fingerprint v1 is defined with Unicode 16.0 categories; a dependency update that
+        // changes the table must be a deliberate new fingerprint version.
+        assert_eq!(unicode_general_category::UNICODE_VERSION, UNICODE_VERSION);
+    }
+
+    #[test]
     fn ranges_are_sorted_and_disjoint() {
         for r in [SPACELESS_RANGES, HANGUL_RANGES] {
             for w in r.windows(2) {
