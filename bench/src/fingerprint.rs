@@ -72,9 +72,10 @@ pub fn run(args: Args) {
         };
         let r = measure(&docs, config, passes);
         println!(
-            "{:<5} {:>7.1} MB/s per core (ASCII docs {:.1}, other docs {:.1}); {:.0} ns per distinct feature; phases: tokenise {:.0}%, count {:.0}%, hash {:.0}%, accumulate {:.0}%",
+            "{:<5} {:>7.1} MB/s per core (wall {:.1}; ASCII docs {:.1}, other docs {:.1}); {:.0} ns per distinct feature; phases: tokenise {:.0}%, count {:.0}%, hash {:.0}%, accumulate {:.0}%",
             name(hash),
             r.mbps,
+            r.wall_mbps,
             r.mbps_ascii,
             r.mbps_other,
             r.ns_per_distinct,
@@ -91,13 +92,13 @@ pub fn run(args: Args) {
     let naive_bytes: usize = naive_docs.iter().map(|d| d.len()).sum();
     let config = FingerprintConfig::default();
     let mut sink = 0u64;
-    let t = Instant::now();
+    let t = Clock::now();
     for d in naive_docs {
         if let Ok(f) = naive::fingerprint_doc(&config, None, d) {
             sink ^= f.simhash;
         }
     }
-    let naive_mbps = mb(naive_bytes) / t.elapsed().as_secs_f64();
+    let naive_mbps = mb(naive_bytes) / t.elapsed();
     // Check that the fast path computes the same thing on the same documents.
     let mut fast = Fingerprinter::new(config).expect("valid config");
     let mut check = 0u64;
@@ -115,13 +116,13 @@ pub fn run(args: Args) {
     // Baseline 2: raw MD5 over the same bytes, document by document.
     let mut raw = Vec::new();
     for _ in 0..passes {
-        let t = Instant::now();
+        let t = Clock::now();
         let mut x = 0u8;
         for d in &docs {
             x ^= md5::Md5::digest(d.as_bytes())[0];
         }
         std::hint::black_box(x);
-        raw.push(mb(total) / t.elapsed().as_secs_f64());
+        raw.push(mb(total) / t.elapsed());
     }
     let raw_mbps = median(&mut raw);
     println!(
@@ -133,7 +134,7 @@ pub fn run(args: Args) {
         .map(|i| format!("word{i} other{} third", i * 7))
         .collect();
     let reps = 100;
-    let t = Instant::now();
+    let t = Clock::now();
     let mut x = 0u8;
     for _ in 0..reps {
         for f in &feats {
@@ -141,42 +142,96 @@ pub fn run(args: Args) {
         }
     }
     std::hint::black_box(x);
-    let md5_short_ns = t.elapsed().as_nanos() as f64 / (reps * feats.len()) as f64;
+    let md5_short_ns = t.elapsed() * 1e9 / (reps * feats.len()) as f64;
     println!("md-5 crate, one short feature (~20 bytes): {md5_short_ns:.0} ns");
 
     let (md5r, xxr) = (&results[0].1, &results[1].1);
+    let clock = if thread_cpu_ns().is_some() {
+        "thread_cpu"
+    } else {
+        "wall"
+    };
     println!(
-        "{{\"bench\":\"fingerprint\",\"corpus_mb\":{:.2},\"docs\":{},\"seed\":{},\"file\":{},\"md5_mbps\":{:.1},\"xxh3_mbps\":{:.1},\"md5_ascii_mbps\":{:.1},\"md5_other_mbps\":{:.1},\"naive_md5_mbps\":{:.1},\"raw_md5_mbps\":{:.1},\"md5_ns_per_distinct_feature\":{:.1},\"md5_crate_short_feature_ns\":{:.1},\"md5_phase_share_pct\":{{\"tokenise\":{:.1},\"count\":{:.1},\"hash\":{:.1},\"accumulate\":{:.1}}},\"xxh3_phase_share_pct\":{{\"tokenise\":{:.1},\"count\":{:.1},\"hash\":{:.1},\"accumulate\":{:.1}}}}}",
+        "clock: {clock}; {:.2} bytes of text per unit (word token or spaceless character), {:.2} per word in ASCII documents",
+        md5r.bytes_per_unit, md5r.ascii_bytes_per_word
+    );
+    let share = |r: &Measured| {
+        format!(
+            "{{\"tokenise\":{:.1},\"count\":{:.1},\"hash\":{:.1},\"accumulate\":{:.1}}}",
+            r.share[0], r.share[1], r.share[2], r.share[3]
+        )
+    };
+    println!(
+        "{{\"bench\":\"fingerprint\",\"clock\":\"{clock}\",\"corpus_mb\":{:.2},\"docs\":{},\"bytes_per_unit\":{:.2},\"ascii_bytes_per_word\":{:.2},\"seed\":{},\"file\":{},\"md5_mbps\":{:.1},\"xxh3_mbps\":{:.1},\"md5_wall_mbps\":{:.1},\"xxh3_wall_mbps\":{:.1},\"md5_ascii_mbps\":{:.1},\"md5_other_mbps\":{:.1},\"xxh3_ascii_mbps\":{:.1},\"xxh3_other_mbps\":{:.1},\"naive_md5_mbps\":{:.1},\"raw_md5_mbps\":{:.1},\"md5_ns_per_distinct_feature\":{:.1},\"md5_crate_short_feature_ns\":{:.1},\"md5_phase_share_pct\":{},\"xxh3_phase_share_pct\":{}}}",
         mb(total),
         docs.len(),
+        md5r.bytes_per_unit,
+        md5r.ascii_bytes_per_word,
         args.seed,
         args.file
             .as_ref()
             .map_or("null".into(), |p| format!("{:?}", p.display().to_string())),
         md5r.mbps,
         xxr.mbps,
+        md5r.wall_mbps,
+        xxr.wall_mbps,
         md5r.mbps_ascii,
         md5r.mbps_other,
+        xxr.mbps_ascii,
+        xxr.mbps_other,
         naive_mbps,
         raw_mbps,
         md5r.ns_per_distinct,
         md5_short_ns,
-        md5r.share[0],
-        md5r.share[1],
-        md5r.share[2],
-        md5r.share[3],
-        xxr.share[0],
-        xxr.share[1],
-        xxr.share[2],
-        xxr.share[3],
+        share(md5r),
+        share(xxr),
     );
+}
+
+/// A clock of this thread's CPU time (from `/proc/thread-self/schedstat`, Linux), so that
+/// "per core" figures are not diluted when other processes share the machine; wall time
+/// where that file is missing.
+#[derive(Clone, Copy)]
+struct Clock {
+    wall: Instant,
+    cpu_ns: Option<u64>,
+}
+
+fn thread_cpu_ns() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
+impl Clock {
+    fn now() -> Self {
+        Clock {
+            wall: Instant::now(),
+            cpu_ns: thread_cpu_ns(),
+        }
+    }
+
+    /// Seconds of CPU time (or wall time) since `self`.
+    fn elapsed(&self) -> f64 {
+        match (self.cpu_ns, thread_cpu_ns()) {
+            (Some(a), Some(b)) if b > a => (b - a) as f64 * 1e-9,
+            _ => self.wall.elapsed().as_secs_f64(),
+        }
+    }
+
+    /// Seconds of wall time since `self`.
+    fn wall(&self) -> f64 {
+        self.wall.elapsed().as_secs_f64()
+    }
 }
 
 struct Measured {
     mbps: f64,
+    wall_mbps: f64,
     mbps_ascii: f64,
     mbps_other: f64,
     ns_per_distinct: f64,
+    bytes_per_unit: f64,
+    ascii_bytes_per_word: f64,
     share: [f64; 4],
 }
 
@@ -188,34 +243,44 @@ fn measure(docs: &[String], config: FingerprintConfig, passes: usize) -> Measure
     for d in docs {
         sink ^= f.fingerprint(d).unwrap_or(0);
     }
+    let ascii: Vec<&String> = docs.iter().filter(|d| d.is_ascii()).collect();
+    let other: Vec<&String> = docs.iter().filter(|d| !d.is_ascii()).collect();
+    let bytes = |v: &[&String]| v.iter().map(|d| d.len()).sum::<usize>();
+    let (b_ascii, b_other) = (bytes(&ascii), bytes(&other));
     let mut rates = Vec::new();
+    let mut wall_rates = Vec::new();
     let (mut ascii_rates, mut other_rates) = (Vec::new(), Vec::new());
     for _ in 0..passes {
-        let (mut t_ascii, mut t_other) = (0f64, 0f64);
-        let (mut b_ascii, mut b_other) = (0usize, 0usize);
-        let start = Instant::now();
+        let start = Clock::now();
         for d in docs {
-            let t = Instant::now();
             sink ^= f.fingerprint(d).unwrap_or(0);
-            let s = t.elapsed().as_secs_f64();
-            if d.is_ascii() {
-                t_ascii += s;
-                b_ascii += d.len();
-            } else {
-                t_other += s;
-                b_other += d.len();
-            }
         }
-        rates.push(mb(total) / start.elapsed().as_secs_f64());
-        ascii_rates.push(mb(b_ascii) / t_ascii.max(1e-9));
-        other_rates.push(mb(b_other) / t_other.max(1e-9));
+        rates.push(mb(total) / start.elapsed());
+        wall_rates.push(mb(total) / start.wall());
+        let start = Clock::now();
+        for d in &ascii {
+            sink ^= f.fingerprint(d).unwrap_or(0);
+        }
+        ascii_rates.push(mb(b_ascii) / start.elapsed().max(1e-9));
+        let start = Clock::now();
+        for d in &other {
+            sink ^= f.fingerprint(d).unwrap_or(0);
+        }
+        other_rates.push(mb(b_other) / start.elapsed().max(1e-9));
     }
     // One more pass with per-phase timers.
     let mut phases = PhaseTimes::default();
     let mut distinct = 0usize;
+    let mut units = 0usize;
+    let (mut ascii_units, mut ascii_bytes) = (0usize, 0usize);
     for d in docs {
         if let Ok((doc, p)) = f.fingerprint_doc_timed(d) {
             distinct += doc.distinct_features;
+            units += doc.tokens;
+            if d.is_ascii() {
+                ascii_units += doc.tokens;
+                ascii_bytes += d.len();
+            }
             phases.tokenise_ns += p.tokenise_ns;
             phases.count_ns += p.count_ns;
             phases.hash_ns += p.hash_ns;
@@ -228,9 +293,12 @@ fn measure(docs: &[String], config: FingerprintConfig, passes: usize) -> Measure
     let pct = |x: u64| 100.0 * x as f64 / sum;
     Measured {
         mbps: median(&mut rates),
+        wall_mbps: median(&mut wall_rates),
         mbps_ascii: median(&mut ascii_rates),
         mbps_other: median(&mut other_rates),
         ns_per_distinct: phases.hash_ns as f64 / distinct.max(1) as f64,
+        bytes_per_unit: total as f64 / units.max(1) as f64,
+        ascii_bytes_per_word: ascii_bytes as f64 / ascii_units.max(1) as f64,
         share: [
             pct(phases.tokenise_ns),
             pct(phases.count_ns),
@@ -316,18 +384,22 @@ fn pick<'a>(rng: &mut SplitMix64, items: &[&'a str]) -> &'a str {
     items[rng.below(items.len() as u64) as usize]
 }
 
-/// Pseudo-words from syllables; shorter words get lower ranks (more frequent), as in English.
+/// Pseudo-words from syllables, in rank order: the 50 most frequent have one syllable, the
+/// next ones up to rank 1000 one or two, the rest two to four. With Zipf ranks this gives
+/// about 4.9 letters per running word (about 6 bytes with separators), as in English text.
 fn vocabulary(rng: &mut SplitMix64, n: usize, onsets: &[&str], nuclei: &[&str]) -> Vec<String> {
-    let mut words: Vec<String> = (0..n)
-        .map(|_| {
-            let syllables = 1 + rng.below(3) as usize + (rng.below(4) == 0) as usize;
+    (0..n)
+        .map(|rank| {
+            let syllables = match rank {
+                0..50 => 1,
+                50..1000 => 1 + rng.below(2) as usize,
+                _ => 2 + rng.below(2) as usize + (rng.below(3) == 0) as usize,
+            };
             (0..syllables)
                 .map(|_| format!("{}{}", pick(rng, onsets), pick(rng, nuclei)))
                 .collect()
         })
-        .collect();
-    words.sort_by_key(|w| w.chars().count());
-    words
+        .collect()
 }
 
 const EN_ONSETS: &[&str] = &[

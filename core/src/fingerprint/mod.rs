@@ -37,6 +37,7 @@
 //! assert!(hamming(a.simhash, c) < 32);
 //! ```
 
+mod bits;
 mod md5_lanes;
 pub mod naive;
 mod text;
@@ -498,17 +499,19 @@ impl Fingerprinter {
 
 /// Sign rule with term-frequency weights: bit i is 1 iff the weights of features with bit i
 /// set outweigh those without, i.e. `2 * pos[i] > total`. Counts fit in u64 (at most the
-/// number of features); the per-bit loop is branch-free and vectorised.
+/// number of features); weight-1 features are counted bit-sliced.
 fn signs_tf(entries: &[Entry]) -> u64 {
-    let mut pos = [0u64; 64];
+    let mut counter = bits::BitCounter::new();
     let mut total: u64 = 0;
     for e in entries {
-        let (h, w) = (e.hash, e.count);
-        total += w;
-        for (i, p) in pos.iter_mut().enumerate() {
-            *p += ((h >> i) & 1) * w;
+        total += e.count;
+        if e.count == 1 {
+            counter.add_one(e.hash);
+        } else {
+            counter.add(e.hash, e.count);
         }
     }
+    let pos = counter.finish();
     let mut fp = 0u64;
     for (i, &p) in pos.iter().enumerate() {
         fp |= (((p as u128) * 2 > total as u128) as u64) << i;
