@@ -188,9 +188,9 @@ pub fn run(args: Args) {
     );
 }
 
-/// A clock of this thread's CPU time (from `/proc/thread-self/schedstat`, Linux), so that
-/// "per core" figures are not diluted when other processes share the machine; wall time
-/// where that file is missing.
+/// A clock of this thread's CPU time (`CLOCK_THREAD_CPUTIME_ID`), so that "per core"
+/// figures are not diluted when other processes share the machine; wall time where that
+/// clock is unavailable.
 #[derive(Clone, Copy)]
 struct Clock {
     wall: Instant,
@@ -198,8 +198,13 @@ struct Clock {
 }
 
 fn thread_cpu_ns() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    s.split_whitespace().next()?.parse().ok()
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; the call only writes it.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (rc == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
 }
 
 impl Clock {

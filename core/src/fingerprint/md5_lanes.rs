@@ -32,40 +32,56 @@ fn f4(b: u32, c: u32, d: u32) -> u32 {
     c ^ (b | !d)
 }
 
-/// The low 64 bits, read little-endian, of the MD5 digests of `msgs` (each at most
-/// [`MAX_LEN`] bytes; unused lanes may be empty slices).
-pub(crate) fn md5_low64_lanes(msgs: &[&[u8]; LANES]) -> [u64; LANES] {
-    let m = load_blocks(msgs);
+/// One message as the single padded MD5 block it fits in (16 little-endian words).
+pub(crate) type Block = [u32; 16];
+
+/// The padded block of a message of `len` bytes (at most [`MAX_LEN`]) that starts
+/// `window`; the bytes of `window` after the message are ignored. Copying a fixed 64 bytes
+/// and masking them costs no branch and no `memcpy` call.
+#[inline]
+pub(crate) fn block_from_window(window: &[u8; 64], len: usize) -> Block {
+    let len = len.min(MAX_LEN);
+    let mut b = [0u8; 64];
+    for (i, (d, &s)) in b.iter_mut().zip(window.iter()).enumerate() {
+        *d = if i < len { s } else { 0 };
+    }
+    b[len] = 0x80;
+    b[56..].copy_from_slice(&((len as u64) * 8).to_le_bytes());
+    std::array::from_fn(|w| {
+        u32::from_le_bytes([b[4 * w], b[4 * w + 1], b[4 * w + 2], b[4 * w + 3]])
+    })
+}
+
+/// The padded block of `msg` (at most [`MAX_LEN`] bytes are used).
+pub(crate) fn block_from_msg(msg: &[u8]) -> Block {
+    let len = msg.len().min(MAX_LEN);
+    let mut window = [0u8; 64];
+    window[..len].copy_from_slice(&msg[..len]);
+    block_from_window(&window, len)
+}
+
+/// The low 64 bits, read little-endian, of the MD5 digests of the messages whose blocks
+/// are `blocks`.
+pub(crate) fn md5_low64_blocks(blocks: &[Block; LANES]) -> [u64; LANES] {
     // SAFETY: this build targets CPUs with AVX2 (checked by the `cfg`).
     #[cfg(all(target_arch = "x86_64", target_feature = "avx2"))]
-    let (a, b) = unsafe { avx2::compress(&m) };
+    let (a, b) = unsafe { avx2::compress(blocks) };
     #[cfg(not(all(target_arch = "x86_64", target_feature = "avx2")))]
-    let (a, b) = compress_portable(&m);
+    let (a, b) = compress_portable(&transpose(blocks));
     std::array::from_fn(|l| a[l] as u64 | ((b[l] as u64) << 32))
 }
 
-/// Pads each message into one 64-byte block and transposes: `m[w][lane]` is word `w` of
-/// lane `lane`'s block.
-fn load_blocks(msgs: &[&[u8]; LANES]) -> [[u32; LANES]; 16] {
-    let mut m = [[0u32; LANES]; 16];
-    for (lane, msg) in msgs.iter().enumerate() {
-        let msg = &msg[..msg.len().min(MAX_LEN)];
-        // Whole 4-byte words, then the last partial word with the 0x80 pad byte, then the
-        // bit length in words 14 and 15 (at most 440 bits, so word 15 stays 0).
-        let mut chunks = msg.chunks_exact(4);
-        let mut w = 0;
-        for c in chunks.by_ref() {
-            m[w][lane] = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            w += 1;
-        }
-        let mut last = 0x80u32;
-        for &b in chunks.remainder().iter().rev() {
-            last = (last << 8) | b as u32;
-        }
-        m[w][lane] = last;
-        m[14][lane] = (msg.len() as u32) * 8;
-    }
-    m
+/// The low 64 bits, read little-endian, of the MD5 digests of `msgs` (each at most
+/// [`MAX_LEN`] bytes; unused lanes may be empty slices).
+#[cfg(test)]
+pub(crate) fn md5_low64_lanes(msgs: &[&[u8]; LANES]) -> [u64; LANES] {
+    md5_low64_blocks(&std::array::from_fn(|l| block_from_msg(msgs[l])))
+}
+
+/// `m[w][lane]` is word `w` of lane `lane`'s block.
+#[cfg_attr(all(target_arch = "x86_64", target_feature = "avx2"), allow(dead_code))]
+fn transpose(blocks: &[Block; LANES]) -> [[u32; LANES]; 16] {
+    std::array::from_fn(|w| std::array::from_fn(|lane| blocks[lane][w]))
 }
 
 const A0: u32 = 0x6745_2301;
@@ -165,14 +181,47 @@ fn compress_portable(m: &[[u32; LANES]; 16]) -> (V, V) {
 /// The same steps with one AVX2 register per state word (all eight lanes at once).
 #[cfg(all(target_arch = "x86_64", target_feature = "avx2"))]
 mod avx2 {
-    use super::{A0, B0, C0, D0, LANES, V};
+    use super::{A0, B0, Block, C0, D0, LANES, V};
     use std::arch::x86_64::*;
 
     #[inline]
     #[target_feature(enable = "avx2")]
-    fn load(v: &[u32; LANES / 2]) -> __m256i {
-        // SAFETY: `v` is 32 readable bytes; the unaligned load has no alignment requirement.
+    fn load(v: &[u32]) -> __m256i {
+        assert!(v.len() >= 8);
+        // SAFETY: `v` has at least 8 u32 (32 bytes); unaligned loads need no alignment.
         unsafe { _mm256_loadu_si256(v.as_ptr().cast()) }
+    }
+
+    /// Rows r[i] = (x[i][0], ..., x[i][7]) to columns out[j] = (x[0][j], ..., x[7][j]).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
+        let t0 = _mm256_unpacklo_epi32(r[0], r[1]);
+        let t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+        let t2 = _mm256_unpacklo_epi32(r[2], r[3]);
+        let t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+        let t4 = _mm256_unpacklo_epi32(r[4], r[5]);
+        let t5 = _mm256_unpackhi_epi32(r[4], r[5]);
+        let t6 = _mm256_unpacklo_epi32(r[6], r[7]);
+        let t7 = _mm256_unpackhi_epi32(r[6], r[7]);
+        let u0 = _mm256_unpacklo_epi64(t0, t2);
+        let u1 = _mm256_unpackhi_epi64(t0, t2);
+        let u2 = _mm256_unpacklo_epi64(t1, t3);
+        let u3 = _mm256_unpackhi_epi64(t1, t3);
+        let u4 = _mm256_unpacklo_epi64(t4, t6);
+        let u5 = _mm256_unpackhi_epi64(t4, t6);
+        let u6 = _mm256_unpacklo_epi64(t5, t7);
+        let u7 = _mm256_unpackhi_epi64(t5, t7);
+        [
+            _mm256_permute2x128_si256::<0x20>(u0, u4),
+            _mm256_permute2x128_si256::<0x20>(u1, u5),
+            _mm256_permute2x128_si256::<0x20>(u2, u6),
+            _mm256_permute2x128_si256::<0x20>(u3, u7),
+            _mm256_permute2x128_si256::<0x31>(u0, u4),
+            _mm256_permute2x128_si256::<0x31>(u1, u5),
+            _mm256_permute2x128_si256::<0x31>(u2, u6),
+            _mm256_permute2x128_si256::<0x31>(u3, u7),
+        ]
     }
 
     #[inline]
@@ -207,12 +256,19 @@ mod avx2 {
     }
 
     #[target_feature(enable = "avx2")]
-    pub(super) fn compress(m: &[[u32; LANES]; 16]) -> (V, V) {
+    pub(super) fn compress(blocks: &[Block; LANES]) -> (V, V) {
         const H: usize = LANES / 2;
-        let half =
-            |w: &[u32; LANES], i: usize| -> [u32; H] { std::array::from_fn(|l| w[i * H + l]) };
-        let w0: [__m256i; 16] = std::array::from_fn(|i| load(&half(&m[i], 0)));
-        let w1: [__m256i; 16] = std::array::from_fn(|i| load(&half(&m[i], 1)));
+        // Word g of lanes 0..8 (w0) and of lanes 8..16 (w1): load each block's two halves as
+        // rows and transpose 8x8 in registers.
+        let rows = |first: usize, half: usize| -> [__m256i; 8] {
+            std::array::from_fn(|i| load(&blocks[first + i][half * 8..half * 8 + 8]))
+        };
+        let mut w0 = [_mm256_setzero_si256(); 16];
+        let mut w1 = [_mm256_setzero_si256(); 16];
+        w0[..8].copy_from_slice(&transpose8(rows(0, 0)));
+        w0[8..].copy_from_slice(&transpose8(rows(0, 1)));
+        w1[..8].copy_from_slice(&transpose8(rows(H, 0)));
+        w1[8..].copy_from_slice(&transpose8(rows(H, 1)));
         let init = |x: u32| (_mm256_set1_epi32(x as i32), _mm256_set1_epi32(x as i32));
         let (mut a, mut b, mut c, mut d) = (init(A0), init(B0), init(C0), init(D0));
         macro_rules! step {
@@ -361,14 +417,28 @@ mod tests {
     fn portable_and_vector_paths_agree() {
         let mut rng = SplitMix64::new(8);
         for _ in 0..100 {
-            let m: [[u32; LANES]; 16] =
+            let blocks: [Block; LANES] =
                 std::array::from_fn(|_| std::array::from_fn(|_| rng.next_u64() as u32));
-            #[cfg(all(target_arch = "x86_64", target_feature = "avx2"))]
             // SAFETY: compiled only for CPUs with AVX2.
-            assert_eq!(unsafe { avx2::compress(&m) }, compress_portable(&m));
-            let msgs: [&[u8]; LANES] = [b"x"; LANES];
-            let (a, b) = compress_portable(&load_blocks(&msgs));
+            #[cfg(all(target_arch = "x86_64", target_feature = "avx2"))]
+            assert_eq!(
+                unsafe { avx2::compress(&blocks) },
+                compress_portable(&transpose(&blocks))
+            );
+            let (a, b) = compress_portable(&transpose(&[block_from_msg(b"x"); LANES]));
             assert_eq!(a[0] as u64 | (b[0] as u64) << 32, md5_low64(b"x"));
+        }
+    }
+
+    #[test]
+    fn window_blocks_ignore_bytes_after_the_message() {
+        let mut rng = SplitMix64::new(9);
+        for len in 0..=MAX_LEN {
+            let window: [u8; 64] = std::array::from_fn(|_| rng.next_u64() as u8);
+            assert_eq!(
+                block_from_window(&window, len),
+                block_from_msg(&window[..len])
+            );
         }
     }
 

@@ -434,41 +434,47 @@ impl Fingerprinter {
         {
             self.hash_calls += self.entries.len();
         }
+        // 64 bytes of padding after each arena let every short feature be read as a fixed
+        // 64-byte window (see `md5_lanes::block_from_window`).
+        const PAD: [u8; 64] = [0; 64];
+        let (words_len, chars_len) = (self.tokens.words.len(), self.tokens.chars.len());
+        self.tokens.words.extend_from_slice(&PAD);
+        self.tokens.chars.extend_from_slice(&PAD);
         let t = &self.tokens;
         let arena = |e: &Entry| if e.chars { &t.chars } else { &t.words };
-        let mut batch: [usize; md5_lanes::LANES] = [0; md5_lanes::LANES];
+        let mut blocks = [[0u32; 16]; md5_lanes::LANES];
+        let mut batch = [0usize; md5_lanes::LANES];
         let mut filled = 0;
-        let flush = |batch: &[usize; md5_lanes::LANES], filled: usize, entries: &mut [Entry]| {
-            let msgs: [&[u8]; md5_lanes::LANES] = std::array::from_fn(|l| {
-                if l < filled {
-                    let e = &entries[batch[l]];
-                    &arena(e)[e.start..e.end]
-                } else {
-                    &[]
-                }
-            });
-            let out = md5_lanes::md5_low64_lanes(&msgs);
-            for l in 0..filled {
-                entries[batch[l]].hash = out[l];
-            }
-        };
         for i in 0..self.entries.len() {
             let e = &self.entries[i];
-            if e.end - e.start <= md5_lanes::MAX_LEN {
+            let len = e.end - e.start;
+            if len <= md5_lanes::MAX_LEN {
+                let a = arena(e);
+                blocks[filled] = match a.get(e.start..e.start + 64) {
+                    Some(w) => md5_lanes::block_from_window(w.try_into().unwrap_or(&PAD), len),
+                    None => md5_lanes::block_from_msg(&a[e.start..e.end]),
+                };
                 batch[filled] = i;
                 filled += 1;
                 if filled == md5_lanes::LANES {
-                    flush(&batch, filled, &mut self.entries);
+                    let out = md5_lanes::md5_low64_blocks(&blocks);
+                    for (&j, &h) in batch.iter().zip(out.iter()) {
+                        self.entries[j].hash = h;
+                    }
                     filled = 0;
                 }
             } else {
-                let h = md5_lanes::md5_low64(&arena(e)[e.start..e.end]);
-                self.entries[i].hash = h;
+                self.entries[i].hash = md5_lanes::md5_low64(&arena(e)[e.start..e.end]);
             }
         }
         if filled > 0 {
-            flush(&batch, filled, &mut self.entries);
+            let out = md5_lanes::md5_low64_blocks(&blocks);
+            for (&j, &h) in batch[..filled].iter().zip(out.iter()) {
+                self.entries[j].hash = h;
+            }
         }
+        self.tokens.words.truncate(words_len);
+        self.tokens.chars.truncate(chars_len);
     }
 
     /// Weights, bit sums, signs and the content hash.
