@@ -28,6 +28,7 @@ const BASE_MASK: u8 = 7;
 const IN_SPACELESS: u8 = 8; // code point lies in a spaceless-script range
 const IN_HANGUL: u8 = 16; // code point lies in a Hangul range
 const LOWER_IS_SELF: u8 = 32; // the full lowercase mapping is the code point itself
+const NFKC_STABLE: u8 = 64; // NFKC quick check Yes and combining class 0: no NFKC needed
 
 /// Code-point ranges (inclusive) of scripts written without spaces between words (Han,
 /// Hiragana, Katakana, Thai, Lao, Myanmar, Khmer). Only code points of general category
@@ -113,6 +114,14 @@ fn compute_class(c: char) -> u8 {
     let mut lower = c.to_lowercase();
     if lower.next() == Some(c) && lower.next().is_none() {
         class |= LOWER_IS_SELF;
+    }
+    // A text made only of such code points is NFKC already (this is the NFKC quick check:
+    // every code point "Yes", combining classes trivially in order).
+    if base != UNASSIGNED
+        && is_nfkc_quick(std::iter::once(c)) == IsNormalized::Yes
+        && unicode_normalization::char::canonical_combining_class(c) == 0
+    {
+        class |= NFKC_STABLE;
     }
     class
 }
@@ -203,6 +212,13 @@ impl Tokens {
             self.tokenise_ascii(text.as_bytes());
             return;
         }
+        // Most text has no unassigned code point and needs no NFKC: tokenise it directly,
+        // checking each code point's flags on the way, and start over on the full path at
+        // the first code point that might change under steps 1-2.
+        if self.tokenise_chars(text, hangul_as_chars, true) {
+            return;
+        }
+        self.clear();
         // Step 1: code points unassigned in Unicode 16.0 become U+0020.
         let mut masked = std::mem::take(&mut self.masked);
         let mut nfkc = std::mem::take(&mut self.nfkc);
@@ -227,7 +243,15 @@ impl Tokens {
             nfkc.extend(src.nfkc());
             src = &nfkc;
         }
-        // Steps 3 and 4: lowercase each code point, classify, tokenise.
+        self.tokenise_chars(src, hangul_as_chars, false);
+        self.masked = masked;
+        self.nfkc = nfkc;
+    }
+
+    /// Steps 3 and 4 on `src`: lowercase each code point, classify, tokenise. With
+    /// `check`, returns false (leaving partial output) at the first code point that is not
+    /// known to be unchanged by steps 1 and 2.
+    fn tokenise_chars(&mut self, src: &str, hangul_as_chars: bool, check: bool) -> bool {
         let spaceless_mask = if hangul_as_chars {
             IN_SPACELESS | IN_HANGUL
         } else {
@@ -244,6 +268,9 @@ impl Tokens {
                 continue;
             }
             let class = class_of(c);
+            if check && class & NFKC_STABLE == 0 {
+                return false;
+            }
             if class & LOWER_IS_SELF != 0 {
                 self.push_char(c, class, spaceless_mask);
             } else {
@@ -257,8 +284,7 @@ impl Tokens {
                 }
             }
         }
-        self.masked = masked;
-        self.nfkc = nfkc;
+        true
     }
 
     /// ASCII text needs no NFKC and has no spaceless characters; one branch-free pass maps
@@ -503,6 +529,20 @@ mod tests {
                     let l: Vec<char> = c.to_lowercase().collect();
                     assert_eq!(l, [c], "U+{cp:04X} has a lowercase mapping");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn stable_flag_means_nfkc_and_mask_change_nothing() {
+        for cp in 0x80..0x11_0000u32 {
+            let Some(c) = char::from_u32(cp) else {
+                continue;
+            };
+            if class_of(c) & NFKC_STABLE != 0 {
+                assert_ne!(class_of(c) & BASE_MASK, UNASSIGNED, "U+{cp:04X}");
+                let s: String = [c, 'a', c].iter().collect();
+                assert_eq!(s.nfkc().collect::<String>(), s, "U+{cp:04X}");
             }
         }
     }
