@@ -208,10 +208,17 @@ pub struct PhaseTimes {
     pub accumulate_ns: u64,
 }
 
-/// Where a distinct feature's bytes are.
+/// A slot of the counting table: the xxh3-64 key of a feature and the index + 1 of its
+/// entry (0 = empty), so that probing past other keys touches no entry.
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    key: u64,
+    entry: usize,
+}
+
+/// Where a distinct feature's bytes are, its count and (once hashed) its feature hash.
 #[derive(Debug, Clone, Copy)]
 struct Entry {
-    key: u64,
     start: usize,
     end: usize,
     chars: bool,
@@ -227,8 +234,8 @@ pub struct Fingerprinter {
     idf: Option<Arc<Idf>>,
     tokens: Tokens,
     entries: Vec<Entry>,
-    /// Open-addressing table of entry index + 1 (0 = empty), keyed by xxh3-64.
-    slots: Vec<usize>,
+    /// Open-addressing table over `entries`, keyed by xxh3-64.
+    slots: Vec<Slot>,
     occurrences: usize,
     #[cfg(test)]
     hash_calls: usize,
@@ -378,7 +385,7 @@ impl Fingerprinter {
         // At most half full: no resizing while counting.
         let cap = (total.max(4) * 2).next_power_of_two();
         self.slots.clear();
-        self.slots.resize(cap, 0);
+        self.slots.resize(cap, Slot::default());
         let mask = cap - 1;
         let entries = &mut self.entries;
         let slots = &mut self.slots;
@@ -388,28 +395,26 @@ impl Fingerprinter {
             let mut i = key as usize & mask;
             loop {
                 let slot = slots[i];
-                if slot == 0 {
+                if slot.entry == 0 {
                     entries.push(Entry {
-                        key,
                         start: s,
                         end: e,
                         chars,
                         count: 1,
                         hash: key,
                     });
-                    slots[i] = entries.len();
+                    slots[i] = Slot {
+                        key,
+                        entry: entries.len(),
+                    };
                     return;
                 }
-                let en = &mut entries[slot - 1];
-                if en.key == key && en.chars == chars && arena[en.start..en.end] == *bytes {
-                    en.count += 1;
-                    return;
-                }
-                if en.key == key && en.chars != chars {
-                    // Same string in the other arena (possible only in contrived texts):
-                    // compare across arenas.
-                    let other = if chars { &t.words } else { &t.chars };
-                    if other[en.start..en.end] == *bytes {
+                if slot.key == key {
+                    // Compare the bytes (a 64-bit collision must not merge two features);
+                    // the entry's string may even be in the other arena.
+                    let en = &mut entries[slot.entry - 1];
+                    let their = if en.chars { &t.chars } else { &t.words };
+                    if their[en.start..en.end] == *bytes {
                         en.count += 1;
                         return;
                     }

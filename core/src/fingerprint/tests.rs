@@ -235,7 +235,6 @@ fn signs_match_signed_sums() {
         let n = 1 + rng.below(20) as usize;
         let entries: Vec<Entry> = (0..n)
             .map(|_| Entry {
-                key: 0,
                 start: 0,
                 end: 0,
                 chars: false,
