@@ -509,6 +509,12 @@ fn words_doc(doc: &mut String, rng: &mut SplitMix64, len: usize, vocab: &[String
         } else {
             doc.push(' ');
             match rng.below(40) {
+                0 if rng.below(4) == 0 => {
+                    // Typography as on real pages: one non-ASCII character every ~150 words
+                    // puts most documents off the pure-ASCII path.
+                    doc.push_str(pick(rng, &["’s", " — ", "“", "”", "©", "\u{a0}", "…", "é"]));
+                    doc.push_str(&vocab[z.sample(rng)]);
+                }
                 0 => doc.push_str(&format!("{}", rng.below(3000))),
                 1 => {
                     doc.pop();

@@ -266,12 +266,13 @@ fn signs_match_signed_sums() {
 }
 
 /// Strings biased towards the interesting parts of Unicode: ASCII, Latin with combining
-/// marks, Greek, Turkish dotted I, ligatures, full width, CJK, kana, Hangul, Thai,
+/// marks, non-ASCII punctuation between ASCII words, Greek, Turkish dotted I, ligatures, full width, CJK, kana, Hangul, Thai,
 /// Devanagari, format characters, unassigned code points, and anything else.
 fn interesting_text() -> impl Strategy<Value = String> {
     let piece = prop_oneof![
         4 => "[a-zA-Z0-9 ,.!?'\\-\n\t]{0,12}",
         1 => "[ßẞİıΣσςÅå\u{301}\u{307}\u{308}é]{0,6}",
+        2 => "[—“”’©\u{A0}…«»¿¡€]{1,2}",
         1 => "[\u{FB00}-\u{FB06}\u{FF01}-\u{FF5E}²³¹½ⅫK]{0,6}",
         2 => "[\u{4E00}-\u{4E40}\u{3041}-\u{3096}\u{30A1}-\u{30FA}ー々、。「」]{0,8}",
         1 => "[\u{AC00}-\u{AC40}\u{1100}-\u{1112}\u{1161}-\u{1175}\u{3131}-\u{318E}]{0,6}",
@@ -283,7 +284,7 @@ fn interesting_text() -> impl Strategy<Value = String> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(300))]
+    #![proptest_config(ProptestConfig::with_cases(500))]
 
     #[test]
     fn fast_equals_naive(text in interesting_text(), w in 1usize..5, c in 1usize..4,
@@ -331,5 +332,83 @@ proptest! {
             noisy.push_str(&w.to_ascii_uppercase());
         }
         prop_assert_eq!(f.fingerprint_doc(&plain), f.fingerprint_doc(&noisy));
+    }
+}
+
+#[test]
+fn segment_normalisation_equals_whole_text_nfkc() {
+    // Code points that compose, decompose, reorder or are unassigned, between ASCII and
+    // stable letters: the fast tokeniser normalises only segments around the unstable ones,
+    // the naive one normalises the whole text.
+    const ALPHABET: &[char] = &[
+        'a',
+        'e',
+        'o',
+        'A',
+        'E',
+        ' ',
+        '.',
+        'x',
+        'é',
+        'ệ',
+        'İ',
+        'ß',
+        'Σ',
+        '\u{301}',
+        '\u{323}',
+        '\u{334}',
+        '\u{345}',
+        '\u{5B0}',
+        '\u{308}',
+        '\u{1100}',
+        '\u{1161}',
+        '\u{11A8}',
+        '\u{AC00}',
+        '\u{D4DB}',
+        '\u{D46}',
+        '\u{D3E}',
+        '\u{D57}',
+        '\u{FF76}',
+        '\u{FF9E}',
+        '\u{FF9F}',
+        'ｶ',
+        '\u{3099}',
+        'か',
+        '\u{A0}',
+        '…',
+        'ﬁ',
+        'Ａ',
+        '²',
+        '½',
+        '\u{F900}',
+        '\u{2F800}',
+        '\u{378}',
+        '\u{FFFF}',
+        '\u{200B}',
+        '\u{FE0F}',
+        '\u{E0100}',
+        '漢',
+        'ก',
+        '\u{E48}',
+        '\u{E38}',
+        'K',
+        'Å',
+        '\u{1E9B}',
+        '\u{FB2C}',
+        '\u{2126}',
+    ];
+    let mut rng = SplitMix64::new(21);
+    let config = cfg(2, 2, FeatureHash::Xxh3);
+    let mut f = Fingerprinter::new(config).unwrap();
+    for _ in 0..20_000 {
+        let len = rng.below(12) as usize;
+        let text: String = (0..len)
+            .map(|_| ALPHABET[rng.below(ALPHABET.len() as u64) as usize])
+            .collect();
+        assert_eq!(
+            f.fingerprint_doc(&text),
+            naive::fingerprint_doc(&config, None, &text),
+            "{text:?}"
+        );
     }
 }

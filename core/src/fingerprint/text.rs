@@ -173,8 +173,8 @@ pub(crate) struct Tokens {
     // Tokeniser state.
     in_word: bool,
     after_spaceless: bool,
-    // Scratch strings for the slow normalisation path.
-    masked: String,
+    // Scratch strings for normalising segments.
+    segment: String,
     nfkc: String,
 }
 
@@ -209,89 +209,134 @@ impl Tokens {
     pub fn tokenise(&mut self, text: &str, hangul_as_chars: bool) {
         self.clear();
         if text.is_ascii() {
-            self.tokenise_ascii(text.as_bytes());
-            return;
+            self.ascii_run(text.as_bytes());
+        } else {
+            self.tokenise_unicode(text, hangul_as_chars);
         }
-        // Most text has no unassigned code point and needs no NFKC: tokenise it directly,
-        // checking each code point's flags on the way, and start over on the full path at
-        // the first code point that might change under steps 1-2.
-        if self.tokenise_chars(text, hangul_as_chars, true) {
-            return;
-        }
-        self.clear();
-        // Step 1: code points unassigned in Unicode 16.0 become U+0020.
-        let mut masked = std::mem::take(&mut self.masked);
-        let mut nfkc = std::mem::take(&mut self.nfkc);
-        let mut src: &str = text;
-        if text
-            .chars()
-            .any(|c| !c.is_ascii() && class_of(c) & BASE_MASK == UNASSIGNED)
-        {
-            masked.clear();
-            masked.extend(text.chars().map(|c| {
+    }
+
+    /// Steps 1 to 4 on text that is not all ASCII.
+    ///
+    /// Steps 1 and 2 (mask, NFKC) act locally: a code point that is assigned, has NFKC quick
+    /// check Yes and combining class 0 ("stable") is a normalisation boundary (nothing
+    /// before it composes or reorders with it) and is left unchanged. So the text is
+    /// walked once; stable code points and ASCII stretches are tokenised as they are, and
+    /// only each segment made of one code point and the unstable ones after it is masked
+    /// and normalised, in a small scratch string.
+    fn tokenise_unicode(&mut self, src: &str, hangul_as_chars: bool) {
+        let spaceless_mask = if hangul_as_chars {
+            IN_SPACELESS | IN_HANGUL
+        } else {
+            IN_SPACELESS
+        };
+        let bytes = src.as_bytes();
+        let n = bytes.len();
+        let char_at = |i: usize| src.get(i..).and_then(|rest| rest.chars().next());
+        let stable_at = |i: usize| {
+            i >= n
+                || bytes[i].is_ascii()
+                || char_at(i).is_some_and(|c| class_of(c) & NFKC_STABLE != 0)
+        };
+        let mut i = 0;
+        while i < n {
+            // A stretch of ASCII (English text with the odd curly quote is mostly ASCII),
+            // less its last byte if an unstable code point follows (it may combine with it).
+            let run = bytes[i..].iter().take_while(|b| b.is_ascii()).count();
+            let run = if run > 0 && !stable_at(i + run) {
+                run - 1
+            } else {
+                run
+            };
+            if run > 0 {
+                if self.mixed {
+                    for &b in &bytes[i..i + run] {
+                        if ascii_is_word(b) {
+                            self.word_byte(b.to_ascii_lowercase());
+                        } else {
+                            self.separator();
+                        }
+                    }
+                } else {
+                    self.ascii_run(&bytes[i..i + run]);
+                }
+                i += run;
+                continue;
+            }
+            let Some(c) = char_at(i) else { break };
+            let next = i + c.len_utf8();
+            let class = if c.is_ascii() {
+                ascii_class(c)
+            } else {
+                class_of(c)
+            };
+            if class & NFKC_STABLE != 0 && stable_at(next) {
+                self.lower_and_push(c, class, spaceless_mask);
+                i = next;
+                continue;
+            }
+            // A segment: this code point and the unstable ones after it.
+            let mut end = next;
+            while !stable_at(end) {
+                end += char_at(end).map_or(1, char::len_utf8);
+            }
+            let mut seg = std::mem::take(&mut self.segment);
+            let mut nfkc = std::mem::take(&mut self.nfkc);
+            seg.clear();
+            seg.extend(src[i..end].chars().map(|c| {
                 if !c.is_ascii() && class_of(c) & BASE_MASK == UNASSIGNED {
                     ' '
                 } else {
                     c
                 }
             }));
-            src = &masked;
-        }
-        // Step 2: NFKC, skipped when the quick check proves the text is already NFKC.
-        if is_nfkc_quick(src.chars()) != IsNormalized::Yes {
             nfkc.clear();
-            nfkc.extend(src.nfkc());
-            src = &nfkc;
-        }
-        self.tokenise_chars(src, hangul_as_chars, false);
-        self.masked = masked;
-        self.nfkc = nfkc;
-    }
-
-    /// Steps 3 and 4 on `src`: lowercase each code point, classify, tokenise. With
-    /// `check`, returns false (leaving partial output) at the first code point that is not
-    /// known to be unchanged by steps 1 and 2.
-    fn tokenise_chars(&mut self, src: &str, hangul_as_chars: bool, check: bool) -> bool {
-        let spaceless_mask = if hangul_as_chars {
-            IN_SPACELESS | IN_HANGUL
-        } else {
-            IN_SPACELESS
-        };
-        for c in src.chars() {
-            if c.is_ascii() {
-                let b = c as u8;
-                if ascii_is_word(b) {
-                    self.word_byte(b.to_ascii_lowercase());
+            nfkc.extend(seg.nfkc());
+            for c in nfkc.chars() {
+                let class = if c.is_ascii() {
+                    ascii_class(c)
                 } else {
-                    self.separator();
-                }
-                continue;
+                    class_of(c)
+                };
+                self.lower_and_push(c, class, spaceless_mask);
             }
-            let class = class_of(c);
-            if check && class & NFKC_STABLE == 0 {
-                return false;
-            }
-            if class & LOWER_IS_SELF != 0 {
-                self.push_char(c, class, spaceless_mask);
-            } else {
-                for l in c.to_lowercase() {
-                    let lc = if l.is_ascii() {
-                        ascii_class(l)
-                    } else {
-                        class_of(l)
-                    };
-                    self.push_char(l, lc, spaceless_mask);
-                }
-            }
+            self.segment = seg;
+            self.nfkc = nfkc;
+            i = end;
         }
-        true
     }
 
-    /// ASCII text needs no NFKC and has no spaceless characters; one branch-free pass maps
-    /// each byte through a table (lowercase letter or digit, or 0 for a separator), writes it
-    /// unconditionally and advances the output only past word bytes and the first separator
-    /// after a word, so token boundaries cost no mispredicted branches.
-    fn tokenise_ascii(&mut self, bytes: &[u8]) {
+    /// Step 3 and 4 for one normalised code point.
+    #[inline]
+    fn lower_and_push(&mut self, c: char, class: u8, spaceless_mask: u8) {
+        if c.is_ascii() {
+            let b = c as u8;
+            if ascii_is_word(b) {
+                self.word_byte(b.to_ascii_lowercase());
+            } else {
+                self.separator();
+            }
+        } else if class & LOWER_IS_SELF != 0 {
+            self.push_char(c, class, spaceless_mask);
+        } else {
+            for l in c.to_lowercase() {
+                let lc = if l.is_ascii() {
+                    ascii_class(l)
+                } else {
+                    class_of(l)
+                };
+                self.push_char(l, lc, spaceless_mask);
+            }
+        }
+    }
+
+    /// Tokenises a stretch of ASCII (which needs no NFKC and has no spaceless characters),
+    /// continuing the current state (inside a word or not),
+    /// while the document has no spaceless character yet (so units are the words). One
+    /// branch-free pass maps each byte through a table (lowercase letter or digit, or 0 for
+    /// a separator), writes it unconditionally and advances the output only past word bytes
+    /// and the first separator after a word, so token boundaries cost no mispredicted
+    /// branches.
+    fn ascii_run(&mut self, bytes: &[u8]) {
         static LUT: [u8; 256] = {
             let mut t = [0u8; 256];
             let mut b = 0;
@@ -304,14 +349,22 @@ impl Tokens {
             }
             t
         };
+        if bytes.is_empty() {
+            return;
+        }
         let n = bytes.len();
-        self.words.clear();
-        self.words.resize(n + 1, 0);
-        self.word_starts.clear();
-        self.word_starts.resize(n / 2 + 2, 0);
-        let out = &mut self.words[..n + 1];
-        let starts = &mut self.word_starts[..n / 2 + 2];
-        let (mut pos, mut tokens, mut prev) = (0usize, 0usize, 0usize);
+        let base = self.words.len();
+        let was_in_word = self.in_word;
+        // After an earlier token, a new one needs a space before it: write it now and take
+        // it back if no token starts in this stretch.
+        let tentative = !was_in_word && base > 0;
+        let first = base + tentative as usize;
+        self.words.resize(first + n + 1, b' ');
+        let first_token = self.word_starts.len();
+        self.word_starts.resize(first_token + n / 2 + 2, 0);
+        let out = &mut self.words[..first + n + 1];
+        let starts = &mut self.word_starts[..first_token + n / 2 + 2];
+        let (mut pos, mut tokens, mut prev) = (first, first_token, was_in_word as usize);
         for &b in bytes {
             let c = LUT[b as usize];
             let word = (c != 0) as usize;
@@ -321,10 +374,19 @@ impl Tokens {
             pos += word | prev;
             prev = word;
         }
-        // A separator after the last token advanced `pos` past a trailing space.
-        let len = if prev == 0 && pos > 0 { pos - 1 } else { pos };
+        let new_tokens = tokens - first_token;
+        let len = if tentative && new_tokens == 0 {
+            base
+        } else if prev == 0 && (new_tokens > 0 || was_in_word) {
+            // A separator after the last word advanced `pos` past a trailing space.
+            pos - 1
+        } else {
+            pos
+        };
         self.words.truncate(len);
         self.word_starts.truncate(tokens);
+        self.in_word = prev == 1;
+        self.after_spaceless = false;
     }
 
     #[inline]
@@ -408,9 +470,9 @@ impl Tokens {
 
 fn ascii_class(c: char) -> u8 {
     if ascii_is_word(c as u8) {
-        WORD | LOWER_IS_SELF
+        WORD | LOWER_IS_SELF | NFKC_STABLE
     } else {
-        SEP | LOWER_IS_SELF
+        SEP | LOWER_IS_SELF | NFKC_STABLE
     }
 }
 
