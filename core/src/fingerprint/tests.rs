@@ -412,3 +412,29 @@ fn segment_normalisation_equals_whole_text_nfkc() {
         );
     }
 }
+
+#[test]
+fn word_shingles_are_unit_ngrams() {
+    use xxhash_rust::xxh3::xxh3_64;
+    let mut f = Fingerprinter::new(FingerprintConfig::default()).unwrap();
+    let sorted = |v: &[&str]| {
+        let mut h: Vec<u64> = v.iter().map(|s| xxh3_64(s.as_bytes())).collect();
+        h.sort_unstable();
+        h.dedup();
+        h
+    };
+    assert_eq!(
+        f.word_shingles("A b, c. A b", 2).unwrap(),
+        sorted(&["a b", "b c", "c a"])
+    );
+    // Spaceless characters are units of their own; fewer units than n give one shingle.
+    assert_eq!(
+        f.word_shingles("iPhone手机", 2).unwrap(),
+        sorted(&["iphone 手", "手 机"])
+    );
+    assert_eq!(f.word_shingles("中文", 3).unwrap(), sorted(&["中 文"]));
+    assert!(matches!(
+        f.word_shingles("x", 0),
+        Err(Error::InvalidConfig(_))
+    ));
+}
