@@ -98,7 +98,13 @@ pub fn run(args: Args) {
             sink ^= f.simhash;
         }
     }
-    let naive_mbps = mb(naive_bytes) / t.elapsed();
+    let naive_secs = t.elapsed();
+    // JSON has no NaN: a skipped baseline (`--naive-mb 0`) reads as 0.
+    let naive_mbps = if naive_bytes == 0 {
+        0.0
+    } else {
+        mb(naive_bytes) / naive_secs
+    };
     // Check that the fast path computes the same thing on the same documents.
     let mut fast = Fingerprinter::new(config).expect("valid config");
     let mut check = 0u64;
@@ -329,7 +335,11 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// The shortest leading run of `docs` holding at least `bytes` bytes (none for 0).
 fn prefix(docs: &[String], bytes: usize) -> &[String] {
+    if bytes == 0 {
+        return &[];
+    }
     let mut acc = 0;
     for (i, d) in docs.iter().enumerate() {
         acc += d.len();
