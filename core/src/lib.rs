@@ -28,6 +28,7 @@
 pub mod design;
 pub mod error;
 pub mod fingerprint;
+pub mod jaccard;
 pub mod permute;
 pub mod util;
 
