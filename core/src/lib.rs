@@ -25,11 +25,13 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod cluster;
 pub mod design;
 pub mod error;
 pub mod fingerprint;
 pub mod jaccard;
 pub mod permute;
+pub mod quality;
 pub mod util;
 
 pub use design::Design;
