@@ -58,18 +58,13 @@ pub fn run(args: Args) {
         ascii_docs,
         args.file
             .as_ref()
-            .map_or(format!("generated, seed {}", args.seed), |p| p
-                .display()
-                .to_string())
+            .map_or(format!("generated, seed {}", args.seed), |p| p.display().to_string())
     );
     let passes = args.passes.max(1);
 
     let mut results = Vec::new();
     for hash in [FeatureHash::Md5, FeatureHash::Xxh3] {
-        let config = FingerprintConfig {
-            hash,
-            ..FingerprintConfig::default()
-        };
+        let config = FingerprintConfig { hash, ..FingerprintConfig::default() };
         let r = measure(&docs, config, passes);
         println!(
             "{:<5} {:>7.1} MB/s per core (wall {:.1}; ASCII docs {:.1}, other docs {:.1}); {:.0} ns per distinct feature; phases: tokenise {:.0}%, count {:.0}%, hash {:.0}%, accumulate {:.0}%",
@@ -100,11 +95,7 @@ pub fn run(args: Args) {
     }
     let naive_secs = t.elapsed();
     // JSON has no NaN: a skipped baseline (`--naive-mb 0`) reads as 0.
-    let naive_mbps = if naive_bytes == 0 {
-        0.0
-    } else {
-        mb(naive_bytes) / naive_secs
-    };
+    let naive_mbps = if naive_bytes == 0 { 0.0 } else { mb(naive_bytes) / naive_secs };
     // Check that the fast path computes the same thing on the same documents.
     let mut fast = Fingerprinter::new(config).expect("valid config");
     let mut check = 0u64;
@@ -136,9 +127,7 @@ pub fn run(args: Args) {
     );
 
     // Per-call cost of MD5 on a short feature with the md-5 crate (the scalar path).
-    let feats: Vec<String> = (0..4096)
-        .map(|i| format!("word{i} other{} third", i * 7))
-        .collect();
+    let feats: Vec<String> = (0..4096).map(|i| format!("word{i} other{} third", i * 7)).collect();
     let reps = 100;
     let t = Clock::now();
     let mut x = 0u8;
@@ -152,11 +141,7 @@ pub fn run(args: Args) {
     println!("md-5 crate, one short feature (~20 bytes): {md5_short_ns:.0} ns");
 
     let (md5r, xxr) = (&results[0].1, &results[1].1);
-    let clock = if thread_cpu_ns().is_some() {
-        "thread_cpu"
-    } else {
-        "wall"
-    };
+    let clock = if thread_cpu_ns().is_some() { "thread_cpu" } else { "wall" };
     println!(
         "clock: {clock}; {:.2} bytes of text per unit (word token or spaceless character), {:.2} per word in ASCII documents",
         md5r.bytes_per_unit, md5r.ascii_bytes_per_word
@@ -174,9 +159,7 @@ pub fn run(args: Args) {
         md5r.bytes_per_unit,
         md5r.ascii_bytes_per_word,
         args.seed,
-        args.file
-            .as_ref()
-            .map_or("null".into(), |p| format!("{:?}", p.display().to_string())),
+        args.file.as_ref().map_or("null".into(), |p| format!("{:?}", p.display().to_string())),
         md5r.mbps,
         xxr.mbps,
         md5r.wall_mbps,
@@ -204,10 +187,7 @@ struct Clock {
 }
 
 fn thread_cpu_ns() -> Option<u64> {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `ts` is a valid, writable timespec; the call only writes it.
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
     (rc == 0).then(|| ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
@@ -215,10 +195,7 @@ fn thread_cpu_ns() -> Option<u64> {
 
 impl Clock {
     fn now() -> Self {
-        Clock {
-            wall: Instant::now(),
-            cpu_ns: thread_cpu_ns(),
-        }
+        Clock { wall: Instant::now(), cpu_ns: thread_cpu_ns() }
     }
 
     /// Seconds of CPU time (or wall time) since `self`.
@@ -384,9 +361,7 @@ impl Zipf {
             })
             .collect::<Vec<_>>();
         let total = acc;
-        Zipf {
-            cdf: cdf.into_iter().map(|c| c / total).collect(),
-        }
+        Zipf { cdf: cdf.into_iter().map(|c| c / total).collect() }
     }
 
     fn sample(&self, rng: &mut SplitMix64) -> usize {
@@ -410,9 +385,7 @@ fn vocabulary(rng: &mut SplitMix64, n: usize, onsets: &[&str], nuclei: &[&str]) 
                 50..1000 => 1 + rng.below(2) as usize,
                 _ => 2 + rng.below(2) as usize + (rng.below(3) == 0) as usize,
             };
-            (0..syllables)
-                .map(|_| format!("{}{}", pick(rng, onsets), pick(rng, nuclei)))
-                .collect()
+            (0..syllables).map(|_| format!("{}{}", pick(rng, onsets), pick(rng, nuclei))).collect()
         })
         .collect()
 }
@@ -421,12 +394,9 @@ const EN_ONSETS: &[&str] = &[
     "b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v", "w", "th",
     "st", "tr", "ch", "sh", "pr", "br", "",
 ];
-const EN_NUCLEI: &[&str] = &[
-    "a", "e", "i", "o", "u", "ea", "ou", "er", "in", "on", "an", "ing", "ed", "y", "al",
-];
-const DE_NUCLEI: &[&str] = &[
-    "a", "e", "i", "o", "u", "ä", "ö", "ü", "ei", "au", "en", "er", "ß",
-];
+const EN_NUCLEI: &[&str] =
+    &["a", "e", "i", "o", "u", "ea", "ou", "er", "in", "on", "an", "ing", "ed", "y", "al"];
+const DE_NUCLEI: &[&str] = &["a", "e", "i", "o", "u", "ä", "ö", "ü", "ei", "au", "en", "er", "ß"];
 const RU_ONSETS: &[&str] = &[
     "б", "в", "г", "д", "ж", "з", "к", "л", "м", "н", "п", "р", "с", "т", "ф", "х", "ц", "ч", "ш",
     "",

@@ -102,11 +102,7 @@ fn compare_rows(text: &str, origin: &str) -> usize {
             continue;
         }
         let cols: Vec<&str> = line.split('\t').collect();
-        assert_eq!(
-            cols.len(),
-            INPUT_COLUMNS + 5,
-            "{origin}: malformed row {line:?}"
-        );
+        assert_eq!(cols.len(), INPUT_COLUMNS + 5, "{origin}: malformed row {line:?}");
         rows += 1;
         let got = rust_columns(&cols);
         if got != cols[INPUT_COLUMNS..] {
@@ -118,12 +114,7 @@ fn compare_rows(text: &str, origin: &str) -> usize {
             ));
         }
     }
-    assert!(
-        bad.is_empty(),
-        "{origin}: {} mismatches:\n{}",
-        bad.len(),
-        bad.join("\n")
-    );
+    assert!(bad.is_empty(), "{origin}: {} mismatches:\n{}", bad.len(), bad.join("\n"));
     rows
 }
 
@@ -133,22 +124,13 @@ fn rust_reproduces_every_vector() {
     let rows = compare_rows(&text, "fingerprint_vectors.tsv");
     assert!(rows >= 60, "only {rows} vectors");
     // The file covers both hashes, IDF, Hangul as characters, and the error case.
-    for needle in [
-        "\tmd5\t",
-        "\txxh3\t",
-        "\t2;the=0;",
-        "\tmd5\t1\t-\t",
-        "error:EmptyDocument",
-    ] {
+    for needle in ["\tmd5\t", "\txxh3\t", "\t2;the=0;", "\tmd5\t1\t-\t", "error:EmptyDocument"] {
         assert!(text.contains(needle), "no vector with {needle:?}");
     }
 }
 
 fn python() -> Option<Command> {
-    let ok = Command::new("python3")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success());
+    let ok = Command::new("python3").arg("--version").output().is_ok_and(|o| o.status.success());
     if ok {
         let mut c = Command::new("python3");
         c.arg(root().join("docs/fingerprint_reference.py"));
@@ -187,15 +169,8 @@ fn reference_agrees_with_the_vector_file() {
 fn reference_agrees_on_random_texts() {
     for seed in [1, 2] {
         let Some(mut py) = python() else { return };
-        let out = py
-            .args(["random", "150", &seed.to_string()])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = py.args(["random", "150", &seed.to_string()]).output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         let text = String::from_utf8(out.stdout).unwrap();
         let rows = compare_rows(&text, &format!("random seed {seed}"));
         assert_eq!(rows, 150);

@@ -475,7 +475,7 @@ impl HxRun {
             // The bucket's smallest key is t << shift: it starts in block b if that block's
             // key is exactly there, else in the block before.
             let starts_here =
-                b < blocks && t < buckets && self.key(b) == (t as u64) << self.dir_shift;
+                b < blocks && self.key(b) == (t as u64).checked_shl(self.dir_shift).unwrap_or(0);
             *d = if starts_here || b == 0 { b as u32 } else { (b - 1) as u32 };
         }
         dir[buckets] = blocks.saturating_sub(1) as u32;

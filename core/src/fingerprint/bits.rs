@@ -16,11 +16,7 @@ pub(crate) struct BitCounter {
 
 impl BitCounter {
     pub fn new() -> Self {
-        BitCounter {
-            wide: [0; 64],
-            narrow: Narrow::new(),
-            pending: 0,
-        }
+        BitCounter { wide: [0; 64], narrow: Narrow::new(), pending: 0 }
     }
 
     /// Adds one feature of weight 1.
@@ -114,10 +110,7 @@ mod avx2 {
 
     #[target_feature(enable = "avx2")]
     fn zero() -> Narrow {
-        Narrow {
-            lo: _mm256_setzero_si256(),
-            hi: _mm256_setzero_si256(),
-        }
+        Narrow { lo: _mm256_setzero_si256(), hi: _mm256_setzero_si256() }
     }
 
     #[inline]
@@ -138,14 +131,10 @@ mod avx2 {
             1, 2, 4, 8, 16, 32, 64, -128, 1, 2, 4, 8, 16, 32, 64, -128,
         );
         // 0xFF where the bit is set; subtracting -1 adds 1.
-        let lo = _mm256_cmpeq_epi8(
-            _mm256_and_si256(_mm256_shuffle_epi8(x, spread_lo), select),
-            select,
-        );
-        let hi = _mm256_cmpeq_epi8(
-            _mm256_and_si256(_mm256_shuffle_epi8(x, spread_hi), select),
-            select,
-        );
+        let lo =
+            _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(x, spread_lo), select), select);
+        let hi =
+            _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(x, spread_hi), select), select);
         n.lo = _mm256_sub_epi8(n.lo, lo);
         n.hi = _mm256_sub_epi8(n.hi, hi);
     }

@@ -53,11 +53,7 @@ pub(crate) fn block_from_window(window: &[u8; 64], len: usize) -> Block {
         let k = len - 4 * w as i32;
         let keep = k.clamp(0, 4) as u32;
         let mask = ((1u64 << (8 * keep)) - 1) as u32;
-        let pad = if (0..4).contains(&k) {
-            0x80u32 << (8 * k as u32)
-        } else {
-            0
-        };
+        let pad = if (0..4).contains(&k) { 0x80u32 << (8 * k as u32) } else { 0 };
         (word & mask) | pad
     });
     out[14] = len as u32 * 8;
@@ -184,10 +180,7 @@ fn compress_portable(m: &[[u32; LANES]; 16]) -> (V, V) {
     step!(f4, d, a, b, c, 11, 0xbd3af235, 10);
     step!(f4, c, d, a, b, 2, 0x2ad7d2bb, 15);
     step!(f4, b, c, d, a, 9, 0xeb86d391, 21);
-    (
-        std::array::from_fn(|l| a[l].wrapping_add(A0)),
-        std::array::from_fn(|l| b[l].wrapping_add(B0)),
-    )
+    (std::array::from_fn(|l| a[l].wrapping_add(A0)), std::array::from_fn(|l| b[l].wrapping_add(B0)))
 }
 
 /// The same steps with one AVX2 register per state word (all eight lanes at once).
@@ -415,9 +408,8 @@ mod tests {
         }
         let got = md5_low64_lanes(&msgs);
         for (i, (m, hex)) in cases.iter().enumerate() {
-            let bytes: Vec<u8> = (0..8)
-                .map(|j| u8::from_str_radix(&hex[2 * j..2 * j + 2], 16).unwrap())
-                .collect();
+            let bytes: Vec<u8> =
+                (0..8).map(|j| u8::from_str_radix(&hex[2 * j..2 * j + 2], 16).unwrap()).collect();
             let want = u64::from_le_bytes(bytes.try_into().unwrap());
             assert_eq!(got[i], want, "lane {i}");
             assert_eq!(got[i + 9], want, "lane {}", i + 9);
@@ -433,10 +425,7 @@ mod tests {
                 std::array::from_fn(|_| std::array::from_fn(|_| rng.next_u64() as u32));
             // SAFETY: compiled only for CPUs with AVX2.
             #[cfg(all(target_arch = "x86_64", target_feature = "avx2"))]
-            assert_eq!(
-                unsafe { avx2::compress(&blocks) },
-                compress_portable(&transpose(&blocks))
-            );
+            assert_eq!(unsafe { avx2::compress(&blocks) }, compress_portable(&transpose(&blocks)));
             let (a, b) = compress_portable(&transpose(&[block_from_msg(b"x"); LANES]));
             assert_eq!(a[0] as u64 | (b[0] as u64) << 32, md5_low64(b"x"));
         }
@@ -447,10 +436,7 @@ mod tests {
         let mut rng = SplitMix64::new(9);
         for len in 0..=MAX_LEN {
             let window: [u8; 64] = std::array::from_fn(|_| rng.next_u64() as u8);
-            assert_eq!(
-                block_from_window(&window, len),
-                block_from_msg(&window[..len])
-            );
+            assert_eq!(block_from_window(&window, len), block_from_msg(&window[..len]));
         }
     }
 

@@ -99,10 +99,7 @@ impl Default for FingerprintConfig {
 impl FingerprintConfig {
     /// Checks that both n are in `1..=MAX_NGRAM`.
     pub fn validate(&self) -> Result<()> {
-        for (name, n) in [
-            ("word_ngram", self.word_ngram),
-            ("char_ngram", self.char_ngram),
-        ] {
+        for (name, n) in [("word_ngram", self.word_ngram), ("char_ngram", self.char_ngram)] {
             if !(1..=MAX_NGRAM).contains(&n) {
                 return Err(Error::InvalidConfig(format!(
                     "{name} = {n}; it must be between 1 and {MAX_NGRAM}"
@@ -128,10 +125,7 @@ pub struct Idf {
 impl Idf {
     /// An empty table whose every feature weighs `default`.
     pub fn new(default: u32) -> Self {
-        Idf {
-            weights: HashMap::with_hasher(Xxh3Builder::new()),
-            default,
-        }
+        Idf { weights: HashMap::with_hasher(Xxh3Builder::new()), default }
     }
 
     /// Sets the weight of one feature (a normalised feature string: tokens joined by one
@@ -329,9 +323,7 @@ impl Fingerprinter {
         self.tokens.tokenise(text, self.config.hangul_as_chars);
         let (units, starts) = self.tokens.units();
         let mut out = Vec::with_capacity(starts.len());
-        for_each_ngram(starts, units.len(), n, 1, |s, e| {
-            out.push(xxh3_64(&units[s..e]))
-        });
+        for_each_ngram(starts, units.len(), n, 1, |s, e| out.push(xxh3_64(&units[s..e])));
         out.sort_unstable();
         out.dedup();
         Ok(out)
@@ -366,11 +358,7 @@ impl Fingerprinter {
 
     #[inline]
     fn bytes_of(&self, e: &Entry) -> &[u8] {
-        let arena = if e.chars {
-            &self.tokens.chars
-        } else {
-            &self.tokens.words
-        };
+        let arena = if e.chars { &self.tokens.chars } else { &self.tokens.words };
         &arena[e.start..e.end]
     }
 
@@ -396,17 +384,8 @@ impl Fingerprinter {
             loop {
                 let slot = slots[i];
                 if slot.entry == 0 {
-                    entries.push(Entry {
-                        start: s,
-                        end: e,
-                        chars,
-                        count: 1,
-                        hash: key,
-                    });
-                    slots[i] = Slot {
-                        key,
-                        entry: entries.len(),
-                    };
+                    entries.push(Entry { start: s, end: e, chars, count: 1, hash: key });
+                    slots[i] = Slot { key, entry: entries.len() };
                     return;
                 }
                 if slot.key == key {
@@ -422,12 +401,8 @@ impl Fingerprinter {
                 i = (i + 1) & mask;
             }
         };
-        for_each_ngram(&t.word_starts, t.words.len(), wn, 1, |s, e| {
-            insert(&t.words, false, s, e)
-        });
-        for_each_ngram(&t.char_starts, t.chars.len(), cn, 0, |s, e| {
-            insert(&t.chars, true, s, e)
-        });
+        for_each_ngram(&t.word_starts, t.words.len(), wn, 1, |s, e| insert(&t.words, false, s, e));
+        for_each_ngram(&t.char_starts, t.chars.len(), cn, 0, |s, e| insert(&t.chars, true, s, e));
     }
 
     /// Sets each distinct entry's feature hash (already the key for xxh3).

@@ -58,13 +58,7 @@ fn in_any(c: char, ranges: &[(u32, u32)]) -> bool {
 pub fn normalise(text: &str) -> String {
     let masked: String = text
         .chars()
-        .map(|c| {
-            if get_general_category(c) == G::Unassigned {
-                ' '
-            } else {
-                c
-            }
-        })
+        .map(|c| if get_general_category(c) == G::Unassigned { ' ' } else { c })
         .collect();
     let nfkc: String = masked.nfkc().collect();
     nfkc.chars().flat_map(char::to_lowercase).collect()

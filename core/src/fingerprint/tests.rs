@@ -6,12 +6,7 @@ use super::*;
 use crate::util::{SplitMix64, hamming};
 
 fn cfg(word: usize, chr: usize, hash: FeatureHash) -> FingerprintConfig {
-    FingerprintConfig {
-        word_ngram: word,
-        char_ngram: chr,
-        hash,
-        hangul_as_chars: false,
-    }
+    FingerprintConfig { word_ngram: word, char_ngram: chr, hash, hangul_as_chars: false }
 }
 
 /// English-like text: `words` words from a Zipf-ish vocabulary.
@@ -51,15 +46,7 @@ fn config_validation() {
 #[test]
 fn empty_and_punctuation_only_are_errors() {
     let mut f = Fingerprinter::new(FingerprintConfig::default()).unwrap();
-    for t in [
-        "",
-        "   ",
-        "!?., -- ()",
-        "\u{200B}\u{AD}",
-        "\u{3000}、。",
-        "\u{E000}",
-        "🙂🙂",
-    ] {
+    for t in ["", "   ", "!?., -- ()", "\u{200B}\u{AD}", "\u{3000}、。", "\u{E000}", "🙂🙂"] {
         assert_eq!(f.fingerprint(t), Err(Error::EmptyDocument), "{t:?}");
         assert_eq!(f.content_hash(t), Err(Error::EmptyDocument), "{t:?}");
         assert_eq!(f.word_shingles(t, 3), Ok(vec![]));
@@ -87,12 +74,7 @@ fn batched_md5_matches_scalar_for_every_feature() {
     let feats = f.features(&text).unwrap();
     assert!(feats.iter().any(|x| x.text.len() > md5_lanes::MAX_LEN));
     for x in &feats {
-        assert_eq!(
-            x.hash,
-            md5_lanes::md5_low64(x.text.as_bytes()),
-            "{}",
-            x.text
-        );
+        assert_eq!(x.hash, md5_lanes::md5_low64(x.text.as_bytes()), "{}", x.text);
     }
 }
 
@@ -135,10 +117,8 @@ fn similar_texts_get_close_fingerprints() {
     let mut near = Vec::new();
     let mut far = Vec::new();
     for _ in 0..20 {
-        let words: Vec<String> = english(&mut rng, 600)
-            .split_whitespace()
-            .map(str::to_owned)
-            .collect();
+        let words: Vec<String> =
+            english(&mut rng, 600).split_whitespace().map(str::to_owned).collect();
         let mut edited = words.clone();
         for _ in 0..3 {
             let i = rng.below(edited.len() as u64) as usize;
@@ -162,46 +142,33 @@ fn idf_scaling_and_reweighting() {
     let c = cfg(1, 2, FeatureHash::Md5);
     let plain = Fingerprinter::new(c).unwrap().fingerprint(text).unwrap();
     // A constant IDF scales every sum by the same positive factor: same fingerprint.
-    let scaled = Fingerprinter::with_idf(c, Arc::new(Idf::new(7)))
-        .unwrap()
-        .fingerprint(text)
-        .unwrap();
+    let scaled =
+        Fingerprinter::with_idf(c, Arc::new(Idf::new(7))).unwrap().fingerprint(text).unwrap();
     assert_eq!(plain, scaled);
     // A huge weight on one feature makes the fingerprint that feature's hash.
     let mut idf = Idf::new(1);
     idf.insert("epsilon", 1_000_000);
     let mut f = Fingerprinter::with_idf(c, Arc::new(idf.clone())).unwrap();
-    assert_eq!(
-        f.fingerprint(text).unwrap(),
-        naive::feature_hash(FeatureHash::Md5, "epsilon")
-    );
+    assert_eq!(f.fingerprint(text).unwrap(), naive::feature_hash(FeatureHash::Md5, "epsilon"));
     assert_eq!(
         f.fingerprint_doc(text).unwrap(),
         naive::fingerprint_doc(&c, Some(&idf), text).unwrap()
     );
     // All weights zero: every sum is 0, every bit 0.
-    let zero = Fingerprinter::with_idf(c, Arc::new(Idf::new(0)))
-        .unwrap()
-        .fingerprint(text)
-        .unwrap();
+    let zero =
+        Fingerprinter::with_idf(c, Arc::new(Idf::new(0))).unwrap().fingerprint(text).unwrap();
     assert_eq!(zero, 0);
 }
 
 #[test]
 fn matches_naive_on_generated_text() {
     let mut rng = SplitMix64::new(1);
-    for (i, hash) in [FeatureHash::Md5, FeatureHash::Xxh3]
-        .into_iter()
-        .enumerate()
-    {
+    for (i, hash) in [FeatureHash::Md5, FeatureHash::Xxh3].into_iter().enumerate() {
         for n in 1..=4 {
             let c = cfg(n, 5 - n, hash);
             let mut f = Fingerprinter::new(c).unwrap();
             let text = english(&mut rng, 50 + 100 * i) + " 日本語のテキスト、ภาษาไทย";
-            assert_eq!(
-                f.fingerprint_doc(&text),
-                naive::fingerprint_doc(&c, None, &text)
-            );
+            assert_eq!(f.fingerprint_doc(&text), naive::fingerprint_doc(&c, None, &text));
         }
     }
 }
@@ -212,11 +179,8 @@ fn huge_input_does_not_panic() {
     let mut s = String::with_capacity(5 << 20);
     while s.len() < 5 << 20 {
         // Mostly valid scalar values from all planes, some ASCII.
-        let cp = if rng.below(2) == 0 {
-            rng.below(0x80) as u32
-        } else {
-            rng.below(0x11_0000) as u32
-        };
+        let cp =
+            if rng.below(2) == 0 { rng.below(0x80) as u32 } else { rng.below(0x11_0000) as u32 };
         if let Some(c) = char::from_u32(cp) {
             s.push(c);
         }
@@ -247,21 +211,12 @@ fn signs_match_signed_sums() {
         for i in 0..64 {
             let s: i64 = entries
                 .iter()
-                .map(|e| {
-                    if e.hash >> i & 1 == 1 {
-                        e.count as i64
-                    } else {
-                        -(e.count as i64)
-                    }
-                })
+                .map(|e| if e.hash >> i & 1 == 1 { e.count as i64 } else { -(e.count as i64) })
                 .sum();
             want |= ((s > 0) as u64) << i;
         }
         assert_eq!(signs_tf(&entries), want);
-        assert_eq!(
-            signs_weighted(entries.iter().map(|e| (e.hash, e.count as u128))),
-            want
-        );
+        assert_eq!(signs_weighted(entries.iter().map(|e| (e.hash, e.count as u128))), want);
     }
 }
 
@@ -402,9 +357,8 @@ fn segment_normalisation_equals_whole_text_nfkc() {
     let mut f = Fingerprinter::new(config).unwrap();
     for _ in 0..20_000 {
         let len = rng.below(12) as usize;
-        let text: String = (0..len)
-            .map(|_| ALPHABET[rng.below(ALPHABET.len() as u64) as usize])
-            .collect();
+        let text: String =
+            (0..len).map(|_| ALPHABET[rng.below(ALPHABET.len() as u64) as usize]).collect();
         assert_eq!(
             f.fingerprint_doc(&text),
             naive::fingerprint_doc(&config, None, &text),
@@ -423,18 +377,9 @@ fn word_shingles_are_unit_ngrams() {
         h.dedup();
         h
     };
-    assert_eq!(
-        f.word_shingles("A b, c. A b", 2).unwrap(),
-        sorted(&["a b", "b c", "c a"])
-    );
+    assert_eq!(f.word_shingles("A b, c. A b", 2).unwrap(), sorted(&["a b", "b c", "c a"]));
     // Spaceless characters are units of their own; fewer units than n give one shingle.
-    assert_eq!(
-        f.word_shingles("iPhone手机", 2).unwrap(),
-        sorted(&["iphone 手", "手 机"])
-    );
+    assert_eq!(f.word_shingles("iPhone手机", 2).unwrap(), sorted(&["iphone 手", "手 机"]));
     assert_eq!(f.word_shingles("中文", 3).unwrap(), sorted(&["中 文"]));
-    assert!(matches!(
-        f.word_shingles("x", 0),
-        Err(Error::InvalidConfig(_))
-    ));
+    assert!(matches!(f.word_shingles("x", 0), Err(Error::InvalidConfig(_))));
 }

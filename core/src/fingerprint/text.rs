@@ -69,12 +69,8 @@ pub const HANGUL_RANGES: &[(u32, u32)] = &[
 
 /// Code points with the Variation_Selector property; ignored like format characters (an
 /// ideographic or emoji variation does not change the text).
-pub const VARIATION_SELECTORS: &[(u32, u32)] = &[
-    (0x180B, 0x180D),
-    (0x180F, 0x180F),
-    (0xFE00, 0xFE0F),
-    (0xE0100, 0xE01EF),
-];
+pub const VARIATION_SELECTORS: &[(u32, u32)] =
+    &[(0x180B, 0x180D), (0x180F, 0x180F), (0xFE00, 0xFE0F), (0xE0100, 0xE01EF)];
 
 fn in_ranges(cp: u32, ranges: &[(u32, u32)]) -> bool {
     ranges.iter().any(|&(lo, hi)| lo <= cp && cp <= hi)
@@ -97,11 +93,7 @@ fn compute_class(c: char) -> u8 {
         _ => SEP,
     };
     let cp = c as u32;
-    let base = if in_ranges(cp, VARIATION_SELECTORS) {
-        FORMAT
-    } else {
-        base
-    };
+    let base = if in_ranges(cp, VARIATION_SELECTORS) { FORMAT } else { base };
     let mut class = base;
     if base == WORD || base == MARK {
         if in_ranges(cp, SPACELESS_RANGES) {
@@ -131,20 +123,14 @@ fn compute_class(c: char) -> u8 {
 fn bmp_table() -> &'static [u8] {
     static TABLE: OnceLock<Box<[u8]>> = OnceLock::new();
     TABLE.get_or_init(|| {
-        (0u32..0x10000)
-            .map(|cp| char::from_u32(cp).map_or(SEP, compute_class))
-            .collect()
+        (0u32..0x10000).map(|cp| char::from_u32(cp).map_or(SEP, compute_class)).collect()
     })
 }
 
 #[inline]
 fn class_of(c: char) -> u8 {
     let cp = c as usize;
-    if cp < 0x10000 {
-        bmp_table()[cp]
-    } else {
-        compute_class(c)
-    }
+    if cp < 0x10000 { bmp_table()[cp] } else { compute_class(c) }
 }
 
 /// Bytes that belong to word tokens in ASCII: `0-9`, `A-Z`, `a-z`.
@@ -181,11 +167,7 @@ pub(crate) struct Tokens {
 impl Tokens {
     /// The units joined by single spaces, and where each unit starts.
     pub fn units(&self) -> (&[u8], &[usize]) {
-        if self.mixed {
-            (&self.units, &self.unit_starts)
-        } else {
-            (&self.words, &self.word_starts)
-        }
+        if self.mixed { (&self.units, &self.unit_starts) } else { (&self.words, &self.word_starts) }
     }
 
     /// Number of units (word tokens plus spaceless characters).
@@ -224,11 +206,7 @@ impl Tokens {
     /// only each segment made of one code point and the unstable ones after it is masked
     /// and normalised, in a small scratch string.
     fn tokenise_unicode(&mut self, src: &str, hangul_as_chars: bool) {
-        let spaceless_mask = if hangul_as_chars {
-            IN_SPACELESS | IN_HANGUL
-        } else {
-            IN_SPACELESS
-        };
+        let spaceless_mask = if hangul_as_chars { IN_SPACELESS | IN_HANGUL } else { IN_SPACELESS };
         let bytes = src.as_bytes();
         let n = bytes.len();
         let char_at = |i: usize| src.get(i..).and_then(|rest| rest.chars().next());
@@ -242,11 +220,7 @@ impl Tokens {
             // A stretch of ASCII (English text with the odd curly quote is mostly ASCII),
             // less its last byte if an unstable code point follows (it may combine with it).
             let run = bytes[i..].iter().take_while(|b| b.is_ascii()).count();
-            let run = if run > 0 && !stable_at(i + run) {
-                run - 1
-            } else {
-                run
-            };
+            let run = if run > 0 && !stable_at(i + run) { run - 1 } else { run };
             if run > 0 {
                 if self.mixed {
                     for &b in &bytes[i..i + run] {
@@ -264,11 +238,7 @@ impl Tokens {
             }
             let Some(c) = char_at(i) else { break };
             let next = i + c.len_utf8();
-            let class = if c.is_ascii() {
-                ascii_class(c)
-            } else {
-                class_of(c)
-            };
+            let class = if c.is_ascii() { ascii_class(c) } else { class_of(c) };
             if class & NFKC_STABLE != 0 && stable_at(next) {
                 self.lower_and_push(c, class, spaceless_mask);
                 i = next;
@@ -283,20 +253,12 @@ impl Tokens {
             let mut nfkc = std::mem::take(&mut self.nfkc);
             seg.clear();
             seg.extend(src[i..end].chars().map(|c| {
-                if !c.is_ascii() && class_of(c) & BASE_MASK == UNASSIGNED {
-                    ' '
-                } else {
-                    c
-                }
+                if !c.is_ascii() && class_of(c) & BASE_MASK == UNASSIGNED { ' ' } else { c }
             }));
             nfkc.clear();
             nfkc.extend(seg.nfkc());
             for c in nfkc.chars() {
-                let class = if c.is_ascii() {
-                    ascii_class(c)
-                } else {
-                    class_of(c)
-                };
+                let class = if c.is_ascii() { ascii_class(c) } else { class_of(c) };
                 self.lower_and_push(c, class, spaceless_mask);
             }
             self.segment = seg;
@@ -319,11 +281,7 @@ impl Tokens {
             self.push_char(c, class, spaceless_mask);
         } else {
             for l in c.to_lowercase() {
-                let lc = if l.is_ascii() {
-                    ascii_class(l)
-                } else {
-                    class_of(l)
-                };
+                let lc = if l.is_ascii() { ascii_class(l) } else { class_of(l) };
                 self.push_char(l, lc, spaceless_mask);
             }
         }
@@ -493,11 +451,7 @@ pub(crate) fn for_each_ngram(
         return;
     }
     let end_of = |j: usize| {
-        if j + 1 < m {
-            starts[j + 1] - sep
-        } else {
-            arena_len
-        }
+        if j + 1 < m { starts[j + 1] - sep } else { arena_len }
     };
     if m <= n {
         f(starts[0], arena_len);
@@ -516,17 +470,11 @@ mod tests {
         let mut t = Tokens::default();
         t.tokenise(text, hangul);
         let words = String::from_utf8(t.words.clone()).unwrap();
-        let words: Vec<String> = if words.is_empty() {
-            vec![]
-        } else {
-            words.split(' ').map(str::to_owned).collect()
-        };
+        let words: Vec<String> =
+            if words.is_empty() { vec![] } else { words.split(' ').map(str::to_owned).collect() };
         assert_eq!(words.len(), t.word_starts.len());
-        let chars: Vec<String> = String::from_utf8(t.chars.clone())
-            .unwrap()
-            .chars()
-            .map(String::from)
-            .collect();
+        let chars: Vec<String> =
+            String::from_utf8(t.chars.clone()).unwrap().chars().map(String::from).collect();
         let units = String::from_utf8(t.units().0.to_vec()).unwrap();
         (words, chars, units)
     }
