@@ -2,6 +2,7 @@
 //! the same run. See the README for the commands.
 
 mod bruteforce;
+mod fingerprint;
 mod index;
 mod workload;
 
@@ -19,15 +20,20 @@ enum Command {
     /// The in-memory index: build, queries on one and all threads, brute-force check,
     /// live inserts. Last line of stdout: one JSON object.
     Index(index::IndexArgs),
+    /// Fingerprinting throughput (MB of text per second per core), MD5 and xxh3 features,
+    /// against a naive implementation and raw MD5 measured in the same run.
+    Fingerprint(fingerprint::Args),
 }
 
 fn main() {
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Index(args) => index::run(args),
-    };
-    if let Err(e) = result {
-        eprintln!("neardup-bench: {e}");
-        std::process::exit(1);
+    match cli.command {
+        Command::Index(args) => {
+            if let Err(e) = index::run(args) {
+                eprintln!("neardup-bench: {e}");
+                std::process::exit(1);
+            }
+        }
+        Command::Fingerprint(args) => fingerprint::run(args),
     }
 }

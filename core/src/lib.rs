@@ -13,24 +13,30 @@
 //! 3. [`codec`]: sorted tables kept as Huffman-XOR compressed blocks.
 //! 4. [`index`]: the exact, updatable in-memory index over documents (id, fingerprint,
 //!    timestamp), with a write buffer, immutable runs and merges.
+//! 5. [`cluster`]: duplicate clusters and the original of each, from near-duplicate pairs.
+//! 6. [`jaccard`] and [`quality`]: the exact word-shingle Jaccard ground truth and the
+//!    precision and recall of detection against it.
 //!
 //! ```
 //! use neardup_core::{Doc, Index, IndexConfig};
 //!
 //! let mut index = Index::new(IndexConfig::default()).unwrap();
-//! index.insert(Doc { id: 1, fp: 0xDEAD_BEEF_0000_0000, ts: 10 });
-//! index.insert(Doc { id: 2, fp: 0xDEAD_BEEF_0000_0007, ts: 20 }); // 3 bits away
+//! index.insert(Doc { id: 1, fp: 0xDEAD_BEEF_0000_0000, ts: 10 }).unwrap();
+//! index.insert(Doc { id: 2, fp: 0xDEAD_BEEF_0000_0007, ts: 20 }).unwrap(); // 3 bits away
 //! let hits = index.query(0xDEAD_BEEF_0000_0000, 3).unwrap();
 //! assert_eq!(hits.iter().map(|m| (m.id, m.distance)).collect::<Vec<_>>(), [(1, 0), (2, 3)]);
 //! ```
 #![deny(missing_docs)]
 
+pub mod cluster;
 pub mod codec;
 pub mod design;
 pub mod error;
 pub mod fingerprint;
 pub mod index;
+pub mod jaccard;
 pub mod permute;
+pub mod quality;
 pub mod util;
 
 pub use design::Design;

@@ -284,12 +284,13 @@ pub struct Lane<'a> {
     lut: &'a Lut,
     ranks: &'a [u32],
     bb: usize,
+    blocks: usize,
     block: usize,
-    /// Values left in the current block after `v`.
+    /// Values in the current block, and how many are left after `v`.
+    count: u32,
     left: u32,
     cur: Cursor,
     v: u64,
-    rank: u32,
     lo: u64,
     hi: u64,
     pq: u64,
@@ -300,38 +301,46 @@ pub struct Lane<'a> {
 /// Values a lane decodes per call, with its state in registers.
 const BURST: usize = 16;
 
+/// The value count a block's header holds.
+#[inline(always)]
+fn block_count(block: &[u8]) -> u32 {
+    u16::from_le_bytes([block[8], block[9]]) as u32
+}
+
 impl Lane<'_> {
     /// Decodes up to [`BURST`] values, reporting those within `k` of the lane's query.
     #[inline(always)]
     fn burst<C: Code>(&mut self, k: u32, out: &mut Vec<(u64, u32, u32)>) {
         let (lut, lo, hi, pq) = (self.lut, self.lo, self.hi, self.pq);
         let mut block = &self.data[self.block * self.bb..];
-        let (mut v, mut cur, mut left, mut rank) = (self.v, self.cur, self.left, self.rank);
+        let (mut v, mut cur, mut left) = (self.v, self.cur, self.left);
         for _ in 0..BURST {
             if v >= lo && (v ^ pq).count_ones() <= k {
+                // Ranks are only needed for hits: look them up then.
+                let rank = self.ranks[self.block] + (self.count - 1 - left);
                 out.push((v, rank, self.tag));
             }
             if left == 0 {
                 self.block += 1;
-                if self.block + 1 >= self.ranks.len() {
+                if self.block >= self.blocks {
                     self.done = true;
                     return;
                 }
                 block = &self.data[self.block * self.bb..];
                 v = u64::from_le_bytes(block[..8].try_into().expect("8 bytes"));
-                left = self.ranks[self.block + 1] - self.ranks[self.block] - 1;
+                self.count = block_count(block);
+                left = self.count - 1;
                 cur = Cursor::new(block);
             } else {
                 v = C::apply(v, cur.next(block, lut));
                 left -= 1;
             }
-            rank += 1;
             if v > hi {
                 self.done = true;
                 return;
             }
         }
-        (self.v, self.cur, self.left, self.rank) = (v, cur, left, rank);
+        (self.v, self.cur, self.left) = (v, cur, left);
     }
 }
 
@@ -447,22 +456,29 @@ impl HxRun {
         u64::from_le_bytes(self.data[at..at + 8].try_into().expect("8 bytes"))
     }
 
-    /// Builds the top-bits directory: about one entry per block.
+    /// Builds the top-bits directory: about one entry per block. `dir[t]` is the block a
+    /// scan from the smallest key with top bits `t` starts in: the last block whose first
+    /// value is at most that key (or block 0).
     fn build_directory(&mut self) {
         let blocks = self.blocks();
         let bits = if blocks <= 1 { 0 } else { (usize::BITS - 1 - blocks.leading_zeros()).min(24) };
         self.dir_shift = 64 - bits;
         let buckets = 1usize << bits;
         let mut dir = vec![0u32; buckets + 1];
-        let mut b = 0usize;
+        let mut b = 0usize; // first block whose key has top bits >= t
         for (t, d) in dir.iter_mut().enumerate() {
             while b < blocks
                 && ((self.key(b).checked_shr(self.dir_shift).unwrap_or(0)) as usize) < t
             {
                 b += 1;
             }
-            *d = b as u32;
+            // The bucket's smallest key is t << shift: it starts in block b if that block's
+            // key is exactly there, else in the block before.
+            let starts_here =
+                b < blocks && self.key(b) == (t as u64).checked_shl(self.dir_shift).unwrap_or(0);
+            *d = if starts_here || b == 0 { b as u32 } else { (b - 1) as u32 };
         }
+        dir[buckets] = blocks.saturating_sub(1) as u32;
         self.dir = dir;
     }
 
@@ -523,14 +539,18 @@ impl HxRun {
     #[inline]
     fn block_by_directory(&self, key: u64) -> usize {
         let t = key.checked_shr(self.dir_shift).unwrap_or(0) as usize;
-        let (lo, hi) = (self.dir[t] as usize, self.dir[t + 1] as usize);
-        // Blocks lo..hi have keys with top bits == t; the answer is the last of them with key
-        // <= `key`, or lo - 1.
-        let mut b = lo;
-        while b < hi && self.key(b) <= key {
+        self.search_from(self.dir[t] as usize, self.dir[t + 1] as usize, key)
+    }
+
+    /// The last block in `first..=last` whose first value is `<= key`, given that block
+    /// `first` qualifies (or is block 0).
+    #[inline(always)]
+    fn search_from(&self, first: usize, last: usize, key: u64) -> usize {
+        let mut b = first;
+        while b < last && self.key(b + 1) <= key {
             b += 1;
         }
-        b.saturating_sub(1)
+        b
     }
 
     #[inline]
@@ -583,29 +603,59 @@ impl HxRun {
         a
     }
 
-    /// A hint for [`prefetch`](Self::prefetch): the first block of `key`'s directory
-    /// bucket (one load from the directory; no effect on results).
-    #[inline]
-    pub fn block_hint(&self, key: u64) -> usize {
+    /// Where a lookup of `key` will search: a range of candidate blocks (one load from
+    /// the directory, or none with interpolation). With [`touch`](Self::touch) and
+    /// [`lane_in`](Self::lane_in) it splits [`lane`](Self::lane) into stages without
+    /// data-dependent branches between their loads, so that several tables' cache misses
+    /// overlap.
+    #[inline(always)]
+    pub fn candidates(&self, key: u64) -> (usize, usize) {
         match self.opts.search {
             BlockSearch::Directory => {
                 let t = key.checked_shr(self.dir_shift).unwrap_or(0) as usize;
-                self.dir.get(t).map_or(0, |&b| b as usize)
+                match (self.dir.get(t), self.dir.get(t + 1)) {
+                    (Some(&a), Some(&b)) => (a as usize, b as usize),
+                    _ => (0, 0),
+                }
             }
             BlockSearch::Interpolation => {
-                let n = self.blocks() as u128;
-                ((key as u128 * n) >> 64) as usize
+                let g = ((key as u128 * self.blocks() as u128) >> 64) as usize;
+                (g, g + 1)
             }
         }
     }
 
-    /// Starts loading the blocks around `hint` (from [`block_hint`](Self::block_hint)) so
-    /// that a scan's cache misses overlap with other work.
-    #[inline]
-    pub fn prefetch(&self, hint: usize) {
+    /// Loads the keys of the blocks a search in `candidates` reads first, returning a value
+    /// to pass to `std::hint::black_box` (so the loads are not optimised away).
+    #[inline(always)]
+    pub fn touch(&self, candidates: (usize, usize)) -> u64 {
         let bb = self.opts.block_bytes;
-        prefetch(&self.data, hint.saturating_sub(1) * bb);
-        prefetch(&self.data, hint * bb);
+        let at = |x: usize| self.data.get(x).copied().unwrap_or(0) as u64;
+        at(candidates.0 * bb) ^ at((candidates.0 + 1) * bb)
+    }
+
+    /// Like [`lane`](Self::lane), searching the blocks from [`candidates`](Self::candidates);
+    /// also prefetches the rest of the block it starts in.
+    #[inline]
+    pub fn lane_in(
+        &self,
+        candidates: (usize, usize),
+        lo: u64,
+        hi: u64,
+        pq: u64,
+        tag: u32,
+    ) -> Lane<'_> {
+        let b = match self.opts.search {
+            BlockSearch::Directory if self.len > 0 => {
+                self.search_from(candidates.0, candidates.1, lo)
+            }
+            _ => self.block_for(lo),
+        };
+        let bb = self.opts.block_bytes;
+        for line in (64..bb).step_by(64) {
+            prefetch(&self.data, b * bb + line);
+        }
+        self.lane_at(b, lo, hi, pq, tag)
     }
 
     /// Calls `visit(value, rank)` for every value in `lo..=hi`, in increasing order.
@@ -666,21 +716,27 @@ impl HxRun {
         Some(v)
     }
 
-    /// Starts an interleavable scan of `lo..=hi` that reports values within `k` of `pq`.
-    /// See [`Lane`].
+    /// Starts a scan of `lo..=hi` that reports values within `k` of `pq`. See [`Lane`].
     #[inline]
     pub fn lane(&self, lo: u64, hi: u64, pq: u64, tag: u32) -> Lane<'_> {
+        let b = if self.len == 0 { 0 } else { self.block_for(lo) };
+        self.lane_at(b, lo, hi, pq, tag)
+    }
+
+    #[inline(always)]
+    fn lane_at(&self, b: usize, lo: u64, hi: u64, pq: u64, tag: u32) -> Lane<'_> {
         let bb = self.opts.block_bytes;
         let mut lane = Lane {
             data: &self.data,
             lut: self.huffman.lut(),
             ranks: &self.ranks,
             bb,
+            blocks: self.blocks(),
             block: 0,
+            count: 1,
             left: 0,
             cur: Cursor { cbuf: 0, cbits: 0, cpos: 0, rpos: 0 },
             v: 0,
-            rank: 0,
             lo,
             hi,
             pq,
@@ -690,13 +746,12 @@ impl HxRun {
         if self.len == 0 || lo > hi {
             return lane;
         }
-        let b = self.block_for(lo);
         let block = &self.data[b * bb..];
         lane.block = b;
         lane.v = u64::from_le_bytes(block[..8].try_into().expect("8 bytes"));
-        lane.left = self.ranks[b + 1] - self.ranks[b] - 1;
+        lane.count = block_count(block);
+        lane.left = lane.count - 1;
         lane.cur = Cursor::new(block);
-        lane.rank = self.ranks[b];
         lane.done = lane.v > hi;
         lane
     }

@@ -141,7 +141,7 @@ impl IndexConfig {
 pub struct QueryScratch {
     hits: Vec<(u64, u32, u32)>,
     pqs: Vec<u64>,
-    hints: Vec<usize>,
+    cands: Vec<(usize, usize)>,
 }
 
 /// A merge the owner runs off the write path: see [`Index::next_merge`].

@@ -207,23 +207,26 @@ impl Run {
         scratch: &mut QueryScratch,
         out: &mut Vec<Match>,
     ) {
-        let QueryScratch { hits, pqs, hints } = scratch;
+        let QueryScratch { hits, pqs, cands } = scratch;
         hits.clear();
         pqs.clear();
-        hints.clear();
-        // Memory first, in independent stages so the cache misses of all tables overlap:
-        // the directory entries, then the blocks they point at, then the decoding.
+        cands.clear();
+        // Memory first, in stages without data-dependent branches between their loads, so
+        // the cache misses of all tables overlap: the directory entries, then the keys of
+        // the blocks they point at, then the searches (on cached data), then decoding.
         for &t in tables {
             let pq = design.tables()[t].perm.apply(q);
-            hints.push(self.tables[t].block_hint(pq));
+            cands.push(self.tables[t].candidates(pq));
             pqs.push(pq);
         }
-        for (&t, &hint) in tables.iter().zip(hints.iter()) {
-            self.tables[t].prefetch(hint);
+        let mut touched = 0u64;
+        for (&t, &c) in tables.iter().zip(cands.iter()) {
+            touched ^= self.tables[t].touch(c);
         }
+        std::hint::black_box(touched);
         let mut lanes = Vec::with_capacity(tables.len());
-        for (i, (&t, &pq)) in tables.iter().zip(pqs.iter()).enumerate() {
-            self.tables[t].plan(pq, k, i as u32, &mut lanes, hits);
+        for (i, &t) in tables.iter().enumerate() {
+            self.tables[t].plan(pqs[i], cands[i], k, i as u32, &mut lanes, hits);
         }
         scan_lanes(self.fps.codec(), &mut lanes, k, hits);
         if hits.is_empty() {

@@ -160,27 +160,27 @@ impl TableRun {
         Ok(Crowded { prefix: bucket[0] >> (64 - prefix_bits), for_k: for_k.clone(), subs })
     }
 
-    /// Where the block a [`plan`](Self::plan) of `pq` will read is, roughly: one directory
-    /// load, so the loads of several tables overlap.
-    #[inline]
-    pub(crate) fn block_hint(&self, pq: u64) -> usize {
-        self.hx.block_hint(prefix_range(pq, self.prefix_bits).0)
+    /// Stage 1 of a probe: the candidate blocks for `pq` (one directory load).
+    #[inline(always)]
+    pub(crate) fn candidates(&self, pq: u64) -> (usize, usize) {
+        self.hx.candidates(prefix_range(pq, self.prefix_bits).0)
     }
 
-    /// Starts loading the blocks around `hint` (from [`block_hint`](Self::block_hint)).
-    #[inline]
-    pub(crate) fn prefetch(&self, hint: usize) {
-        self.hx.prefetch(hint);
+    /// Stage 2: loads the candidate blocks' keys (see [`HxRun::touch`]).
+    #[inline(always)]
+    pub(crate) fn touch(&self, candidates: (usize, usize)) -> u64 {
+        self.hx.touch(candidates)
     }
 
-    /// Prepares the probe of this table for the permuted query `pq`: adds a [`Lane`] for
-    /// the prefix bucket to `lanes`, or, when the bucket is crowded, probes its sub-index at
-    /// once. Hits are `(value in this table's space, rank, tag)`; the rank is the value's
-    /// rank in the main run, or [`NO_RANK`] for hits from a sub-index.
+    /// Stage 3: prepares the probe of this table for the permuted query `pq`: adds a
+    /// [`Lane`] for the prefix bucket to `lanes`, or, when the bucket is crowded, probes its
+    /// sub-index at once. Hits are `(value in this table's space, rank, tag)`; the rank is the
+    /// value's rank in the main run, or [`NO_RANK`] for hits from a sub-index.
     #[inline]
     pub(crate) fn plan<'a>(
         &'a self,
         pq: u64,
+        candidates: (usize, usize),
         k: u32,
         tag: u32,
         lanes: &mut Vec<Lane<'a>>,
@@ -195,7 +195,7 @@ impl TableRun {
             }
         }
         let (lo, hi) = prefix_range(pq, p);
-        lanes.push(self.hx.lane(lo, hi, pq, tag));
+        lanes.push(self.hx.lane_in(candidates, lo, hi, pq, tag));
     }
 
     /// Probes a crowded bucket's sub-tables one after the other.
@@ -211,7 +211,8 @@ impl TableRun {
             let sub = &c.subs[s];
             let start = hits.len();
             let mut lanes = Vec::with_capacity(1);
-            sub.table.plan(sub.perm.apply(pq), k, tag, &mut lanes, hits);
+            let spq = sub.perm.apply(pq);
+            sub.table.plan(spq, sub.table.candidates(spq), k, tag, &mut lanes, hits);
             scan_lanes(self.hx.codec(), &mut lanes, k, hits);
             for hit in &mut hits[start..] {
                 *hit = (sub.perm.invert(hit.0), NO_RANK, tag);

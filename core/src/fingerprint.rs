@@ -1,1 +1,0 @@
-//! Simhash fingerprints of text (specified in `docs/fingerprint.md`).
