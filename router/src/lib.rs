@@ -1,1 +1,36 @@
-//! placeholder
+//! # neardup-router
+//!
+//! neardup's public gRPC service, `neardup.v1.Neardup`, in front of a shard.
+//!
+//! - [`service::Router`]: validates every request against the documented [`Limits`]
+//!   (k within the design, exactly one of fingerprint or text, id length, batch and message
+//!   size), fingerprints texts, honours deadlines, refuses work beyond the in-flight limit,
+//!   records metrics, and maps errors to gRPC codes in one place ([`error`]).
+//! - [`shard::ShardApi`]: the shard role, with two implementations: [`shard::InProcess`]
+//!   (embedded mode, the shard service in this process) and [`shard::Remote`] (a shard node
+//!   over the internal gRPC API).
+//! - [`server::serve`]: the listener with health (following the shard's) and reflection.
+//!
+//! ```no_run
+//! # async fn run(shard: std::sync::Arc<dyn neardup_router::ShardApi>) {
+//! use neardup_router::{Limits, Router, RpcMetrics};
+//! let router = Router::new(shard, 3, Limits::default(), RpcMetrics::default());
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:50051").await.unwrap();
+//! neardup_router::server::serve(listener, router, std::future::pending()).await.unwrap();
+//! # }
+//! ```
+#![deny(missing_docs)]
+
+pub mod error;
+pub mod limits;
+pub mod metrics;
+pub mod server;
+pub mod service;
+pub mod shard;
+pub mod text;
+
+pub use error::{Result, RouterError};
+pub use limits::Limits;
+pub use metrics::RpcMetrics;
+pub use service::Router;
+pub use shard::{InProcess, Remote, ShardApi, ShardHealth};

@@ -70,6 +70,11 @@ impl Committer {
         self.inner.appended.fetch_max(seq, Ordering::AcqRel);
     }
 
+    /// The highest sequence appended so far.
+    pub fn appended_seq(&self) -> u64 {
+        self.inner.appended.load(Ordering::Acquire)
+    }
+
     /// The highest sequence known durable.
     pub fn durable(&self) -> u64 {
         *self.inner.durable.borrow()

@@ -9,6 +9,7 @@
 //! - [`record`], [`persist`], [`docs`], [`commit`]: the log record format, the stored
 //!   layout, the document table and group commit.
 //! - [`service`]: the internal gRPC service (`neardup.internal.v1.Shard`) over a [`Shard`].
+//! - [`node`]: a shard node's gRPC server (shard, reserved Raft, health).
 //! - [`metrics`]: the shard's Prometheus series.
 //!
 //! ```no_run
@@ -25,6 +26,7 @@ pub mod commit;
 pub mod docs;
 pub mod error;
 pub mod metrics;
+pub mod node;
 pub mod persist;
 pub mod record;
 pub mod service;

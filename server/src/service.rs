@@ -11,7 +11,8 @@ use neardup_proto::internal::raft_server::Raft;
 use neardup_proto::internal::shard_server::Shard as ShardRpc;
 use neardup_proto::internal::{
     AdmitRequest, AdmitResponse, ProbeRequest, ProbeResponse, RaftAck, RaftMessage,
-    ShardStatsRequest, ShardStatsResponse, WriteRequest, WriteResponse,
+    ShardStatsRequest, ShardStatsResponse, WaitDurableRequest, WaitDurableResponse, WriteRequest,
+    WriteResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -45,15 +46,28 @@ impl ShardRpc for ShardService {
         &self,
         request: Request<WriteRequest>,
     ) -> Result<Response<WriteResponse>, Status> {
-        let WriteRequest { documents, deletes, deletes_must_exist } = request.into_inner();
+        let WriteRequest { documents, deletes, deletes_must_exist, skip_sync } =
+            request.into_inner();
         let out = self.shard.write(&documents, &deletes, deletes_must_exist)?;
-        self.shard.wait_durable(out.seq).await?;
+        if !skip_sync {
+            self.shard.wait_durable(out.seq).await?;
+        }
         Ok(Response::new(WriteResponse {
             inserted: out.inserted,
             replaced: out.replaced,
             deleted: out.deleted,
             missing: out.missing,
+            seq: out.seq,
         }))
+    }
+
+    async fn wait_durable(
+        &self,
+        request: Request<WaitDurableRequest>,
+    ) -> Result<Response<WaitDurableResponse>, Status> {
+        let WaitDurableRequest { seq } = request.into_inner();
+        self.shard.wait_durable(seq).await?;
+        Ok(Response::new(WaitDurableResponse {}))
     }
 
     async fn probe(

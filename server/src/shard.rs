@@ -694,7 +694,11 @@ impl Shard {
 
     /// Waits until log sequence `seq` is durable.
     pub async fn wait_durable(&self, seq: u64) -> Result<()> {
-        self.committer()?.wait(seq).await
+        let c = self.committer()?;
+        if seq > c.appended_seq() {
+            return Err(Error::InvalidInput(format!("log sequence {seq} was never written")));
+        }
+        c.wait(seq).await
     }
 
     /// Blocking form of [`wait_durable`](Self::wait_durable).

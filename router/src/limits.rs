@@ -1,0 +1,163 @@
+//! The documented limits of the public API, and the checks that enforce them before a
+//! request changes anything.
+
+use neardup_proto::v1::{Document, QueryTarget, document, query_target};
+
+use crate::error::{Result, RouterError};
+
+/// Limits on requests. The defaults are the ones `proto/neardup/v1/neardup.proto`
+/// documents.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Most documents, queries, ids or texts in one message.
+    pub max_batch: usize,
+    /// Longest document id, in bytes.
+    pub max_id_bytes: usize,
+    /// Longest text, in bytes.
+    pub max_text_bytes: usize,
+    /// Largest `limit` a query may ask for.
+    pub max_limit: u32,
+    /// `limit` when a query says 0.
+    pub default_limit: u32,
+    /// Largest encoded message the server decodes (bigger ones: OUT_OF_RANGE, from gRPC).
+    pub max_message_bytes: usize,
+    /// Most requests in flight at once (more: RESOURCE_EXHAUSTED).
+    pub max_in_flight: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_batch: 10_000,
+            max_id_bytes: 1024,
+            max_text_bytes: 4 << 20,
+            max_limit: 10_000,
+            default_limit: 100,
+            max_message_bytes: 64 << 20,
+            max_in_flight: 4096,
+        }
+    }
+}
+
+/// What a document or query carries: a fingerprint or a text to fingerprint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Content<'a> {
+    /// A fingerprint.
+    Fingerprint(u64),
+    /// A text.
+    Text(&'a str),
+}
+
+impl Limits {
+    /// Checks a batch's size.
+    pub fn batch(&self, what: &str, n: usize) -> Result<()> {
+        if n == 0 {
+            return Err(RouterError::invalid(format!("the request has no {what}")));
+        }
+        if n > self.max_batch {
+            return Err(RouterError::invalid(format!(
+                "{n} {what} in one message, more than the limit of {}",
+                self.max_batch
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks a document id.
+    pub fn id(&self, id: &str) -> Result<()> {
+        if id.is_empty() {
+            return Err(RouterError::invalid("a document id must not be empty"));
+        }
+        if id.len() > self.max_id_bytes {
+            return Err(RouterError::invalid(format!(
+                "document id is {} bytes, more than the limit of {}",
+                id.len(),
+                self.max_id_bytes
+            )));
+        }
+        Ok(())
+    }
+
+    /// Checks a text's size.
+    pub fn text<'a>(&self, text: &'a str) -> Result<Content<'a>> {
+        if text.len() > self.max_text_bytes {
+            return Err(RouterError::invalid(format!(
+                "text is {} bytes, more than the limit of {}",
+                text.len(),
+                self.max_text_bytes
+            )));
+        }
+        Ok(Content::Text(text))
+    }
+
+    /// The content of a document: exactly one of fingerprint or text.
+    pub fn document<'a>(&self, d: &'a Document) -> Result<Content<'a>> {
+        self.id(&d.id)?;
+        match &d.content {
+            Some(document::Content::Fingerprint(fp)) => Ok(Content::Fingerprint(*fp)),
+            Some(document::Content::Text(t)) => self.text(t),
+            None => Err(RouterError::invalid(format!(
+                "document {:?} has neither a fingerprint nor a text (exactly one is needed)",
+                d.id
+            ))),
+        }
+    }
+
+    /// The content of a query target.
+    pub fn target<'a>(&self, t: Option<&'a QueryTarget>) -> Result<Content<'a>> {
+        match t.and_then(|t| t.target.as_ref()) {
+            Some(query_target::Target::Fingerprint(fp)) => Ok(Content::Fingerprint(*fp)),
+            Some(query_target::Target::Text(t)) => self.text(t),
+            None => {
+                Err(RouterError::invalid("a query needs a fingerprint or a text (exactly one)"))
+            }
+        }
+    }
+
+    /// The k to use: the design's maximum when unset; refused above it.
+    pub fn k(&self, k: Option<u32>, max_k: u32) -> Result<u32> {
+        match k {
+            None => Ok(max_k),
+            Some(k) if k <= max_k => Ok(k),
+            Some(k) => Err(RouterError::invalid(format!(
+                "k = {k} is out of range: this index answers exactly for k <= {max_k}"
+            ))),
+        }
+    }
+
+    /// The limit to use: the default for 0; refused above the maximum.
+    pub fn limit(&self, limit: u32) -> Result<u32> {
+        match limit {
+            0 => Ok(self.default_limit),
+            l if l <= self.max_limit => Ok(l),
+            l => Err(RouterError::invalid(format!(
+                "limit = {l} is more than the maximum of {}",
+                self.max_limit
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_rule() {
+        let l = Limits::default();
+        assert!(l.batch("documents", 0).is_err());
+        assert!(l.batch("documents", 10_001).is_err());
+        assert!(l.batch("documents", 10_000).is_ok());
+        assert!(l.id("").is_err() && l.id(&"a".repeat(1025)).is_err());
+        assert!(l.id(&"a".repeat(1024)).is_ok());
+        assert_eq!(l.k(None, 3).unwrap(), 3);
+        assert!(l.k(Some(4), 3).is_err());
+        assert_eq!(l.limit(0).unwrap(), 100);
+        assert!(l.limit(10_001).is_err());
+        let d = Document { id: "x".into(), content: None, timestamp_ms: 0 };
+        assert!(l.document(&d).is_err());
+        assert!(l.target(None).is_err());
+        let big = "a".repeat((4 << 20) + 1);
+        assert!(l.text(&big).is_err());
+    }
+}

@@ -1,0 +1,75 @@
+//! The public gRPC server: the router's service, `grpc.health.v1` and reflection (v1 and
+//! v1alpha) on one listener, with graceful shutdown.
+//!
+//! Health follows the shard: `""` and `neardup.v1.Neardup` are SERVING exactly while the
+//! shard is, so a load balancer sends no traffic to a router whose shard is recovering,
+//! corrupt or unreachable.
+
+use std::future::Future;
+
+use neardup_proto::v1::neardup_server::NeardupServer;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::Server;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+use crate::service::Router;
+use crate::shard::ShardHealth;
+
+/// Sets `""` and `neardup.v1.Neardup` to `status`.
+pub async fn set_health(reporter: &HealthReporter, status: ServingStatus) {
+    reporter.set_service_status("", status).await;
+    reporter.set_service_status(neardup_proto::PUBLIC_SERVICE, status).await;
+}
+
+/// Serves `router` on `listener` until `shutdown` completes, then stops taking new
+/// requests and returns once those in flight are answered. `reporter` is the health
+/// service's handle; it follows the shard's health until shutdown begins.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    set_health(&reporter, ServingStatus::NotServing).await;
+    let mut shard_health = router.shard().health();
+    let follow = tokio::spawn(async move {
+        loop {
+            let h = shard_health.borrow_and_update().clone();
+            match h {
+                ShardHealth::Serving => set_health(&reporter, ServingStatus::Serving).await,
+                ShardHealth::NotServing(why) => {
+                    tracing::warn!(reason = %why, "shard not serving");
+                    set_health(&reporter, ServingStatus::NotServing).await
+                }
+            }
+            if shard_health.changed().await.is_err() {
+                set_health(&reporter, ServingStatus::NotServing).await;
+                return;
+            }
+        }
+    });
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(neardup_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection().build_v1().expect("the descriptor sets are valid");
+    let reflection_v1alpha = reflection().build_v1alpha().expect("the descriptor sets are valid");
+    let max = router.limits().max_message_bytes;
+    let result = Server::builder()
+        .tcp_nodelay(true)
+        .add_service(health)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(
+            NeardupServer::new(router)
+                .max_decoding_message_size(max)
+                .max_encoding_message_size(max),
+        )
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await;
+    follow.abort();
+    result
+}

@@ -1,0 +1,226 @@
+//! How the router reaches a shard: one trait, two implementations.
+//!
+//! [`ShardApi`] is the shard role as the router sees it, in the internal API's messages
+//! (`neardup.internal.v1`). [`InProcess`] calls a shard service in the same process
+//! (embedded mode: no network, no encoding); [`Remote`] calls one over gRPC. Both carry the
+//! caller's deadline and report the shard's health, so the router behaves the same in
+//! either mode.
+
+use std::time::{Duration, Instant};
+
+use neardup_proto::internal::shard_client::ShardClient;
+use neardup_proto::internal::shard_server::Shard as ShardRpc;
+use neardup_proto::internal::{
+    AdmitRequest, AdmitResponse, ProbeRequest, ProbeResponse, ShardStatsRequest,
+    WaitDurableRequest, WriteRequest, WriteResponse,
+};
+use neardup_proto::v1::StatsResponse;
+use tokio::sync::watch;
+use tonic::transport::Channel;
+use tonic::{Request, Status};
+
+/// Whether a shard answers requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShardHealth {
+    /// It answers.
+    Serving,
+    /// It does not, and why (recovering, corrupt tablet, unreachable, shutting down).
+    NotServing(String),
+}
+
+/// The shard role, as the router calls it.
+///
+/// # Contract
+/// An implementation:
+/// - answers each call as the `neardup.internal.v1.Shard` service documents it, with its
+///   errors as gRPC statuses already mapped by the shard (the router passes them on);
+/// - gives up at `deadline` (if any) with DEADLINE_EXCEEDED or CANCELLED, and never blocks
+///   the calling async task on CPU-heavy work;
+/// - keeps [`health`](ShardApi::health) current: a router only reports SERVING while its
+///   shard does.
+#[tonic::async_trait]
+pub trait ShardApi: Send + Sync + 'static {
+    /// Stores and removes documents.
+    async fn write(
+        &self,
+        req: WriteRequest,
+        deadline: Option<Instant>,
+    ) -> Result<WriteResponse, Status>;
+    /// Waits until log sequence `seq` is durable.
+    async fn wait_durable(&self, seq: u64, deadline: Option<Instant>) -> Result<(), Status>;
+    /// Answers a batch of queries.
+    async fn probe(
+        &self,
+        req: ProbeRequest,
+        deadline: Option<Instant>,
+    ) -> Result<ProbeResponse, Status>;
+    /// Admits one document.
+    async fn admit(
+        &self,
+        req: AdmitRequest,
+        deadline: Option<Instant>,
+    ) -> Result<AdmitResponse, Status>;
+    /// The shard's statistics.
+    async fn stats(&self, deadline: Option<Instant>) -> Result<StatsResponse, Status>;
+    /// The shard's health, kept current.
+    fn health(&self) -> watch::Receiver<ShardHealth>;
+}
+
+fn request<T>(msg: T, deadline: Option<Instant>) -> Request<T> {
+    let mut r = Request::new(msg);
+    if let Some(d) = deadline {
+        r.set_timeout(d.saturating_duration_since(Instant::now()));
+    }
+    r
+}
+
+/// A shard service in this process (embedded mode): the router calls it directly.
+pub struct InProcess<S> {
+    service: S,
+    health: watch::Receiver<ShardHealth>,
+}
+
+impl<S: ShardRpc> InProcess<S> {
+    /// Calls `service`; `health` is kept current by whoever owns the shard.
+    pub fn new(service: S, health: watch::Receiver<ShardHealth>) -> Self {
+        InProcess { service, health }
+    }
+}
+
+#[tonic::async_trait]
+impl<S: ShardRpc> ShardApi for InProcess<S> {
+    async fn write(
+        &self,
+        req: WriteRequest,
+        deadline: Option<Instant>,
+    ) -> Result<WriteResponse, Status> {
+        Ok(self.service.write(request(req, deadline)).await?.into_inner())
+    }
+
+    async fn wait_durable(&self, seq: u64, deadline: Option<Instant>) -> Result<(), Status> {
+        self.service.wait_durable(request(WaitDurableRequest { seq }, deadline)).await?;
+        Ok(())
+    }
+
+    async fn probe(
+        &self,
+        req: ProbeRequest,
+        deadline: Option<Instant>,
+    ) -> Result<ProbeResponse, Status> {
+        Ok(self.service.probe(request(req, deadline)).await?.into_inner())
+    }
+
+    async fn admit(
+        &self,
+        req: AdmitRequest,
+        deadline: Option<Instant>,
+    ) -> Result<AdmitResponse, Status> {
+        Ok(self.service.admit(request(req, deadline)).await?.into_inner())
+    }
+
+    async fn stats(&self, deadline: Option<Instant>) -> Result<StatsResponse, Status> {
+        let r = self.service.stats(request(ShardStatsRequest {}, deadline)).await?;
+        r.into_inner().stats.ok_or_else(|| Status::internal("the shard sent no statistics"))
+    }
+
+    fn health(&self) -> watch::Receiver<ShardHealth> {
+        self.health.clone()
+    }
+}
+
+/// A shard on another process, over the internal gRPC API. Its health is watched with
+/// `grpc.health.v1` (service `neardup.internal.v1.Shard`).
+pub struct Remote {
+    client: ShardClient<Channel>,
+    health: watch::Receiver<ShardHealth>,
+}
+
+impl Remote {
+    /// Connects lazily to the shard at `endpoint` (`http://host:port`) and starts watching
+    /// its health (the first check happens at once). `max_message_bytes` bounds what the
+    /// shard may send back.
+    pub fn connect(endpoint: &str, max_message_bytes: usize) -> Result<Remote, Status> {
+        let channel = tonic::transport::Endpoint::from_shared(endpoint.to_string())
+            .map_err(|e| Status::invalid_argument(format!("bad shard address {endpoint}: {e}")))?
+            .connect_timeout(Duration::from_secs(2))
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(20))
+            .connect_lazy();
+        let client = ShardClient::new(channel.clone())
+            .max_decoding_message_size(max_message_bytes)
+            .max_encoding_message_size(max_message_bytes);
+        let (tx, rx) = watch::channel(ShardHealth::NotServing("not checked yet".into()));
+        tokio::spawn(watch_health(channel, tx));
+        Ok(Remote { client, health: rx })
+    }
+}
+
+/// Polls the shard's health every half second while anyone listens.
+async fn watch_health(channel: Channel, tx: watch::Sender<ShardHealth>) {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    let mut client = HealthClient::new(channel);
+    loop {
+        let mut req =
+            Request::new(HealthCheckRequest { service: neardup_proto::SHARD_SERVICE.to_string() });
+        req.set_timeout(Duration::from_secs(2));
+        let h = match client.check(req).await {
+            Ok(r) if r.get_ref().status == ServingStatus::Serving as i32 => ShardHealth::Serving,
+            Ok(r) => {
+                ShardHealth::NotServing(format!("shard reports status {}", r.get_ref().status))
+            }
+            Err(e) => ShardHealth::NotServing(format!("shard unreachable: {}", e.message())),
+        };
+        tx.send_if_modified(|cur| {
+            let changed = *cur != h;
+            *cur = h;
+            changed
+        });
+        if tx.is_closed() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[tonic::async_trait]
+impl ShardApi for Remote {
+    async fn write(
+        &self,
+        req: WriteRequest,
+        deadline: Option<Instant>,
+    ) -> Result<WriteResponse, Status> {
+        Ok(self.client.clone().write(request(req, deadline)).await?.into_inner())
+    }
+
+    async fn wait_durable(&self, seq: u64, deadline: Option<Instant>) -> Result<(), Status> {
+        self.client.clone().wait_durable(request(WaitDurableRequest { seq }, deadline)).await?;
+        Ok(())
+    }
+
+    async fn probe(
+        &self,
+        req: ProbeRequest,
+        deadline: Option<Instant>,
+    ) -> Result<ProbeResponse, Status> {
+        Ok(self.client.clone().probe(request(req, deadline)).await?.into_inner())
+    }
+
+    async fn admit(
+        &self,
+        req: AdmitRequest,
+        deadline: Option<Instant>,
+    ) -> Result<AdmitResponse, Status> {
+        Ok(self.client.clone().admit(request(req, deadline)).await?.into_inner())
+    }
+
+    async fn stats(&self, deadline: Option<Instant>) -> Result<StatsResponse, Status> {
+        let r = self.client.clone().stats(request(ShardStatsRequest {}, deadline)).await?;
+        r.into_inner().stats.ok_or_else(|| Status::internal("the shard sent no statistics"))
+    }
+
+    fn health(&self) -> watch::Receiver<ShardHealth> {
+        self.health.clone()
+    }
+}

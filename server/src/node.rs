@@ -1,0 +1,53 @@
+//! A shard node's gRPC server: the internal `Shard` service, the reserved `Raft` service
+//! and `grpc.health.v1`, whose status for `neardup.internal.v1.Shard` (and `""`) follows the
+//! shard: NOT_SERVING while it recovers, when a tablet is corrupt, and from shutdown on.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use neardup_proto::internal::raft_server::RaftServer;
+use neardup_proto::internal::shard_server::ShardServer;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic_health::ServingStatus;
+
+use crate::service::{RaftService, ShardService};
+use crate::shard::{Shard, Status};
+
+/// Serves `shard` on `listener` until `shutdown` completes; returns once requests in
+/// flight are answered. Does not stop the shard: call [`Shard::shutdown`] after.
+pub async fn serve(
+    listener: TcpListener,
+    shard: Arc<Shard>,
+    max_message_bytes: usize,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), tonic::transport::Error> {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    let mut status = shard.watch_status();
+    let follow = tokio::spawn(async move {
+        loop {
+            let s = match *status.borrow_and_update() {
+                Status::Serving => ServingStatus::Serving,
+                _ => ServingStatus::NotServing,
+            };
+            reporter.set_service_status("", s).await;
+            reporter.set_service_status(neardup_proto::SHARD_SERVICE, s).await;
+            if status.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+    let result = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(health)
+        .add_service(RaftServer::new(RaftService))
+        .add_service(
+            ShardServer::new(ShardService::new(shard))
+                .max_decoding_message_size(max_message_bytes)
+                .max_encoding_message_size(max_message_bytes),
+        )
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await;
+    follow.abort();
+    result
+}
