@@ -1,1 +1,355 @@
-//! placeholder
+//! # neardup-client
+//!
+//! A Rust client of neardup's public gRPC API (`neardup.v1`).
+//!
+//! - Typed calls: [`Client::insert`], [`Client::query`], [`Client::check_and_insert`],
+//!   [`Client::delete`], [`Client::fingerprint`], [`Client::stats`].
+//! - One connection, reused: a [`Client`] is cheap to clone and every clone shares it
+//!   (HTTP/2 multiplexes concurrent calls).
+//! - Retries with exponential backoff and jitter on UNAVAILABLE (the server is starting or
+//!   restarting). Writes are safe to retry: writing an id again replaces it.
+//! - Batching for streams: [`Client::insert_all`] sends any number of documents as one
+//!   `InsertStream` of fixed-size batches; [`Client::query_all`] sends any number of
+//!   queries on one `QueryBatch` stream with several batches in flight.
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), neardup_client::ClientError> {
+//! use neardup_client::{Client, doc};
+//! let client = Client::connect("http://127.0.0.1:50051").await?;
+//! client.insert(vec![doc("https://a.example/", 0xDEAD_BEEF, 0)]).await?;
+//! let hits = client.query(0xDEAD_BEEF ^ 0b101, Some(3), 10).await?;
+//! assert_eq!(hits.matches[0].id, "https://a.example/");
+//! # Ok(()) }
+//! ```
+#![deny(missing_docs)]
+
+use std::time::Duration;
+
+use neardup_proto::v1::neardup_client::NeardupClient;
+use neardup_proto::v1::{
+    CheckAndInsertRequest, DeleteRequest, FingerprintRequest, InsertRequest, QueryBatchRequest,
+    QueryRequest, QueryTarget, StatsRequest, document, query_target,
+};
+pub use neardup_proto::v1::{
+    CheckAndInsertResponse, DeleteResponse, Document, InsertResponse, Match, QueryResult,
+    StatsResponse,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Status};
+
+/// Errors of the client.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The address does not parse.
+    #[error("bad server address {address}: {reason}")]
+    Address {
+        /// The address given.
+        address: String,
+        /// Why it is not usable.
+        reason: String,
+    },
+    /// The server answered with an error (after any retries).
+    #[error("{}: {}", .0.code(), .0.message())]
+    Status(#[from] Status),
+}
+
+impl ClientError {
+    /// The gRPC code, for errors the server sent.
+    pub fn code(&self) -> Option<Code> {
+        match self {
+            ClientError::Status(s) => Some(s.code()),
+            ClientError::Address { .. } => None,
+        }
+    }
+}
+
+/// Result alias of this crate.
+pub type Result<T, E = ClientError> = std::result::Result<T, E>;
+
+/// A document given by its fingerprint.
+pub fn doc(id: impl Into<String>, fingerprint: u64, timestamp_ms: i64) -> Document {
+    Document {
+        id: id.into(),
+        content: Some(document::Content::Fingerprint(fingerprint)),
+        timestamp_ms,
+    }
+}
+
+/// A document given by its text (the server fingerprints it).
+pub fn text_doc(id: impl Into<String>, text: impl Into<String>, timestamp_ms: i64) -> Document {
+    Document { id: id.into(), content: Some(document::Content::Text(text.into())), timestamp_ms }
+}
+
+/// A query: a fingerprint or a text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// A 64-bit simhash.
+    Fingerprint(u64),
+    /// A text for the server to fingerprint.
+    Text(String),
+}
+
+impl From<Target> for QueryTarget {
+    fn from(t: Target) -> QueryTarget {
+        QueryTarget {
+            target: Some(match t {
+                Target::Fingerprint(fp) => query_target::Target::Fingerprint(fp),
+                Target::Text(s) => query_target::Target::Text(s),
+            }),
+        }
+    }
+}
+
+/// How a client retries and times out.
+#[derive(Debug, Clone)]
+pub struct ClientOptions {
+    /// Deadline of each call (sent to the server as `grpc-timeout`).
+    pub timeout: Duration,
+    /// Attempts of a call that fails with UNAVAILABLE, the first included.
+    pub attempts: u32,
+    /// Wait before the first retry; doubled each time, with jitter.
+    pub backoff: Duration,
+    /// Longest wait between retries.
+    pub max_backoff: Duration,
+    /// Largest message sent or received.
+    pub max_message_bytes: usize,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        ClientOptions {
+            timeout: Duration::from_secs(30),
+            attempts: 5,
+            backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(2),
+            max_message_bytes: 64 << 20,
+        }
+    }
+}
+
+/// A connection to a neardup server. Clones share the connection.
+#[derive(Debug, Clone)]
+pub struct Client {
+    rpc: NeardupClient<Channel>,
+    options: ClientOptions,
+}
+
+impl Client {
+    /// Connects to `address` (`http://host:port`, or `host:port`) with default options.
+    pub async fn connect(address: &str) -> Result<Client> {
+        Client::connect_with(address, ClientOptions::default()).await
+    }
+
+    /// Connects with `options`. The connection is made lazily and re-made when it breaks,
+    /// so this succeeds even if the server is not up yet.
+    pub async fn connect_with(address: &str, options: ClientOptions) -> Result<Client> {
+        let uri =
+            if address.contains("://") { address.to_string() } else { format!("http://{address}") };
+        let bad = |reason: String| ClientError::Address { address: address.into(), reason };
+        let channel = Endpoint::from_shared(uri)
+            .map_err(|e| bad(e.to_string()))?
+            .connect_timeout(Duration::from_secs(5))
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .connect_lazy();
+        let rpc = NeardupClient::new(channel)
+            .max_decoding_message_size(options.max_message_bytes)
+            .max_encoding_message_size(options.max_message_bytes);
+        Ok(Client { rpc, options })
+    }
+
+    /// The generated client on the same connection, for calls this library does not wrap
+    /// (no retries, no default deadline).
+    pub fn raw(&self) -> NeardupClient<Channel> {
+        self.rpc.clone()
+    }
+
+    /// The options in force.
+    pub fn options(&self) -> &ClientOptions {
+        &self.options
+    }
+
+    fn request<T>(&self, msg: T) -> Request<T> {
+        let mut r = Request::new(msg);
+        r.set_timeout(self.options.timeout);
+        r
+    }
+
+    /// Runs `call` until it succeeds, fails with a code other than UNAVAILABLE, or runs out
+    /// of attempts.
+    async fn retry<T, F, Fut>(&self, mut call: F) -> Result<T>
+    where
+        F: FnMut(NeardupClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Status>>,
+    {
+        let mut wait = self.options.backoff;
+        let mut attempt = 1;
+        loop {
+            match call(self.rpc.clone()).await {
+                Err(s) if s.code() == Code::Unavailable && attempt < self.options.attempts => {
+                    // Jitter: between half and all of the wait, so clients spread out.
+                    let nanos = wait.as_nanos() as u64;
+                    let jitter = nanos / 2 + (jitter_seed() % (nanos / 2 + 1));
+                    tracing::debug!(attempt, message = s.message(), "unavailable; retrying");
+                    tokio::time::sleep(Duration::from_nanos(jitter)).await;
+                    wait = (wait * 2).min(self.options.max_backoff);
+                    attempt += 1;
+                }
+                r => return r.map_err(ClientError::from),
+            }
+        }
+    }
+
+    /// Stores documents (at most 10,000 per call); durable when this returns.
+    pub async fn insert(&self, documents: Vec<Document>) -> Result<InsertResponse> {
+        self.retry(|mut c| {
+            let r = self.request(InsertRequest { documents: documents.clone() });
+            async move { c.insert(r).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
+    /// Stores any number of documents as one stream of `batch`-document messages; durable
+    /// when this returns. Retried whole on UNAVAILABLE (writes replace, so that is safe).
+    pub async fn insert_all(&self, documents: &[Document], batch: usize) -> Result<InsertResponse> {
+        let batch = batch.clamp(1, 10_000);
+        self.retry(|mut c| {
+            let (tx, rx) = mpsc::channel(4);
+            let docs = documents.to_vec();
+            tokio::spawn(async move {
+                for chunk in docs.chunks(batch) {
+                    if tx.send(InsertRequest { documents: chunk.to_vec() }).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            let r = self.request(ReceiverStream::new(rx));
+            async move { c.insert_stream(r).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
+    /// The stored documents within `k` (default: the design's maximum) of a fingerprint,
+    /// at most `limit` (0: the server's default).
+    pub async fn query(&self, fingerprint: u64, k: Option<u32>, limit: u32) -> Result<QueryResult> {
+        self.query_target(Target::Fingerprint(fingerprint), k, limit).await
+    }
+
+    /// Like [`query`](Self::query), for a fingerprint or a text.
+    pub async fn query_target(
+        &self,
+        target: Target,
+        k: Option<u32>,
+        limit: u32,
+    ) -> Result<QueryResult> {
+        let target: QueryTarget = target.into();
+        self.retry(|mut c| {
+            let r = self.request(QueryRequest { target: Some(target.clone()), k, limit });
+            async move {
+                c.query(r).await?.into_inner().result.ok_or_else(|| Status::internal("no result"))
+            }
+        })
+        .await
+    }
+
+    /// Answers any number of queries over one `QueryBatch` stream, `batch` queries per
+    /// message, several messages in flight; `result[i]` answers `targets[i]`.
+    pub async fn query_all(
+        &self,
+        targets: &[Target],
+        k: Option<u32>,
+        limit: u32,
+        batch: usize,
+    ) -> Result<Vec<QueryResult>> {
+        let batch = batch.clamp(1, 10_000);
+        let messages: Vec<QueryBatchRequest> = targets
+            .chunks(batch)
+            .map(|chunk| QueryBatchRequest {
+                queries: chunk.iter().cloned().map(QueryTarget::from).collect(),
+                k,
+                limit,
+            })
+            .collect();
+        self.retry(|mut c| {
+            let r = self.request(tokio_stream::iter(messages.clone()));
+            async move {
+                let mut out = Vec::new();
+                let mut stream = c.query_batch(r).await?.into_inner();
+                while let Some(m) = stream.message().await? {
+                    out.extend(m.results);
+                }
+                Ok(out)
+            }
+        })
+        .await
+        .and_then(|out: Vec<QueryResult>| {
+            if out.len() == targets.len() {
+                Ok(out)
+            } else {
+                Err(Status::internal(format!(
+                    "{} answers for {} queries",
+                    out.len(),
+                    targets.len()
+                ))
+                .into())
+            }
+        })
+    }
+
+    /// Crawl-frontier admission: near-duplicate or not, of which documents, in which
+    /// cluster; stores the document unless `skip_insert_if_duplicate` and it is one.
+    pub async fn check_and_insert(
+        &self,
+        document: Document,
+        k: Option<u32>,
+        limit: u32,
+        skip_insert_if_duplicate: bool,
+    ) -> Result<CheckAndInsertResponse> {
+        self.retry(|mut c| {
+            let r = self.request(CheckAndInsertRequest {
+                document: Some(document.clone()),
+                k,
+                limit,
+                skip_insert_if_duplicate,
+            });
+            async move { c.check_and_insert(r).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
+    /// Removes documents by id; with `must_exist`, fails with NOT_FOUND (removing nothing)
+    /// if one is not stored.
+    pub async fn delete(&self, ids: Vec<String>, must_exist: bool) -> Result<DeleteResponse> {
+        self.retry(|mut c| {
+            let r = self.request(DeleteRequest { ids: ids.clone(), must_exist });
+            async move { c.delete(r).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+
+    /// Fingerprints of texts, computed by the server.
+    pub async fn fingerprint(&self, texts: Vec<String>) -> Result<Vec<u64>> {
+        self.retry(|mut c| {
+            let r = self.request(FingerprintRequest { texts: texts.clone() });
+            async move { c.fingerprint(r).await.map(|r| r.into_inner().fingerprints) }
+        })
+        .await
+    }
+
+    /// The server's statistics.
+    pub async fn stats(&self) -> Result<StatsResponse> {
+        self.retry(|mut c| {
+            let r = self.request(StatsRequest {});
+            async move { c.stats(r).await.map(|r| r.into_inner()) }
+        })
+        .await
+    }
+}
+
+/// A cheap, varying number for jitter (no randomness crate needed for this).
+fn jitter_seed() -> u64 {
+    use std::hash::{BuildHasher, RandomState};
+    RandomState::new().hash_one(std::time::Instant::now())
+}

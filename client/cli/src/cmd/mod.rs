@@ -1,0 +1,12 @@
+//! One module per subcommand.
+
+pub mod check;
+pub mod common;
+pub mod delete;
+pub mod fingerprint;
+pub mod insert;
+pub mod query;
+pub mod router;
+pub mod serve;
+pub mod shard;
+pub mod stats;
