@@ -127,6 +127,7 @@ impl Router {
         let result = match self.inner.in_flight.clone().try_acquire_owned() {
             Err(_) => Err(RouterError::Overloaded { in_flight: self.inner.limits.max_in_flight }),
             Ok(_permit) => match deadline {
+                Some(d) if d <= Instant::now() => Err(RouterError::DeadlineExceeded),
                 Some(d) => match tokio::time::timeout_at(d.into(), work).await {
                     Ok(r) => r,
                     Err(_) => Err(RouterError::DeadlineExceeded),

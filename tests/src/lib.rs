@@ -1,1 +1,149 @@
-//! placeholder
+//! # neardup-tests
+//!
+//! Integration tests that run neardup as real processes on loopback: start a server with a
+//! data directory, talk to it over gRPC, kill it (`SIGTERM` or `kill -9`), start it again.
+//! The harness here starts and stops processes and waits for health; the tests are in
+//! `tests/`. No test asserts on time.
+#![deny(missing_docs)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use neardup_client::{Client, ClientOptions};
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+/// The `neardup` binary under test (set by cargo for this package's tests, or given).
+pub fn binary() -> PathBuf {
+    std::env::var_os("NEARDUP_TEST_BINARY")
+        .map(PathBuf::from)
+        .or_else(|| option_env!("CARGO_BIN_EXE_neardup-node").map(PathBuf::from))
+        .unwrap_or_else(|| {
+            // Integration tests of this package: the binary sits next to the deps folder.
+            let exe = std::env::current_exe().expect("the test's path");
+            exe.parent().and_then(Path::parent).expect("target dir").join("neardup-node")
+        })
+}
+
+/// A free port on 127.0.0.1 (bound and released; the server binds it right after).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A neardup process.
+pub struct Node {
+    child: Option<Child>,
+    /// `127.0.0.1:port` it listens on.
+    pub addr: String,
+    /// Its log (stderr), for assertions and failure reports.
+    pub log: PathBuf,
+}
+
+impl Node {
+    /// Starts `neardup ARGS... --listen 127.0.0.1:PORT --metrics-listen ""` with its stderr
+    /// in `log_dir`.
+    pub fn start(args: &[&str], log_dir: &Path) -> Node {
+        let port = free_port();
+        Node::start_on(args, port, log_dir)
+    }
+
+    /// As [`start`](Self::start), on a given port.
+    pub fn start_on(args: &[&str], port: u16, log_dir: &Path) -> Node {
+        let addr = format!("127.0.0.1:{port}");
+        let log = log_dir.join(format!("node-{port}-{}.log", Instant::now().elapsed().as_nanos()));
+        let stderr = std::fs::File::create(&log).unwrap();
+        let child = Command::new(binary())
+            .args(args)
+            .args(["--listen", &addr, "--metrics-listen", ""])
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start the neardup binary");
+        Node { child: Some(child), addr, log }
+    }
+
+    /// The log so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Health of `service` ("" for the whole server), or None when unreachable.
+    pub async fn health(&self, service: &str) -> Option<ServingStatus> {
+        let endpoint =
+            tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr)).ok()?;
+        let channel = endpoint.connect().await.ok()?;
+        let r = HealthClient::new(channel)
+            .check(HealthCheckRequest { service: service.into() })
+            .await
+            .ok()?;
+        ServingStatus::try_from(r.get_ref().status).ok()
+    }
+
+    /// Waits (up to two minutes, a safety net, not an assertion) for health `want`.
+    pub async fn wait_health(&mut self, want: ServingStatus) {
+        let limit = Instant::now() + Duration::from_secs(120);
+        loop {
+            if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().ok().flatten()) {
+                panic!("the server exited ({status}):\n{}", self.log_text());
+            }
+            if self.health("").await == Some(want) {
+                return;
+            }
+            assert!(Instant::now() < limit, "no {want:?} in time:\n{}", self.log_text());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until SERVING.
+    pub async fn serving(&mut self) {
+        self.wait_health(ServingStatus::Serving).await
+    }
+
+    /// A client with a few retries.
+    pub async fn client(&self) -> Client {
+        let options = ClientOptions { timeout: Duration::from_secs(60), ..Default::default() };
+        Client::connect_with(&self.addr, options).await.unwrap()
+    }
+
+    fn pid(&self) -> i32 {
+        self.child.as_ref().expect("running").id() as i32
+    }
+
+    /// `kill -9`: no chance to flush anything.
+    pub fn kill9(&mut self) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.pid(), libc::SIGKILL) };
+        self.child.take().unwrap().wait().unwrap();
+    }
+
+    /// SIGTERM, then waits for the exit; its status must be success.
+    pub fn terminate(&mut self) {
+        // SAFETY: kill(2) on our own child.
+        unsafe { libc::kill(self.pid(), libc::SIGTERM) };
+        let status = self.child.take().unwrap().wait().unwrap();
+        assert!(status.success(), "exit after SIGTERM: {status}\n{}", self.log_text());
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Runs the binary to completion (for commands that fail at start, or client commands).
+pub fn run(args: &[&str]) -> Output {
+    Command::new(binary())
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the neardup binary")
+}
