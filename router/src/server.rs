@@ -9,7 +9,6 @@ use std::future::Future;
 
 use neardup_proto::v1::neardup_server::NeardupServer;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
@@ -68,7 +67,10 @@ pub async fn serve(
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
         )
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown,
+        )
         .await;
     follow.abort();
     result

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use neardup_proto::internal::raft_server::RaftServer;
 use neardup_proto::internal::shard_server::ShardServer;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::ServingStatus;
 
 use crate::service::{RaftService, ShardService};
@@ -46,7 +45,10 @@ pub async fn serve(
                 .max_decoding_message_size(max_message_bytes)
                 .max_encoding_message_size(max_message_bytes),
         )
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown,
+        )
         .await;
     follow.abort();
     result

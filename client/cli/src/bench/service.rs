@@ -267,6 +267,10 @@ async fn insert_range(
 }
 
 /// Open-loop unary queries at `rate` for `seconds`; latencies from each request's due time.
+///
+/// A dedicated thread paces the requests with the OS's sleep (tens of microseconds of
+/// slack; tokio's timer has a 1 ms tick, which would bunch requests and add its lag to
+/// every latency) and hands each to the runtime at its due time, whatever the server does.
 async fn open_loop(
     clients: &[Client],
     queries: Arc<Vec<u64>>,
@@ -275,40 +279,55 @@ async fn open_loop(
     seconds: u64,
 ) -> Value {
     let total = (rate * seconds) as usize;
-    let start = Instant::now() + Duration::from_millis(50);
     let errors = Arc::new(AtomicU64::new(0));
     let (tx, mut rx) = mpsc::unbounded_channel::<u64>();
-    let mut handles = Vec::with_capacity(total);
-    for i in 0..total {
-        let due = start + Duration::from_secs_f64(i as f64 / rate as f64);
-        tokio::time::sleep_until(due.into()).await;
-        let mut rpc = clients[i % clients.len()].raw();
-        let q = queries[i % queries.len()];
-        let (tx, errors) = (tx.clone(), errors.clone());
-        handles.push(tokio::spawn(async move {
-            let mut req = tonic::Request::new(QueryRequest {
-                target: Some(QueryTarget { target: Some(query_target::Target::Fingerprint(q)) }),
-                k: Some(k),
-                limit: 100,
-            });
-            req.set_timeout(Duration::from_secs(10));
-            if rpc.query(req).await.is_err() {
-                errors.fetch_add(1, Ordering::Relaxed);
+    let handle = tokio::runtime::Handle::current();
+    let rpcs: Vec<_> = clients.iter().map(|c| c.raw()).collect();
+    let pacer_errors = errors.clone();
+    let pacer = std::thread::spawn(move || {
+        let start = Instant::now() + Duration::from_millis(20);
+        let limit = Duration::from_secs(seconds * 3 + 10);
+        let mut handles = Vec::with_capacity(total);
+        for i in 0..total {
+            let due = start + Duration::from_secs_f64(i as f64 / rate as f64);
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
             }
-            let _ = tx.send(due.elapsed().as_nanos() as u64);
-        }));
-        if start.elapsed() > Duration::from_secs(seconds * 3 + 10) {
-            break;
+            let mut rpc = rpcs[i % rpcs.len()].clone();
+            let q = queries[i % queries.len()];
+            let (tx, errors) = (tx.clone(), pacer_errors.clone());
+            handles.push(handle.spawn(async move {
+                let mut req = tonic::Request::new(QueryRequest {
+                    target: Some(QueryTarget {
+                        target: Some(query_target::Target::Fingerprint(q)),
+                    }),
+                    k: Some(k),
+                    limit: 100,
+                });
+                req.set_timeout(Duration::from_secs(10));
+                if rpc.query(req).await.is_err() {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                }
+                let _ = tx.send(due.elapsed().as_nanos() as u64);
+            }));
+            if start.elapsed() > limit {
+                break;
+            }
         }
-    }
+        (handles, start)
+    });
+    let (handles, start) = tokio::task::spawn_blocking(move || pacer.join())
+        .await
+        .expect("pacer task")
+        .expect("pacer thread");
     let sent = handles.len();
     for h in handles {
         let _ = h.await;
     }
-    drop(tx);
     let elapsed = start.elapsed().as_secs_f64();
     let mut lat = Vec::with_capacity(sent);
-    while let Some(l) = rx.recv().await {
+    while let Ok(l) = rx.try_recv() {
         lat.push(l);
     }
     lat.sort_unstable();
@@ -373,6 +392,7 @@ pub async fn run(args: ServiceArgs) -> Result<(), String> {
             .await?;
     let client = clients[0].clone();
     let mut report = serde_json::Map::new();
+    report.insert("load_average_at_start".into(), json!(load_average()));
     report.insert("n".into(), json!(args.n));
     report.insert("k".into(), json!(args.k));
     report.insert("design".into(), json!(design.to_string()));
@@ -545,11 +565,20 @@ pub async fn run(args: ServiceArgs) -> Result<(), String> {
                 "after_kill9_seconds_to_serving": crash }),
     );
     server.stop()?;
+    report.insert("load_average_at_end".into(), json!(load_average()));
     if args.data.is_none() {
         let _ = std::fs::remove_dir_all(&data);
     }
     println!("{}", Value::Object(report));
     Ok(())
+}
+
+/// The 1-minute load average: other work on the machine skews every figure.
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|x| x.parse().ok()))
+        .unwrap_or(-1.0)
 }
 
 fn tempfile_dir() -> Result<PathBuf, String> {
