@@ -70,6 +70,10 @@ pub struct ShardConfig {
     pub snapshot_log_bytes: u64,
     /// Largest log record; bigger writes are split (each record is atomic).
     pub max_record_bytes: usize,
+    /// Rebuild the whole index as one run, in the background, when it has more runs than
+    /// this and the merge policy has nothing to merge (runs pile up when writes outpace
+    /// merges; every query visits every run).
+    pub max_runs: usize,
     /// The storage engine's page cache.
     pub cache_bytes: u64,
     /// Refuse to start when the data directory's file system has less free space.
@@ -86,6 +90,7 @@ impl Default for ShardConfig {
             idle_flush: Duration::from_secs(1),
             snapshot_log_bytes: 256 << 20,
             max_record_bytes: 64 << 10,
+            max_runs: 12,
             cache_bytes: 256 << 20,
             min_free_bytes: 64 << 20,
         }
@@ -674,22 +679,10 @@ impl Shard {
 
     /// Applies one appended record to memory. The buffer becomes a run only between records.
     fn apply(st: &mut State, seq: u64, ops: &[Op<'_>]) -> Result<()> {
-        let puts = ops.iter().filter(|o| matches!(o, Op::Put { .. })).count();
-        let cap = st.index.config().buffer_docs;
-        if !st.index.buffered().is_empty() && st.index.buffered().len() + puts >= cap {
-            st.index.flush()?;
-            st.covered = seq - 1;
-        }
         for op in ops {
             st.docs.apply(op);
-            match *op {
-                Op::Put { id, fp, ts, .. } => st.index.insert(Doc { id, fp, ts })?,
-                Op::Remove { id, fp } => {
-                    st.index.delete_doc(id, fp)?;
-                }
-            }
         }
-        Ok(())
+        Self::apply_index(st, seq, ops)
     }
 
     /// Waits until log sequence `seq` is durable.
@@ -919,6 +912,9 @@ impl Shard {
             self.metrics.merged(docs, started.elapsed().as_secs_f64());
             tracing::debug!(docs, seconds = started.elapsed().as_secs_f64(), "merged runs");
         }
+        if self.state.read().index.runs().len() > self.config.max_runs {
+            self.compact_all()?;
+        }
         // An idle buffer becomes a run, so queries skip its linear scan.
         {
             let idle = {
@@ -956,6 +952,79 @@ impl Shard {
         };
         if snap_due {
             self.snapshot_docs()?;
+        }
+        Ok(())
+    }
+
+    /// Rebuilds the index as one run from the document table, off the request path: the
+    /// documents as of log sequence `s0` are built into a fresh index without any lock, the
+    /// records appended meanwhile are replayed into it (most of them without a lock, the
+    /// last few under the write lock), and it replaces the old index.
+    pub fn compact_all(&self) -> Result<()> {
+        let started = Instant::now();
+        let (docs, s0) = {
+            let st = self.state.read();
+            let (entries, _) = st.docs.entries_from(0, usize::MAX);
+            let docs: Vec<Doc> =
+                entries.iter().map(|e| Doc { id: e.id, fp: e.fp, ts: e.ts }).collect();
+            (docs, st.last_seq)
+        };
+        let mut fresh = State {
+            index: Index::build(self.config.index.clone(), &docs)?,
+            docs: DocTable::new(),
+            last_seq: s0,
+            covered: s0,
+            last_write: Instant::now(),
+            log_bytes: 0,
+        };
+        drop(docs);
+        // Catch up without the lock, then the remainder under it.
+        let replay = |fresh: &mut State, upto: u64| -> Result<()> {
+            for e in self.spaces.log.scan(&key64(fresh.last_seq + 1), &key64(upto + 1)) {
+                let (k, v) = e?;
+                let seq = u64::from_be_bytes(
+                    k.as_slice().try_into().map_err(|_| Error::CorruptTablet("log key".into()))?,
+                );
+                let ops = record::decode(&v)?;
+                Self::apply_index(fresh, seq, &ops)?;
+                fresh.last_seq = seq;
+            }
+            Ok(())
+        };
+        let s1 = self.state.read().last_seq;
+        replay(&mut fresh, s1)?;
+        let mut st = self.state.write();
+        let last = st.last_seq;
+        replay(&mut fresh, last)?;
+        if fresh.index.len() != st.docs.len() {
+            return Err(Error::Internal(format!(
+                "rebuilt index holds {} documents, the table {}",
+                fresh.index.len(),
+                st.docs.len()
+            )));
+        }
+        st.index = fresh.index;
+        st.covered = fresh.covered;
+        drop(st);
+        tracing::info!(seconds = started.elapsed().as_secs_f64(), "index rebuilt as one run");
+        Ok(())
+    }
+
+    /// Applies a record to the index only (the document table already has it).
+    fn apply_index(st: &mut State, seq: u64, ops: &[Op<'_>]) -> Result<()> {
+        let puts = ops.iter().filter(|o| matches!(o, Op::Put { .. })).count();
+        let cap = st.index.config().buffer_docs;
+        if !st.index.buffered().is_empty() && st.index.buffered().len() + puts >= cap {
+            st.index.flush()?;
+            st.covered = seq - 1;
+        }
+        for op in ops {
+            match *op {
+                Op::Put { id, fp, ts, .. } => st.index.insert(Doc { id, fp, ts })?,
+                Op::Remove { id, fp } => {
+                    st.index.delete_doc(id, fp)?;
+                }
+            }
         }
         Ok(())
     }
