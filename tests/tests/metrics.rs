@@ -1,0 +1,57 @@
+//! Prometheus metrics over HTTP: requests and latency by method and status, documents,
+//! bytes per table, log size, merge activity.
+
+use std::io::{Read, Write};
+
+use neardup_client::doc;
+use neardup_tests::{Node, free_port};
+
+fn scrape(addr: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_endpoint_reports_requests_and_storage() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let set = format!("metrics_listen={metrics}");
+    let mut node =
+        Node::start(&["serve", "--data", data.to_str().unwrap(), "--set", &set], dir.path());
+    node.serving().await;
+    let c = node.client().await;
+    let docs: Vec<_> = (0..5000u64)
+        .map(|i| doc(format!("m{i}"), i.wrapping_mul(0x9E37_79B9_7F4A_7C15), 0))
+        .collect();
+    c.insert_all(&docs, 1000).await.unwrap();
+    c.query(1, Some(3), 10).await.unwrap();
+    let _ = c.query(1, Some(9), 10).await.unwrap_err();
+    // The gauges are refreshed by the background thread; wait for the documents to show.
+    let mut body = String::new();
+    for _ in 0..500 {
+        body = scrape(&metrics);
+        if body.contains("neardup_documents 5000") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(body.starts_with("HTTP/1.0 200") || body.starts_with("HTTP/1.1 200"), "{body}");
+    for series in [
+        "neardup_documents 5000",
+        "neardup_rpc_requests_total{method=\"Query\",code=\"Ok\"} 1",
+        "neardup_rpc_requests_total{method=\"Query\",code=\"InvalidArgument\"} 1",
+        "neardup_rpc_latency_seconds_count{method=\"InsertStream\",code=\"Ok\"} 1",
+        "neardup_table_bytes{table=\"9\"}",
+        "neardup_wal_bytes",
+        "neardup_merges_total",
+        "neardup_merges_running",
+        "neardup_log_sync_seconds_count",
+    ] {
+        assert!(body.contains(series), "missing {series}:\n{body}");
+    }
+    node.terminate();
+}
