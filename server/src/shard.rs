@@ -462,81 +462,14 @@ impl Shard {
             Some(b) => DocSnapshot::decode(&b)?,
             None => DocSnapshot::default(),
         };
-        // Documents: the snapshot, then the log after it.
-        let mut docs = DocTable::new();
-        if docsnap.id != 0 {
-            for c in 0..docsnap.chunks {
-                let bytes =
-                    s.docs.get(&DocSnapshot::chunk_key(docsnap.id, c))?.ok_or_else(|| {
-                        Error::CorruptTablet(format!("document snapshot chunk {c} is missing"))
-                    })?;
-                for op in record::decode(&bytes)? {
-                    docs.apply(&op);
-                }
-            }
-        }
-        // Runs.
-        let mut index = Index::new(self.config.index.clone())?;
-        let loaded: Vec<(u64, persist::LoadedRun)> = manifest
-            .runs
-            .par_iter()
-            .map(|&sid| persist::load_run(s, sid, &index).map(|l| (sid, l)))
-            .collect::<Result<_>>()?;
-        let mut rebuilt = Vec::new();
-        for (sid, l) in &loaded {
-            if !l.rebuilt.is_empty() {
-                tracing::warn!(run = sid, tables = ?l.rebuilt,
-                    "damaged or missing tables were rebuilt from intact ones");
-                self.metrics.rebuilt(l.rebuilt.len());
-                rebuilt.push((*sid, l.rebuilt.clone()));
-            }
-        }
-        let sids: Vec<u64> = loaded.iter().map(|(sid, _)| *sid).collect();
-        index.restore(loaded.into_iter().map(|(_, l)| l.run).collect())?;
-        // The log: into the documents after the snapshot, into the index after the manifest.
-        let from = manifest.covered.min(docsnap.covered) + 1;
-        let mut last_seq = manifest.last_seq.max(manifest.covered).max(docsnap.covered);
-        let mut log_bytes = 0u64;
-        let mut pending: Vec<Doc> = Vec::new();
-        let mut pending_ids: HashSet<u64> = HashSet::new();
-        let mut removed: HashSet<u64> = HashSet::new();
-        for e in s.log.scan(&key64(from), &[0xFF; 9]) {
-            let (k, v) = e?;
-            let seq = u64::from_be_bytes(
-                k.as_slice().try_into().map_err(|_| Error::CorruptTablet("log key".into()))?,
-            );
-            log_bytes += v.len() as u64;
-            last_seq = last_seq.max(seq);
-            for op in record::decode(&v)? {
-                if seq > docsnap.covered {
-                    docs.apply(&op);
-                }
-                if seq > manifest.covered {
-                    match op {
-                        Op::Put { id, fp, ts, .. } => {
-                            pending.push(Doc { id, fp, ts });
-                            pending_ids.insert(id);
-                        }
-                        Op::Remove { id, fp } => {
-                            if pending_ids.remove(&id) {
-                                removed.insert(id);
-                            } else {
-                                index.delete_doc(id, fp)?;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        // Log records below `from` are still counted in the log's size.
-        for e in s.log.scan(&key64(0), &key64(from)) {
-            log_bytes += e?.1.len() as u64;
-        }
-        pending.retain(|d| !removed.contains(&d.id));
-        // Restored runs leave the buffer empty; replayed documents form one run, or stay in
-        // the buffer when they are fewer than it holds.
-        index.insert_batch(&pending)?;
-        let covered = if index.buffered().is_empty() { last_seq } else { manifest.covered };
+        // Documents (snapshot, then the log after it) and the index (runs, then the log after
+        // the manifest) are independent: load them at once.
+        let (docs_part, index_part) =
+            rayon::join(|| self.recover_docs(&docsnap), || self.recover_index(&manifest));
+        let (docs, mut last_seq, log_bytes) = docs_part?;
+        let (index, sids, rebuilt, buffer_empty) = index_part?;
+        last_seq = last_seq.max(manifest.last_seq).max(manifest.covered).max(docsnap.covered);
+        let covered = if buffer_empty { last_seq } else { manifest.covered };
         if docs.len() != index.len() {
             return Err(Error::CorruptTablet(format!(
                 "documents ({}) and index ({}) disagree after recovery",
@@ -580,6 +513,94 @@ impl Shard {
         drop(st);
         self.commit.set(Committer::start(self.store.clone(), last_seq, self.metrics.clone())).ok();
         Ok(())
+    }
+
+    /// Recovery of the document table: the snapshot, then every later log record. Returns
+    /// the table, the last log sequence and the log's size.
+    fn recover_docs(&self, docsnap: &DocSnapshot) -> Result<(DocTable, u64, u64)> {
+        let s = &self.spaces;
+        let mut docs = DocTable::new();
+        if docsnap.id != 0 {
+            for c in 0..docsnap.chunks {
+                let bytes =
+                    s.docs.get(&DocSnapshot::chunk_key(docsnap.id, c))?.ok_or_else(|| {
+                        Error::CorruptTablet(format!("document snapshot chunk {c} is missing"))
+                    })?;
+                for op in record::decode(&bytes)? {
+                    docs.apply(&op);
+                }
+            }
+        }
+        let (mut last_seq, mut log_bytes) = (0, 0u64);
+        for e in s.log.scan(&key64(0), &[0xFF; 9]) {
+            let (k, v) = e?;
+            let seq = u64::from_be_bytes(
+                k.as_slice().try_into().map_err(|_| Error::CorruptTablet("log key".into()))?,
+            );
+            log_bytes += v.len() as u64;
+            last_seq = last_seq.max(seq);
+            if seq > docsnap.covered {
+                for op in record::decode(&v)? {
+                    docs.apply(&op);
+                }
+            }
+        }
+        Ok((docs, last_seq, log_bytes))
+    }
+
+    /// Recovery of the index: the manifest's runs (checksums verified, damaged tables
+    /// rebuilt), then the log records after the manifest. Returns the index, the runs'
+    /// storage ids, the rebuilt tables, and whether the write buffer is empty.
+    #[allow(clippy::type_complexity)]
+    fn recover_index(
+        &self,
+        manifest: &Manifest,
+    ) -> Result<(Index, Vec<u64>, Vec<(u64, Vec<usize>)>, bool)> {
+        let s = &self.spaces;
+        let mut index = Index::new(self.config.index.clone())?;
+        let loaded: Vec<(u64, persist::LoadedRun)> = manifest
+            .runs
+            .par_iter()
+            .map(|&sid| persist::load_run(s, sid, &index).map(|l| (sid, l)))
+            .collect::<Result<_>>()?;
+        let mut rebuilt = Vec::new();
+        for (sid, l) in &loaded {
+            if !l.rebuilt.is_empty() {
+                tracing::warn!(run = sid, tables = ?l.rebuilt,
+                    "damaged or missing tables were rebuilt from intact ones");
+                self.metrics.rebuilt(l.rebuilt.len());
+                rebuilt.push((*sid, l.rebuilt.clone()));
+            }
+        }
+        let sids: Vec<u64> = loaded.iter().map(|(sid, _)| *sid).collect();
+        index.restore(loaded.into_iter().map(|(_, l)| l.run).collect())?;
+        let mut pending: Vec<Doc> = Vec::new();
+        let mut pending_ids: HashSet<u64> = HashSet::new();
+        let mut removed: HashSet<u64> = HashSet::new();
+        for e in s.log.scan(&key64(manifest.covered + 1), &[0xFF; 9]) {
+            let (_, v) = e?;
+            for op in record::decode(&v)? {
+                match op {
+                    Op::Put { id, fp, ts, .. } => {
+                        pending.push(Doc { id, fp, ts });
+                        pending_ids.insert(id);
+                    }
+                    Op::Remove { id, fp } => {
+                        if pending_ids.remove(&id) {
+                            removed.insert(id);
+                        } else {
+                            index.delete_doc(id, fp)?;
+                        }
+                    }
+                }
+            }
+        }
+        pending.retain(|d| !removed.contains(&d.id));
+        // Restored runs leave the buffer empty; replayed documents form one run, or stay in
+        // the buffer when they are fewer than it holds.
+        index.insert_batch(&pending)?;
+        let empty = index.buffered().is_empty();
+        Ok((index, sids, rebuilt, empty))
     }
 
     /// Stores documents and removes ids (see [`WriteOutcome`]). The caller must wait for
