@@ -385,7 +385,8 @@ impl Run {
                 let intact =
                     if same_design { decoded.get_mut(t).and_then(Option::take) } else { None };
                 match intact {
-                    Some(hx) => {
+                    Some(mut hx) => {
+                        hx.drop_ranks();
                         let v = hx.to_vec();
                         TableRun::build(
                             &v,
