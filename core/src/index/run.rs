@@ -56,47 +56,73 @@ impl Run {
         let mut order: Vec<(u64, u32)> =
             docs.iter().enumerate().map(|(i, d)| (d.fp, i as u32)).collect();
         order.sort_unstable();
-        let sorted: Vec<(u64, u64, i64)> = order
-            .iter()
-            .map(|&(fp, i)| {
-                let d = &docs[i as usize];
-                (fp, d.id, d.ts)
-            })
-            .collect();
-        Self::from_sorted(id, &sorted, ctx)
+        Self::from_sorted(
+            id,
+            order.len(),
+            |i| {
+                let d = &docs[order[i].1 as usize];
+                (d.fp, d.id, d.ts)
+            },
+            ctx,
+        )
     }
 
-    /// Builds a run from `(fp, id, ts)` sorted by fingerprint (ties in insertion order).
-    fn from_sorted(id: u64, sorted: &[(u64, u64, i64)], ctx: &BuildContext) -> Result<Run> {
-        if sorted.len() > u32::MAX as usize - 1 {
+    /// Builds a run from `len` documents given as `at(i) = (fp, id, ts)` in fingerprint
+    /// order (ties in insertion order).
+    fn from_sorted(
+        id: u64,
+        len: usize,
+        at: impl Fn(usize) -> (u64, u64, i64),
+        ctx: &BuildContext,
+    ) -> Result<Run> {
+        if len > u32::MAX as usize - 1 {
             return Err(Error::InvalidConfig("a run holds fewer than 2^32 - 1 documents".into()));
         }
-        let mut distinct: Vec<u64> = sorted.iter().map(|d| d.0).collect();
+        let mut distinct: Vec<u64> = (0..len).map(|i| at(i).0).collect();
         distinct.dedup();
-        let docs = DocStore::new(sorted);
+        let docs = DocStore::new(len, &at);
         let fps = Arc::new(HxRun::encode(&distinct, ctx.opts)?);
-        let build_table = |t: usize| -> Result<TableRun> {
-            let spec = &ctx.design.tables()[t];
-            if spec.perm.is_identity() {
-                TableRun::build(
-                    &distinct,
-                    Some(fps.clone()),
-                    spec.prefix_bits,
-                    ctx.opts,
-                    &ctx.policy,
-                    0,
-                )
-            } else {
-                let mut v: Vec<u64> = distinct.iter().map(|&x| spec.perm.apply(x)).collect();
-                v.sort_unstable();
-                TableRun::build(&v, None, spec.prefix_bits, ctx.opts, &ctx.policy, 0)
-            }
+        let identity = |spec: &crate::design::TableSpec| {
+            TableRun::build(
+                &distinct,
+                Some(fps.clone()),
+                spec.prefix_bits,
+                ctx.opts,
+                &ctx.policy,
+                0,
+            )
         };
-        let n = ctx.design.tables().len();
+        let permuted = |spec: &crate::design::TableSpec, v: &mut Vec<u64>| {
+            v.clear();
+            v.extend(distinct.iter().map(|&x| spec.perm.apply(x)));
+            v.sort_unstable();
+            TableRun::build(v, None, spec.prefix_bits, ctx.opts, &ctx.policy, 0)
+        };
+        let specs = ctx.design.tables();
         let tables = if ctx.parallel {
-            (0..n).into_par_iter().map(build_table).collect::<Result<Vec<_>>>()?
+            specs
+                .par_iter()
+                .map(|spec| {
+                    if spec.perm.is_identity() {
+                        identity(spec)
+                    } else {
+                        permuted(spec, &mut Vec::new())
+                    }
+                })
+                .collect::<Result<Vec<_>>>()?
         } else {
-            (0..n).map(build_table).collect::<Result<Vec<_>>>()?
+            // One buffer for every table's permuted values: no fresh pages per table.
+            let mut scratch = Vec::with_capacity(distinct.len());
+            specs
+                .iter()
+                .map(|spec| {
+                    if spec.perm.is_identity() {
+                        identity(spec)
+                    } else {
+                        permuted(spec, &mut scratch)
+                    }
+                })
+                .collect::<Result<Vec<_>>>()?
         };
         Ok(Run { id, fps, docs, tables })
     }
@@ -112,8 +138,7 @@ impl Run {
         let mut order: Vec<(u64, u32)> =
             all.iter().enumerate().map(|(i, d)| (d.0, i as u32)).collect();
         order.sort_unstable();
-        let sorted: Vec<(u64, u64, i64)> = order.iter().map(|&(_, i)| all[i as usize]).collect();
-        Self::from_sorted(id, &sorted, ctx)
+        Self::from_sorted(id, order.len(), |i| all[order[i].1 as usize], ctx)
     }
 
     /// Calls `f(fp, id, ts)` for every live document, in fingerprint order.
