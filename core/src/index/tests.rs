@@ -504,7 +504,8 @@ fn auto_config_answers_k_and_respects_budgets() {
     // A small auto-configured index is exact.
     let mut g = Gen::new(12, Shape::Clustered);
     let docs: Vec<Doc> = (0..3000).map(|_| g.doc()).collect();
-    let config = IndexConfig { parallel_build: false, ..IndexConfig::auto(3000, 4, 1 << 30).unwrap() };
+    let config =
+        IndexConfig { parallel_build: false, ..IndexConfig::auto(3000, 4, 1 << 30).unwrap() };
     let index = Index::build(config, &docs).unwrap();
     check_all_k(&index, &Model { docs }, &mut g, 20);
 }
