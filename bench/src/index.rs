@@ -71,6 +71,10 @@ pub struct IndexArgs {
     /// Also time the same queries with the other block lookup method.
     #[arg(long)]
     compare_search: bool,
+    /// Buckets with at most this many entries never get a crowded-prefix sub-index
+    /// (a huge value turns sub-indexes off, to compare).
+    #[arg(long)]
+    crowd_min: Option<usize>,
     /// Repeat the one-thread throughput pass this many times (for profiling); the figure
     /// reported is the median pass.
     #[arg(long, default_value_t = 1)]
@@ -134,6 +138,10 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
             ..IndexConfig::default()
         }
     };
+    let mut config = config;
+    if let Some(m) = args.crowd_min {
+        config.crowd_min = m;
+    }
     config.design.check_k(args.k).map_err(|e| e.to_string())?;
     config.validate().map_err(|e| e.to_string())?;
     let design = config.design.clone();
