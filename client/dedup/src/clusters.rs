@@ -279,3 +279,151 @@ pub fn assign(
     }
     Ok(Assignments { docs: out, cluster_sizes, near_duplicate_documents })
 }
+
+#[cfg(test)]
+mod tests {
+    use neardup_core::util::SplitMix64;
+
+    use super::*;
+
+    /// A corpus of fingerprints in families (a base and copies a few bits away), with exact
+    /// duplicates (same content hash and fingerprint), distinct texts with equal
+    /// fingerprints, and timestamps with ties and gaps.
+    fn corpus(r: &mut SplitMix64, n: usize) -> Vec<DocKey> {
+        let mut docs: Vec<DocKey> = Vec::with_capacity(n);
+        for i in 0..n {
+            let timestamp = match r.below(6) {
+                0 => None,
+                _ => Some(r.below(20) as i64 * 1000),
+            };
+            let key = if i > 0 && r.below(4) == 0 {
+                let src = docs[r.below(i as u64) as usize];
+                match r.below(3) {
+                    0 => DocKey { timestamp, ..src },
+                    1 => DocKey { fp: src.fp, content_hash: r.next_u64() as u128, timestamp },
+                    _ => {
+                        let bits = r.below(8) as u32;
+                        DocKey {
+                            fp: r.flip_bits(src.fp, bits),
+                            content_hash: r.next_u64() as u128,
+                            timestamp,
+                        }
+                    }
+                }
+            } else {
+                DocKey { fp: r.next_u64(), content_hash: r.next_u64() as u128, timestamp }
+            };
+            docs.push(key);
+        }
+        docs
+    }
+
+    /// A made-up similarity that exact duplicates share: a function of the content hashes.
+    fn similarity(a: &DocKey, b: &DocKey) -> f64 {
+        if a.content_hash == b.content_hash {
+            return 1.0;
+        }
+        let (x, y) = (a.content_hash.min(b.content_hash), a.content_hash.max(b.content_hash));
+        let h = xxhash_rust::xxh3::xxh3_64(&[x.to_le_bytes(), y.to_le_bytes()].concat());
+        (h % 1001) as f64 / 1000.0
+    }
+
+    /// Reference: every pair of all documents (exact duplicates included), clustered by the
+    /// core on the full graph; `verify` keeps pairs at or above that similarity.
+    fn reference(
+        docs: &[DocKey],
+        k: u32,
+        verify: Option<f64>,
+        rule: Rule,
+    ) -> Vec<(u32, bool, Option<u32>)> {
+        let times: Vec<DocTime> = docs.iter().enumerate().map(|(i, d)| d.time(i)).collect();
+        let mut pairs = Vec::new();
+        for i in 0..docs.len() {
+            for j in i + 1..docs.len() {
+                let d = hamming(docs[i].fp, docs[j].fp);
+                let s = similarity(&docs[i], &docs[j]);
+                if d <= k && verify.is_none_or(|t| s >= t) {
+                    let distance = if verify.is_some() { 1.0 - s } else { d as f64 };
+                    pairs.push(NearPair { a: i, b: j, distance: Some(distance) });
+                }
+            }
+        }
+        let c = cluster(&times, &pairs, rule).unwrap();
+        c.docs
+            .iter()
+            .map(|d| (d.original as u32, d.is_original, d.nearest.map(|x| x.doc as u32)))
+            .collect()
+    }
+
+    fn run(docs: &[DocKey], k: u32, verify: Option<f64>, rule: Rule) -> Assignments {
+        let groups = ExactGroups::new(docs).unwrap();
+        let fps: Vec<u64> = groups.reps.iter().map(|&d| docs[d as usize].fp).collect();
+        let edges: Vec<Edge> = near_pairs(&fps, k, 1 << 30)
+            .unwrap()
+            .into_iter()
+            .map(|(a, b, _)| {
+                let (a, b) = (groups.reps[a as usize], groups.reps[b as usize]);
+                let jaccard = verify.map(|_| similarity(&docs[a as usize], &docs[b as usize]));
+                Edge { a, b, jaccard }
+            })
+            .filter(|e| verify.is_none_or(|t| e.jaccard.is_some_and(|s| s >= t)))
+            .collect();
+        assign(docs, &groups, &edges, rule).unwrap()
+    }
+
+    #[test]
+    fn matches_the_full_pair_graph() {
+        let mut r = SplitMix64::new(7);
+        for round in 0..6 {
+            let docs = corpus(&mut r, 150 + round * 40);
+            for rule in [Rule::AttachToOriginal, Rule::ConnectedComponents] {
+                for (k, verify) in [(0, None), (3, None), (6, None), (8, Some(0.5))] {
+                    let want = reference(&docs, k, verify, rule);
+                    let got = run(&docs, k, verify, rule);
+                    let ctx = format!("round {round}, {rule:?}, k {k}, verify {verify:?}");
+                    assert!(got.docs.iter().any(|a| !a.is_original), "{ctx}: no duplicates");
+                    for (i, (a, w)) in got.docs.iter().zip(&want).enumerate() {
+                        assert_eq!((a.original, a.is_original, a.nearest), *w, "{ctx}, doc {i}");
+                    }
+                    // Dense cluster numbers, in input order of the originals.
+                    let mut originals: Vec<u32> = got.docs.iter().map(|a| a.original).collect();
+                    originals.sort_unstable();
+                    originals.dedup();
+                    for a in &got.docs {
+                        assert_eq!(originals[a.cluster as usize], a.original, "{ctx}");
+                    }
+                    let sizes: u32 = got.cluster_sizes.iter().sum();
+                    assert_eq!(sizes as usize, docs.len());
+                    if rule == Rule::AttachToOriginal {
+                        for (i, a) in got.docs.iter().enumerate() {
+                            let o = &docs[a.original as usize];
+                            assert!(hamming(docs[i].fp, o.fp) <= k, "{ctx}: far from original");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn exact_duplicates_point_at_the_earliest_copy() {
+        let d = |fp: u64, h: u128, t: Option<i64>| DocKey { fp, content_hash: h, timestamp: t };
+        // Doc 2 is the earliest by timestamp; doc 3 has no timestamp (after all dated ones);
+        // docs 0 and 4 tie on time and are ordered by input position.
+        let docs =
+            [d(1, 9, Some(50)), d(7, 5, None), d(1, 9, Some(10)), d(1, 9, None), d(1, 9, Some(50))];
+        let groups = ExactGroups::new(&docs).unwrap();
+        assert_eq!(groups.rep, [2, 1, 2, 2, 2]);
+        assert_eq!(groups.reps, [1, 2]);
+        assert_eq!(groups.duplicates(), 3);
+        let a = assign(&docs, &groups, &[], Rule::AttachToOriginal).unwrap();
+        let dup: Vec<Option<u32>> = a.docs.iter().map(|x| x.exact_duplicate_of).collect();
+        assert_eq!(dup, [Some(2), None, None, Some(2), Some(2)]);
+        let nearest: Vec<Option<u32>> = a.docs.iter().map(|x| x.nearest).collect();
+        // The representative's nearest is the next copy in original order (doc 0 at t=50).
+        assert_eq!(nearest, [Some(2), None, Some(0), Some(2), Some(2)]);
+        assert_eq!(a.docs[0].nearest_jaccard, Some(1.0));
+        assert_eq!(a.near_duplicate_documents, 0);
+        assert_eq!(a.cluster_sizes, [1, 4]);
+    }
+}
