@@ -12,9 +12,10 @@
 //!   with page-specific code, a "related articles" box and a view counter.
 //! * **Planted duplicates**: a page is, with `--exact-fraction`, an exact copy of an earlier
 //!   page's text (other markup, script, whitespace and letter case: the same normalised
-//!   text); with `--near-fraction`, a near copy: the same article with 0.2-4% of its words
-//!   replaced, a sentence dropped or added, and a fresh related box and counter, sometimes
-//!   on another site (syndication). One copy in five is dated earlier than its source, so
+//!   text); with `--near-fraction`, a near copy: the same article with 0.2% to
+//!   `--max-edit-rate` (4%) of its words replaced, in half of the copies a sentence dropped
+//!   or added, and a fresh related box and counter, sometimes on another site
+//!   (syndication). One copy in five is dated earlier than its source, so
 //!   the source is not always the original.
 
 use std::io::Write;
@@ -62,6 +63,13 @@ pub struct GenerateArgs {
     /// Mean article length in words.
     #[arg(long, default_value_t = 520)]
     pub words: usize,
+    /// Largest fraction of words a near copy replaces (each copy draws from 0.2% to this).
+    #[arg(long, default_value_t = 0.04)]
+    pub max_edit_rate: f64,
+    /// Headlines in each page's "related articles" box (five words each; they differ
+    /// between copies).
+    #[arg(long, default_value_t = 5)]
+    pub related: usize,
     /// Plain text (the article and boilerplate text, no markup) instead of HTML.
     #[arg(long)]
     pub plain: bool,
@@ -79,6 +87,8 @@ impl GenerateArgs {
             near_fraction: 0.12,
             sites: 300,
             words: 520,
+            max_edit_rate: 0.04,
+            related: 5,
             plain: false,
         }
     }
@@ -249,7 +259,8 @@ impl Pages {
 
     fn edit(&self, article: &mut Article, seed: u64) {
         let mut rng = SplitMix64::new(seed);
-        let rate = 0.002 + rng.below(38) as f64 / 1000.0;
+        let spread = (self.args.max_edit_rate - 0.002).max(0.0);
+        let rate = 0.002 + spread * (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64;
         for para in article.iter_mut() {
             for s in para.iter_mut() {
                 for w in s.iter_mut() {
@@ -260,10 +271,11 @@ impl Pages {
             }
         }
         let p = rng.below(article.len() as u64) as usize;
-        if rng.below(2) == 0 && article[p].len() > 1 {
+        let change = rng.below(4);
+        if change == 0 && article[p].len() > 1 {
             let s = rng.below(article[p].len() as u64) as usize;
             article[p].remove(s);
-        } else {
+        } else if change == 1 {
             let mut s = Vec::new();
             self.vocab.sentence(&mut rng, &mut s);
             article[p].push(s);
@@ -282,7 +294,7 @@ impl Pages {
         let s = &self.sites[site];
         let title: Vec<&str> = article[0][0].iter().take(6).map(String::as_str).collect();
         let title = cap(&title.join(" "));
-        let related: Vec<String> = (0..5)
+        let related: Vec<String> = (0..self.args.related)
             .map(|_| (0..5).map(|_| self.vocab.word(visible)).collect::<Vec<_>>().join(" "))
             .collect();
         let views = visible.below(100_000);
