@@ -6,9 +6,12 @@
 //!    only its simhash, content hash, timestamp, id and record number.
 //! 2. **Group exact duplicates** by content hash and **self-join** the groups'
 //!    representatives with the core index: every pair within `k` ([`crate::clusters`]).
-//! 3. With `--verify J`: read the input again, shingle only the documents in candidate
-//!    pairs (word 3-grams over normalised units, as the ground truth) and keep the pairs
-//!    whose exact Jaccard similarity is at least `J`.
+//! 3. **Verify** (unless `--no-verify`): read the input again, shingle only the documents
+//!    in candidate pairs (word 3-grams over normalised units, as the ground truth) and keep
+//!    the pairs whose exact Jaccard similarity is at least `J` (`--verify`, 0.9).
+//!
+//! The defaults (verify at J = 0.9 the candidates within k = 12; k = 3 without verifying)
+//! are chosen from measured precision and recall on real text: `docs/quality.md`.
 //! 4. **Cluster** under the chosen rule and pick originals.
 //! 5. **Write** one record per document in input order (re-reading JSONL input to copy its
 //!    other fields through), and the summary.
@@ -31,10 +34,12 @@ use crate::input::{InputFormat, Inputs, SourceKind, read_all};
 use crate::output::{OutputFormat, Row, RowWriter};
 use crate::pipeline::{OnError, ScanOptions, Skipped, scan};
 
-/// The default Hamming distance without `--verify` (chosen in `docs/quality.md`).
+/// The default Hamming distance with `--no-verify` (chosen in `docs/quality.md`).
 pub const DEFAULT_K: u32 = 3;
-/// The default candidate distance with `--verify` (chosen in `docs/quality.md`).
+/// The default candidate distance when pairs are verified (chosen in `docs/quality.md`).
 pub const DEFAULT_VERIFY_K: u32 = 12;
+/// The default `--verify` Jaccard threshold (chosen in `docs/quality.md`).
+pub const DEFAULT_VERIFY_J: f64 = 0.9;
 /// Shingle size of the `--verify` Jaccard similarity (word 3-grams, as the ground truth).
 pub const VERIFY_NGRAM: usize = 3;
 
@@ -77,7 +82,8 @@ pub struct DedupArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t)]
     pub format: OutputFormat,
-    /// Near-duplicates differ in at most k fingerprint bits [default: 3; with --verify: 12].
+    /// Near-duplicates differ in at most k fingerprint bits [default: 12 candidates to
+    /// verify; 3 with --no-verify].
     #[arg(short, long)]
     pub k: Option<u32>,
     /// How near-duplicate pairs become clusters.
@@ -85,8 +91,12 @@ pub struct DedupArgs {
     pub rule: ClusterRule,
     /// Confirm each pair within k by exact word 3-gram Jaccard similarity >= J (a second
     /// pass over the input); cluster on confirmed pairs only.
-    #[arg(long, value_name = "J")]
-    pub verify: Option<f64>,
+    #[arg(long, value_name = "J", default_value_t = DEFAULT_VERIFY_J)]
+    pub verify: f64,
+    /// Do not verify: every pair within k (default 3) is a near-duplicate (the paper's
+    /// method; one pass, lower recall or precision).
+    #[arg(long, conflicts_with = "verify")]
+    pub no_verify: bool,
     /// What to do with a bad document (broken JSON, no id or text, not UTF-8, empty).
     #[arg(long, value_enum, default_value_t)]
     pub on_error: OnError,
@@ -114,6 +124,11 @@ pub struct DedupArgs {
 }
 
 impl DedupArgs {
+    /// The Jaccard threshold pairs are verified with, or `None` with `--no-verify`.
+    pub fn verify_threshold(&self) -> Option<f64> {
+        (!self.no_verify).then_some(self.verify)
+    }
+
     /// Arguments for `inputs` with every default.
     pub fn new(inputs: Vec<PathBuf>) -> DedupArgs {
         DedupArgs {
@@ -124,7 +139,8 @@ impl DedupArgs {
             format: OutputFormat::Jsonl,
             k: None,
             rule: ClusterRule::AttachToOriginal,
-            verify: None,
+            verify: DEFAULT_VERIFY_J,
+            no_verify: false,
             on_error: OnError::Skip,
             summary: None,
             skipped: None,
@@ -302,12 +318,13 @@ pub(crate) fn report_skipped(
 pub fn run_dedup(args: DedupArgs) -> Result<Summary, DedupError> {
     let start = Instant::now();
     let config = args.fingerprint.config()?;
-    if let Some(j) = args.verify
+    let verify = args.verify_threshold();
+    if let Some(j) = verify
         && !(j > 0.0 && j <= 1.0)
     {
         return Err(DedupError::Usage(format!("--verify {j}: J must be in (0, 1]")));
     }
-    let k = args.k.unwrap_or(if args.verify.is_some() { DEFAULT_VERIFY_K } else { DEFAULT_K });
+    let k = args.k.unwrap_or(if verify.is_some() { DEFAULT_VERIFY_K } else { DEFAULT_K });
     if k > 16 {
         return Err(DedupError::Usage(format!("-k {k}: at most 16 bits are supported")));
     }
@@ -365,7 +382,7 @@ pub fn run_dedup(args: DedupArgs) -> Result<Summary, DedupError> {
     phases.insert("join", t.elapsed().as_secs_f64());
 
     // 3. Verification.
-    let edges: Vec<Edge> = match args.verify {
+    let edges: Vec<Edge> = match verify {
         None => pairs
             .iter()
             .map(|&(a, b, _)| Edge {
@@ -376,12 +393,12 @@ pub fn run_dedup(args: DedupArgs) -> Result<Summary, DedupError> {
             .collect(),
         Some(threshold) => {
             let t = Instant::now();
-            let e = verify(&mut inputs, &docs, &groups, &pairs, threshold, &opts, config)?;
+            let e = verify_pairs(&mut inputs, &docs, &groups, &pairs, threshold, &opts, config)?;
             phases.insert("verify", t.elapsed().as_secs_f64());
             e
         }
     };
-    let confirmed_pairs = args.verify.map(|_| edges.len());
+    let confirmed_pairs = verify.map(|_| edges.len());
 
     // 4. Clusters.
     let t = Instant::now();
@@ -408,7 +425,7 @@ pub fn run_dedup(args: DedupArgs) -> Result<Summary, DedupError> {
         skipped,
         blank_lines: scanned.stats.blank_lines,
         k,
-        verify: args.verify,
+        verify,
         rule: args.rule,
         seconds: start.elapsed().as_secs_f64(),
         phase_seconds: phases,
@@ -425,7 +442,7 @@ pub fn run_dedup(args: DedupArgs) -> Result<Summary, DedupError> {
 
 /// Pass 2 of `--verify`: shingles of the documents in candidate pairs, and the pairs whose
 /// Jaccard similarity reaches `threshold`.
-fn verify(
+fn verify_pairs(
     inputs: &mut Inputs,
     docs: &[DocInfo],
     groups: &ExactGroups,
@@ -494,9 +511,9 @@ fn write_output(
         std::io::BufWriter::with_capacity(1 << 20, sink),
         args.format,
         args.keep_text,
-        args.verify.is_some(),
+        args.verify_threshold().is_some(),
     )?;
-    let verified = args.verify.is_some();
+    let verified = args.verify_threshold().is_some();
     let row = |i: usize| {
         let a = &assigned.docs[i];
         Row {

@@ -127,6 +127,7 @@ fn clusters_match_brute_force() {
                 &[
                     "dedup",
                     c,
+                    "--no-verify",
                     "-k",
                     &k_arg,
                     "--rule",
@@ -162,13 +163,15 @@ fn verify_matches_brute_force() {
     write_jsonl(&corpus, &pages);
     let summary = dir.path("summary.json");
     let c = corpus.to_str().unwrap();
-    for (k, j) in [(12u32, 0.8), (6, 0.5)] {
+    // The defaults verify at J = 0.9 the candidates within k = 12.
+    for (k, j, defaults) in [(12u32, 0.9, true), (12, 0.8, false), (6, 0.5, false)] {
         let want = brute_force(&pages, k, Some(j), Rule::AttachToOriginal);
         let (k_arg, j_arg) = (k.to_string(), j.to_string());
-        let out = run_ok(
-            &["dedup", c, "-k", &k_arg, "--verify", &j_arg, "--summary", summary.to_str().unwrap()],
-            None,
-        );
+        let mut args = vec!["dedup", c, "--summary", summary.to_str().unwrap()];
+        if !defaults {
+            args.extend(["-k", &k_arg, "--verify", &j_arg]);
+        }
+        let out = run_ok(&args, None);
         let got = records(&out.stdout);
         check(&got, &want, &format!("verify {j} at k = {k}"));
         for rec in &got {
@@ -231,7 +234,7 @@ fn html_files_directories_and_csv() {
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(
         lines[0],
-        "id,fingerprint,cluster,original,is_original,nearest,distance,exact_duplicate_of"
+        "id,fingerprint,cluster,original,is_original,nearest,distance,exact_duplicate_of,jaccard"
     );
     let a = site.join("a.html").display().to_string();
     let c = site.join("b/c.htm").display().to_string();
@@ -244,9 +247,15 @@ fn html_files_directories_and_csv() {
         (a.as_str(), c.as_str(), d.as_str())
     );
     assert_eq!(ra[1], rc[1], "same visible text, same fingerprint");
-    assert_eq!(&rc[2..], [ra[2].as_str(), &a, "false", &a, "0", &a], "{text}");
-    assert_eq!(&ra[4..7], ["true", &c, "0"]);
-    assert_eq!(&rd[4..], ["true", "", "", ""]);
+    assert_eq!(&rc[2..], [ra[2].as_str(), &a, "false", &a, "0", &a, "1.0"], "{text}");
+    assert_eq!(&ra[4..], ["true", &c, "0", "", "1.0"]);
+    assert_eq!(&rd[4..], ["true", "", "", "", ""]);
+    // Without verifying there is no jaccard column.
+    let out = run_ok(&["dedup", site.to_str().unwrap(), "--format", "csv", "--no-verify"], None);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.starts_with(
+        "id,fingerprint,cluster,original,is_original,nearest,distance,exact_duplicate_of\n"
+    ));
 }
 
 #[test]
