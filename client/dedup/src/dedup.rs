@@ -10,7 +10,7 @@
 //!    in candidate pairs (word 3-grams over normalised units, as the ground truth) and keep
 //!    the pairs whose exact Jaccard similarity is at least `J` (`--verify`, 0.9).
 //!
-//! The defaults (verify at J = 0.9 the candidates within k = 12; k = 3 without verifying)
+//! The defaults (verify at J = 0.9 the candidates within k = 8; k = 3 without verifying)
 //! are chosen from measured precision and recall on real text: `docs/quality.md`.
 //! 4. **Cluster** under the chosen rule and pick originals.
 //! 5. **Write** one record per document in input order (re-reading JSONL input to copy its
@@ -37,7 +37,7 @@ use crate::pipeline::{OnError, ScanOptions, Skipped, scan};
 /// The default Hamming distance with `--no-verify` (chosen in `docs/quality.md`).
 pub const DEFAULT_K: u32 = 3;
 /// The default candidate distance when pairs are verified (chosen in `docs/quality.md`).
-pub const DEFAULT_VERIFY_K: u32 = 12;
+pub const DEFAULT_VERIFY_K: u32 = 8;
 /// The default `--verify` Jaccard threshold (chosen in `docs/quality.md`).
 pub const DEFAULT_VERIFY_J: f64 = 0.9;
 /// Shingle size of the `--verify` Jaccard similarity (word 3-grams, as the ground truth).
@@ -82,7 +82,7 @@ pub struct DedupArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t)]
     pub format: OutputFormat,
-    /// Near-duplicates differ in at most k fingerprint bits [default: 12 candidates to
+    /// Near-duplicates differ in at most k fingerprint bits [default: 8 for candidates to
     /// verify; 3 with --no-verify].
     #[arg(short, long)]
     pub k: Option<u32>,

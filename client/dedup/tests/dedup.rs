@@ -163,8 +163,8 @@ fn verify_matches_brute_force() {
     write_jsonl(&corpus, &pages);
     let summary = dir.path("summary.json");
     let c = corpus.to_str().unwrap();
-    // The defaults verify at J = 0.9 the candidates within k = 12.
-    for (k, j, defaults) in [(12u32, 0.9, true), (12, 0.8, false), (6, 0.5, false)] {
+    // The defaults verify at J = 0.9 the candidates within k = 8.
+    for (k, j, defaults) in [(8u32, 0.9, true), (12, 0.8, false), (6, 0.5, false)] {
         let want = brute_force(&pages, k, Some(j), Rule::AttachToOriginal);
         let (k_arg, j_arg) = (k.to_string(), j.to_string());
         let mut args = vec!["dedup", c, "--summary", summary.to_str().unwrap()];
