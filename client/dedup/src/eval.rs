@@ -37,7 +37,7 @@ use crate::clusters::near_pairs;
 use crate::config::FingerprintArgs;
 use crate::dedup::{VERIFY_NGRAM, report_skipped, threads};
 use crate::error::{DedupError, SkipReason};
-use crate::input::{InputFormat, Inputs};
+use crate::input::{InputFormat, Inputs, OrderedFields, read_all};
 use crate::pipeline::{OnError, ScanOptions, scan};
 use crate::plot;
 
@@ -97,6 +97,10 @@ pub struct EvalArgs {
     /// Do not draw the plots.
     #[arg(long)]
     pub no_plots: bool,
+    /// Also score each value of this JSONL field separately (e.g. `lang`): pairs whose two
+    /// documents both have that value, at k = 3 and at every verify point.
+    #[arg(long, value_name = "FIELD")]
+    pub by: Option<String>,
     /// Worker threads [default: all cores].
     #[arg(long)]
     pub threads: Option<usize>,
@@ -132,6 +136,7 @@ impl EvalArgs {
             verify_at: default_verify_points(),
             font: None,
             no_plots: false,
+            by: None,
             threads: None,
             on_error: OnError::Skip,
             html: false,
@@ -172,6 +177,9 @@ pub struct EvalReport {
     /// Simhash candidates confirmed by Jaccard, for each `--verify-at` point and truth
     /// threshold.
     pub verified: Vec<EvalRow>,
+    /// With `--by`: per value of the field, its documents and the rows at k = 3 and at each
+    /// verify point, restricted to pairs inside the group.
+    pub by_group: Vec<(String, usize, Vec<EvalRow>)>,
     /// Successive sorted distinct fingerprints whose XOR has its leading 1-bit at each
     /// position (0 = least significant).
     pub xor_leading_bit: [u64; 64],
@@ -227,6 +235,7 @@ pub fn run_eval(args: EvalArgs) -> Result<EvalReport, DedupError> {
     )?;
     let read_seconds = start.elapsed().as_secs_f64();
     let skipped = report_skipped(&scanned.skipped, None)?;
+    let seqs: Vec<u64> = scanned.docs.iter().map(|a| a.seq).collect();
     let (fps, sets): (Vec<u64>, Vec<Vec<u64>>) = scanned.docs.into_iter().map(|a| a.value).unzip();
     let n = fps.len();
 
@@ -278,6 +287,48 @@ pub fn run_eval(args: EvalArgs) -> Result<EvalReport, DedupError> {
         verified.extend(score(v.k, Some(v.j))?);
     }
 
+    // Per value of a field: the same scores restricted to pairs inside the group.
+    let mut by_group = Vec::new();
+    if let Some(field) = &args.by {
+        let groups = field_values(&mut inputs, &seqs, field)?;
+        let mut values: Vec<&str> = groups.iter().map(String::as_str).collect();
+        values.sort_unstable();
+        values.dedup();
+        for value in values {
+            let inside = |a: usize, b: usize| groups[a] == value && groups[b] == value;
+            let documents = groups.iter().filter(|g| *g == value).count();
+            let mut rows = Vec::new();
+            let settings =
+                std::iter::once((3, None)).chain(args.verify_at.iter().map(|v| (v.k, Some(v.j))));
+            for (k, verify) in settings {
+                let pred: Vec<(usize, usize)> = candidates
+                    .iter()
+                    .zip(&similarity)
+                    .filter(|((a, b, d), s)| {
+                        *d <= k
+                            && verify.is_none_or(|j| **s >= j)
+                            && inside(*a as usize, *b as usize)
+                    })
+                    .map(|(&(a, b, _), _)| (a as usize, b as usize))
+                    .collect();
+                for (t, tp) in &truths {
+                    let tp: Vec<(usize, usize)> =
+                        tp.iter().copied().filter(|&(a, b)| inside(a, b)).collect();
+                    let q = evaluate(n, &pred, &tp)?;
+                    rows.push(EvalRow {
+                        k,
+                        verify,
+                        truth: *t,
+                        predicted_pairs: q.predicted_pairs,
+                        pairs: q.pairs,
+                        docs: q.docs,
+                    });
+                }
+            }
+            by_group.push((value.to_string(), documents, rows));
+        }
+    }
+
     let mut sorted = fps.clone();
     sorted.sort_unstable();
     sorted.dedup();
@@ -316,6 +367,12 @@ pub fn run_eval(args: EvalArgs) -> Result<EvalReport, DedupError> {
         },
         "simhash": simhash.iter().map(row_json).collect::<Vec<_>>(),
         "verified": verified.iter().map(row_json).collect::<Vec<_>>(),
+        "by": args.by.as_ref().map(|f| serde_json::json!({
+            "field": f,
+            "groups": by_group.iter().map(|(v, d, rows)| serde_json::json!({
+                "value": v, "documents": d, "rows": rows.iter().map(row_json).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+        })),
         "xor_leading_bit": xor_leading_bit.to_vec(),
         "distinct_fingerprints": sorted.len(),
         "seconds": {
@@ -327,8 +384,16 @@ pub fn run_eval(args: EvalArgs) -> Result<EvalReport, DedupError> {
     let text = serde_json::to_string_pretty(&json).unwrap_or_default() + "\n";
     std::fs::write(&report_path, text).map_err(|e| DedupError::io(report_path.display(), e))?;
 
-    let report =
-        EvalReport { documents: n, skipped, true_pairs, simhash, verified, xor_leading_bit, json };
+    let report = EvalReport {
+        documents: n,
+        skipped,
+        true_pairs,
+        simhash,
+        verified,
+        by_group,
+        xor_leading_bit,
+        json,
+    };
     if !args.no_plots {
         let font = plot::load_font(args.font.as_deref())?;
         plot::precision_recall(&args.out.join("precision_recall.png"), &report, &font)?;
@@ -339,6 +404,32 @@ pub fn run_eval(args: EvalArgs) -> Result<EvalReport, DedupError> {
         println!("report: {}", report_path.display());
     }
     Ok(report)
+}
+
+/// The value of `field` in each accepted record (by record number `seqs`): a string's
+/// contents, other JSON as written, `-` when missing.
+fn field_values(inputs: &mut Inputs, seqs: &[u64], field: &str) -> Result<Vec<String>, DedupError> {
+    let mut out = Vec::with_capacity(seqs.len());
+    let bytes = std::sync::atomic::AtomicU64::new(0);
+    let want = |seq: u64| seqs.binary_search(&seq).is_ok();
+    read_all(inputs, &want, &bytes, |raw| {
+        let value = raw
+            .bytes
+            .as_ref()
+            .ok()
+            .and_then(|line| serde_json::from_slice::<OrderedFields<'_>>(line).ok())
+            .and_then(|f| {
+                f.0.iter().find(|(k, _)| k == field).map(|(_, v)| {
+                    serde_json::from_str::<String>(v.get()).unwrap_or_else(|_| v.get().to_string())
+                })
+            });
+        out.push(value.unwrap_or_else(|| "-".to_string()));
+        true
+    })?;
+    if out.len() != seqs.len() {
+        return Err(DedupError::Usage("the corpus changed while it was read".into()));
+    }
+    Ok(out)
 }
 
 /// The report as a text table.
@@ -356,10 +447,16 @@ pub fn table(r: &EvalReport) -> String {
         "{:>4} {:>7} {:>6} {:>9} | {:>9} {:>9} {:>9} | {:>9} {:>9}",
         "k", "verify", "truth", "predicted", "pair P", "pair R", "pair F1", "doc P", "doc R"
     );
-    for row in r.simhash.iter().chain(&r.verified) {
+    let rows = r.simhash.iter().chain(&r.verified).map(|x| ("", x));
+    let groups =
+        r.by_group.iter().flat_map(|(v, _, rows)| rows.iter().map(move |x| (v.as_str(), x)));
+    for (group, row) in rows.chain(groups) {
+        if !group.is_empty() && row.verify.is_some_and(|j| j != row.truth) {
+            continue;
+        }
         let _ = writeln!(
             s,
-            "{:>4} {:>7} {:>6} {:>9} | {:>9.3} {:>9.3} {:>9.3} | {:>9.3} {:>9.3}",
+            "{:>4} {:>7} {:>6} {:>9} | {:>9.3} {:>9.3} {:>9.3} | {:>9.3} {:>9.3} {group}",
             row.k,
             row.verify.map_or("-".to_string(), |j| j.to_string()),
             row.truth,
