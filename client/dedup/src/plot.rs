@@ -93,6 +93,7 @@ pub(crate) fn precision_recall(path: &Path, r: &EvalReport, font: &Font) -> Resu
             .x_labels(max_k as usize + 1)
             .x_label_formatter(&|x| format!("{x:.0}"))
             .y_labels(11)
+            .light_line_style(RGBColor(238, 238, 238))
             .label_style((font.0, 16))
             .axis_desc_style((font.0, 18))
             .draw()
@@ -134,7 +135,7 @@ pub(crate) fn precision_recall(path: &Path, r: &EvalReport, font: &Font) -> Resu
         }
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
+            .position(SeriesLabelPosition::LowerLeft)
             .label_font((font.0, 16))
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
