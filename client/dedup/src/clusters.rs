@@ -99,6 +99,12 @@ pub fn near_pairs(
     if fps.len() < 2 {
         return Ok(Vec::new());
     }
+    if fps.len() > u32::MAX as usize {
+        return Err(DedupError::Usage(format!(
+            "{} documents: at most 2^32 - 1 per run",
+            fps.len()
+        )));
+    }
     let design = Design::auto(fps.len() as u64, k, budget_bytes)?;
     let docs: Vec<Doc> =
         fps.iter().enumerate().map(|(i, &fp)| Doc { id: i as u64, fp, ts: 0 }).collect();

@@ -65,10 +65,22 @@ impl From<ClusterRule> for Rule {
 }
 
 /// Options of `neardup dedup`.
+///
+/// Output: one record per document, in input order: `id`, `fingerprint` (16 hex digits),
+/// `cluster` (a number from 0, clusters numbered in input order of their originals),
+/// `original` (the cluster original's id), `is_original`, `nearest` (the id of its nearest
+/// near-duplicate, or null), `distance` (fingerprint bits between the two), and
+/// `exact_duplicate_of` (the id of the earliest document with the same normalised text, or
+/// null); with verification also `jaccard` (the similarity to `nearest`). JSONL records
+/// carry the input's other fields after these (`text` only with `--keep-text`). Skipped
+/// documents are not in the output; they are reported on stderr and counted in the summary.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DedupArgs {
     /// JSONL files, document files (plain text or HTML) or directories of them; none or `-`
-    /// reads JSONL from stdin.
+    /// reads JSONL from stdin. A JSONL record has `id` (a string or an integer), `text`, an
+    /// optional `timestamp` (Unix seconds as a number, or RFC 3339 text such as
+    /// 2024-05-01T12:00:00Z; documents without one come after all dated ones) and any other
+    /// fields, which are copied to the output. A document file's id is its path.
     pub inputs: Vec<PathBuf>,
     /// How to read the inputs.
     #[arg(long, value_enum, default_value_t)]
