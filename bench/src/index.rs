@@ -71,6 +71,10 @@ pub struct IndexArgs {
     /// Also time the same queries with the other block lookup method.
     #[arg(long)]
     compare_search: bool,
+    /// Buckets with at most this many entries never get a crowded-prefix sub-index
+    /// (a huge value turns sub-indexes off, to compare).
+    #[arg(long)]
+    crowd_min: Option<usize>,
     /// Repeat the one-thread throughput pass this many times (for profiling); the figure
     /// reported is the median pass.
     #[arg(long, default_value_t = 1)]
@@ -118,21 +122,30 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
     if n > u32::MAX as usize {
         return Err("at most 2^32 - 1 stored fingerprints (ids are u32 in the pairs file)".into());
     }
-    let design = if args.design == "auto" {
-        Design::auto(n as u64, args.k, args.budget_mb * 1_000_000).map_err(|e| e.to_string())?
-    } else {
-        Design::parse(&args.design).map_err(|e| e.to_string())?
-    };
-    design.check_k(args.k).map_err(|e| e.to_string())?;
     let codec: Codec = args.codec.parse().map_err(|e: neardup_core::Error| e.to_string())?;
     let search: BlockSearch =
         args.search.parse().map_err(|e: neardup_core::Error| e.to_string())?;
-    let config = IndexConfig {
-        design: design.clone(),
-        run: RunOptions { codec, block_bytes: args.block_bytes, search },
-        ..IndexConfig::default()
+    let config = if args.design == "auto" {
+        let mut c = IndexConfig::auto(n as u64, args.k, args.budget_mb * 1_000_000)
+            .map_err(|e| e.to_string())?;
+        c.run.search = search;
+        c
+    } else {
+        let design = Design::parse(&args.design).map_err(|e| e.to_string())?;
+        IndexConfig {
+            design,
+            run: RunOptions { codec, block_bytes: args.block_bytes, search },
+            ..IndexConfig::default()
+        }
     };
+    let mut config = config;
+    if let Some(m) = args.crowd_min {
+        config.crowd_min = m;
+    }
+    config.design.check_k(args.k).map_err(|e| e.to_string())?;
     config.validate().map_err(|e| e.to_string())?;
+    let design = config.design.clone();
+    let (codec, block_bytes) = (config.run.codec, config.run.block_bytes);
     let docs: Vec<Doc> =
         w.stored.iter().enumerate().map(|(i, &fp)| Doc { id: i as u64, fp, ts: 0 }).collect();
     eprintln!(
@@ -324,7 +337,7 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
         "design": design.to_string(),
         "tables": design.tables().len(),
         "codec": format!("{codec:?}").to_lowercase(),
-        "block_bytes": args.block_bytes,
+        "block_bytes": block_bytes,
         "search": format!("{search:?}").to_lowercase(),
         "build_seconds": build_seconds,
         "build_fps_per_second_one_core": n as f64 / build_seconds,

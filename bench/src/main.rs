@@ -2,6 +2,7 @@
 //! the same run. See the README for the commands.
 
 mod bruteforce;
+mod designs;
 mod fingerprint;
 mod index;
 mod workload;
@@ -20,6 +21,9 @@ enum Command {
     /// The in-memory index: build, queries on one and all threads, brute-force check,
     /// live inserts. Last line of stdout: one JSON object.
     Index(index::IndexArgs),
+    /// Table designs: tables, prefix bits, expected candidates and estimated memory at a
+    /// given n, for the paper's designs and the automatic choices.
+    Designs(designs::DesignsArgs),
     /// Fingerprinting throughput (MB of text per second per core), MD5 and xxh3 features,
     /// against a naive implementation and raw MD5 measured in the same run.
     Fingerprint(fingerprint::Args),
@@ -34,6 +38,7 @@ fn main() {
                 std::process::exit(1);
             }
         }
+        Command::Designs(args) => designs::run(args),
         Command::Fingerprint(args) => fingerprint::run(args),
     }
 }

@@ -315,49 +315,60 @@ impl Design {
         Design::new(64, levels).ok()
     }
 
-    /// Chooses a design for about `n` fingerprints and distance `k` that fits `budget_bytes`
-    /// (estimated with [`estimate_bytes`](Self::estimate_bytes)) and has the lowest estimated
-    /// query cost ([`estimate_query_cost`](Self::estimate_query_cost)). Candidates are every
-    /// one- and two-level design with up to [`MAX_TABLES`] tables and the paper's recursion's
-    /// answers. When nothing fits the budget, the smallest design is returned.
-    pub fn auto(n: u64, k: u32, budget_bytes: u64) -> Result<Design> {
-        if k > 16 {
-            return Err(Error::KOutOfRange { k, max: 16 });
-        }
-        let mut candidates: Vec<Vec<Level>> = Vec::new();
+    /// Every one- and two-level design answering `k` with up to [`MAX_TABLES`] tables,
+    /// plus the paper's recursion's answers: the candidates [`auto`](Self::auto) and
+    /// `IndexConfig::auto` choose from.
+    pub fn candidates(n: u64, k: u32) -> Vec<Design> {
         let even = |blocks, choose| Level { blocks, widths: None, choose };
+        let mut levels: Vec<Vec<Level>> = Vec::new();
         for r1 in k + 1..=(k + 10).min(32) {
             for c1 in 1..=r1 - k {
-                candidates.push(vec![even(r1, c1)]);
+                levels.push(vec![even(r1, c1)]);
                 for r2 in k + 1..=(k + 6).min(24) {
                     for c2 in 1..=r2 - k {
-                        candidates.push(vec![even(r1, c1), even(r2, c2)]);
+                        levels.push(vec![even(r1, c1), even(r2, c2)]);
                     }
                 }
             }
         }
         for tau in 0..=12 {
             if let Some(d) = Self::fewest_tables(n, k, tau) {
-                candidates.push(d.levels.clone());
+                levels.push(d.levels.clone());
             }
         }
+        let mut out: Vec<Design> = Vec::new();
+        for l in levels {
+            if let Ok(d) = Design::new(64, l)
+                && d.max_k() >= k
+                && !out.contains(&d)
+            {
+                out.push(d);
+            }
+        }
+        out
+    }
+
+    /// Chooses a design for about `n` fingerprints and distance `k` that fits `budget_bytes`
+    /// with the lowest estimated query cost, for the default layout ([`Layout::default`]:
+    /// XOR coding in 1 KiB blocks). Candidates are [`candidates`](Self::candidates). When
+    /// nothing fits the budget, the smallest design is returned. `IndexConfig::auto` also
+    /// chooses the block size and coding.
+    pub fn auto(n: u64, k: u32, budget_bytes: u64) -> Result<Design> {
+        if k > 16 {
+            return Err(Error::KOutOfRange { k, max: 16 });
+        }
+        let layout = Layout::default();
         let mut best: Option<(f64, Design)> = None;
         let mut smallest: Option<(u64, Design)> = None;
-        for levels in candidates {
-            let Ok(d) = Design::new(64, levels) else {
-                continue;
-            };
-            if d.max_k() < k {
-                continue;
-            }
-            let bytes = d.estimate_bytes(n);
+        for d in Self::candidates(n, k) {
+            let bytes = d.estimate_bytes(n, layout);
             if smallest.as_ref().is_none_or(|(b, _)| bytes < *b) {
                 smallest = Some((bytes, d.clone()));
             }
             if bytes > budget_bytes {
                 continue;
             }
-            let cost = d.estimate_query_cost(n);
+            let cost = d.estimate_query_ns(n, layout);
             if best.as_ref().is_none_or(|(c, _)| cost < *c) {
                 best = Some((cost, d));
             }
@@ -367,28 +378,65 @@ impl Design {
             .ok_or_else(|| Error::InvalidDesign(format!("no design answers k = {k}")))
     }
 
-    /// Estimated index bytes for `n` fingerprints: each table at the measured Huffman-XOR
-    /// rate (about `66.5 - log2 n` bits per entry with block overhead) plus 12 bytes per
-    /// document for ids and timestamps.
-    pub fn estimate_bytes(&self, n: u64) -> u64 {
-        let per_entry_bits = (66.5 - (n.max(2) as f64).log2()).max(8.0);
-        let tables = self.tables.len() as f64 * n as f64 * per_entry_bits / 8.0;
-        (tables + 12.0 * n as f64) as u64
+    /// Estimated index bytes for `n` fingerprints laid out as `layout`: every table at
+    /// `64 - log2 n` bits plus the coding's excess and the block overhead, plus the
+    /// document columns (ids in `log2 n` bits, timestamps in 32).
+    pub fn estimate_bytes(&self, n: u64, layout: Layout) -> u64 {
+        let tables = self.tables.len() as f64 * n as f64 * layout.entry_bits(n) / 8.0;
+        let lg = (n.max(2) as f64).log2().ceil();
+        (tables + n as f64 * (lg + 32.0) / 8.0) as u64
     }
 
-    /// Estimated single-thread query cost in nanoseconds for `n` fingerprints: per table a
-    /// block lookup (a cache miss) plus decoding half a block and every candidate.
-    pub fn estimate_query_cost(&self, n: u64) -> f64 {
-        const LOOKUP_NS: f64 = 60.0;
-        const DECODE_NS: f64 = 2.5;
-        const HALF_BLOCK: f64 = 90.0;
+    /// Estimated single-thread query cost in nanoseconds for `n` fingerprints laid out as
+    /// `layout`: per table, one memory miss (overlapped with the other tables'), then
+    /// decoding half a block before the bucket and every candidate in it. Calibrated on
+    /// the 10M peer workload on 2-core development machines.
+    pub fn estimate_query_ns(&self, n: u64, layout: Layout) -> f64 {
+        const MISS_NS: f64 = 150.0;
+        const DECODE_NS: f64 = 3.6;
+        let half_block = layout.values_per_block(n) / 2.0;
         self.tables
             .iter()
             .map(|t| {
                 let cand = n as f64 / 2f64.powi(t.prefix_bits as i32);
-                LOOKUP_NS + DECODE_NS * (HALF_BLOCK.min(n as f64) + cand)
+                MISS_NS + DECODE_NS * (half_block.min(n as f64) + cand)
             })
             .sum()
+    }
+}
+
+/// How a design's tables are laid out, for estimates.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Layout {
+    /// Bits a value costs above `64 - log2 n` before block overhead: about 1.95 for XOR
+    /// coding, 0.1 for gap coding (measured at 1M to 100M values).
+    pub coding_excess_bits: f64,
+    /// Block size in bytes.
+    pub block_bytes: usize,
+}
+
+impl Default for Layout {
+    /// XOR coding in 1 KiB blocks.
+    fn default() -> Self {
+        Layout { coding_excess_bits: 1.95, block_bytes: 1024 }
+    }
+}
+
+impl Layout {
+    /// Bits of one compressed value, block overhead excluded.
+    fn raw_bits(&self, n: u64) -> f64 {
+        (64.0 - (n.max(2) as f64).log2() + self.coding_excess_bits).max(2.0)
+    }
+
+    /// Values one block holds.
+    pub fn values_per_block(&self, n: u64) -> f64 {
+        ((self.block_bytes.saturating_sub(16)) as f64 * 8.0 / self.raw_bits(n)).max(1.0)
+    }
+
+    /// Bits per value with the block overhead: header, checksum and directory, about
+    /// 160 bits a block.
+    pub fn entry_bits(&self, n: u64) -> f64 {
+        self.raw_bits(n) + 160.0 / self.values_per_block(n)
     }
 }
 

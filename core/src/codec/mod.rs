@@ -20,5 +20,5 @@ mod run;
 
 pub use huffman::{Huffman, MAX_CODE_LEN};
 pub use run::{
-    BlockSearch, Codec, FORMAT_VERSION, HEADER_BYTES, HxRun, Lane, RunOptions, scan_lanes,
+    BlockSearch, Codec, FORMAT_VERSION, HEADER_BYTES, HxRun, Lane, NO_RANK, RunOptions, scan_lanes,
 };

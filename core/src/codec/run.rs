@@ -3,6 +3,9 @@
 use crate::codec::huffman::{Huffman, MAX_CODE_LEN, SYMBOLS};
 use crate::error::{Error, Result};
 
+/// The rank reported for values of a run without ranks (see [`HxRun::drop_ranks`]).
+pub const NO_RANK: u32 = u32::MAX;
+
 /// Format version written in every run header; readers refuse any other.
 pub const FORMAT_VERSION: u16 = 1;
 const MAGIC: [u8; 4] = *b"NDHX";
@@ -298,9 +301,6 @@ pub struct Lane<'a> {
     done: bool,
 }
 
-/// Values a lane decodes per call, with its state in registers.
-const BURST: usize = 16;
-
 /// The value count a block's header holds.
 #[inline(always)]
 fn block_count(block: &[u8]) -> u32 {
@@ -308,39 +308,66 @@ fn block_count(block: &[u8]) -> u32 {
 }
 
 impl Lane<'_> {
-    /// Decodes up to [`BURST`] values, reporting those within `k` of the lane's query.
+    /// Runs the scan to its end, reporting values within `k` of the lane's query.
+    ///
+    /// The inner loops stay within one block and carry only what decoding needs, so the
+    /// state fits in registers: first values below the range are skipped with a compare,
+    /// then values in the range are checked; block changes and hits are out of line.
     #[inline(always)]
-    fn burst<C: Code>(&mut self, k: u32, out: &mut Vec<(u64, u32, u32)>) {
+    fn run<C: Code>(&mut self, k: u32, out: &mut Vec<(u64, u32, u32)>) {
         let (lut, lo, hi, pq) = (self.lut, self.lo, self.hi, self.pq);
-        let mut block = &self.data[self.block * self.bb..];
-        let (mut v, mut cur, mut left) = (self.v, self.cur, self.left);
-        for _ in 0..BURST {
-            if v >= lo && (v ^ pq).count_ones() <= k {
-                // Ranks are only needed for hits: look them up then.
-                let rank = self.ranks[self.block] + (self.count - 1 - left);
-                out.push((v, rank, self.tag));
-            }
-            if left == 0 {
-                self.block += 1;
-                if self.block >= self.blocks {
-                    self.done = true;
-                    return;
-                }
-                block = &self.data[self.block * self.bb..];
-                v = u64::from_le_bytes(block[..8].try_into().expect("8 bytes"));
-                self.count = block_count(block);
-                left = self.count - 1;
-                cur = Cursor::new(block);
-            } else {
+        while !self.done {
+            let block = &self.data[self.block * self.bb..];
+            let (mut v, mut cur, mut left) = (self.v, self.cur, self.left);
+            while v < lo && left > 0 {
                 v = C::apply(v, cur.next(block, lut));
                 left -= 1;
             }
-            if v > hi {
-                self.done = true;
-                return;
+            if v >= lo {
+                loop {
+                    if v > hi {
+                        self.done = true;
+                        return;
+                    }
+                    if (v ^ pq).count_ones() <= k {
+                        self.hit(v, left, out);
+                    }
+                    if left == 0 {
+                        break;
+                    }
+                    v = C::apply(v, cur.next(block, lut));
+                    left -= 1;
+                }
             }
+            self.next_block();
         }
-        (self.v, self.cur, self.left) = (v, cur, left);
+    }
+
+    /// Reports a matching value (rare: kept out of the decoding loop).
+    #[cold]
+    #[inline(never)]
+    fn hit(&self, v: u64, left: u32, out: &mut Vec<(u64, u32, u32)>) {
+        let rank = match self.ranks.get(self.block) {
+            Some(r) => r + (self.count - 1 - left),
+            None => NO_RANK,
+        };
+        out.push((v, rank, self.tag));
+    }
+
+    /// Moves to the first value of the next block, or ends the scan.
+    #[inline(never)]
+    fn next_block(&mut self) {
+        self.block += 1;
+        if self.block >= self.blocks {
+            self.done = true;
+            return;
+        }
+        let block = &self.data[self.block * self.bb..];
+        self.v = u64::from_le_bytes(block[..8].try_into().expect("8 bytes"));
+        self.count = block_count(block);
+        self.left = self.count - 1;
+        self.cur = Cursor::new(block);
+        self.done = self.v > self.hi;
     }
 }
 
@@ -356,9 +383,7 @@ pub fn scan_lanes(codec: Codec, lanes: &mut [Lane<'_>], k: u32, out: &mut Vec<(u
 
 fn scan_lanes_with<C: Code>(lanes: &mut [Lane<'_>], k: u32, out: &mut Vec<(u64, u32, u32)>) {
     for lane in lanes.iter_mut() {
-        while !lane.done {
-            lane.burst::<C>(k, out);
-        }
+        lane.run::<C>(k, out);
     }
 }
 
@@ -371,7 +396,10 @@ pub struct HxRun {
     /// `blocks * block_bytes` bytes, then [`SLACK`] zero bytes. A block's first value, read
     /// from its first 8 bytes, is its search key.
     data: Vec<u8>,
-    /// Entries before each block; `ranks[blocks] == len`, so `ranks.len() - 1` blocks.
+    /// Number of blocks.
+    nblocks: usize,
+    /// Values before each block, and `len` at the end; empty after
+    /// [`drop_ranks`](HxRun::drop_ranks).
     ranks: Vec<u32>,
     dir_shift: u32,
     /// `dir[t]` = index of the first block whose key has top bits `>= t`.
@@ -443,8 +471,16 @@ impl HxRun {
         ranks.push(values.len() as u32);
         data.shrink_to_fit();
         ranks.shrink_to_fit();
-        let mut run =
-            HxRun { opts, huffman, len: values.len(), data, ranks, dir_shift: 64, dir: Vec::new() };
+        let mut run = HxRun {
+            opts,
+            huffman,
+            len: values.len(),
+            data,
+            nblocks: ranks.len() - 1,
+            ranks,
+            dir_shift: 64,
+            dir: Vec::new(),
+        };
         run.build_directory();
         Ok(run)
     }
@@ -482,6 +518,13 @@ impl HxRun {
         self.dir = dir;
     }
 
+    /// Frees the per-block ranks, which only [`get`](Self::get), [`rank_of`](Self::rank_of)
+    /// and the ranks reported by scans need (those then report [`NO_RANK`]). Tables other
+    /// than the document store's key column never use them.
+    pub fn drop_ranks(&mut self) {
+        self.ranks = Vec::new();
+    }
+
     /// Number of values.
     pub fn len(&self) -> usize {
         self.len
@@ -494,7 +537,7 @@ impl HxRun {
 
     /// Number of blocks.
     pub fn blocks(&self) -> usize {
-        self.ranks.len() - 1
+        self.nblocks
     }
 
     /// The options the run was encoded with.
@@ -631,7 +674,9 @@ impl HxRun {
     pub fn touch(&self, candidates: (usize, usize)) -> u64 {
         let bb = self.opts.block_bytes;
         let at = |x: usize| self.data.get(x).copied().unwrap_or(0) as u64;
-        at(candidates.0 * bb) ^ at((candidates.0 + 1) * bb)
+        // The first candidate always; the second only when the search may need it (the
+        // same line otherwise), without a branch that could serialise the misses.
+        at(candidates.0 * bb) ^ at(candidates.0.saturating_add(1).min(candidates.1) * bb)
     }
 
     /// Like [`lane`](Self::lane), searching the blocks from [`candidates`](Self::candidates);
@@ -678,12 +723,12 @@ impl HxRun {
         let mut b = self.block_for(lo);
         while b < self.blocks() {
             let block = &self.data[b * bb..];
-            let count = self.ranks[b + 1] - self.ranks[b];
+            let count = block_count(block);
             let mut v = u64::from_le_bytes(block[..8].try_into().expect("8 bytes"));
             if v > hi {
                 return;
             }
-            let rank0 = self.ranks[b] as usize;
+            let rank0 = self.ranks.get(b).map_or(NO_RANK as usize, |&r| r as usize);
             if v >= lo {
                 visit(v, rank0);
             }
@@ -694,7 +739,7 @@ impl HxRun {
                     return;
                 }
                 if v >= lo {
-                    visit(v, rank0 + j);
+                    visit(v, rank0.saturating_add(j));
                 }
             }
             b += 1;
@@ -703,7 +748,7 @@ impl HxRun {
 
     /// The value of rank `rank` (its position in sorted order), if `rank < len`.
     pub fn get(&self, rank: usize) -> Option<u64> {
-        if rank >= self.len {
+        if rank >= self.len || self.ranks.is_empty() {
             return None;
         }
         let b = self.ranks.partition_point(|&r| r as usize <= rank) - 1;
@@ -761,8 +806,11 @@ impl HxRun {
         self.opts.codec
     }
 
-    /// The rank (position in sorted order) of `value`, if present.
+    /// The rank (position in sorted order) of `value`, if present (`None` without ranks).
     pub fn rank_of(&self, value: u64) -> Option<usize> {
+        if self.ranks.is_empty() {
+            return None;
+        }
         let mut found = None;
         self.scan_range(value, value, |_, r| found = Some(r));
         found
@@ -966,7 +1014,16 @@ impl HxRun {
         }
         ranks.push(total as u32);
         data.resize(data.len() + SLACK, 0);
-        let mut run = HxRun { opts, huffman, len, data, ranks, dir_shift: 64, dir: Vec::new() };
+        let mut run = HxRun {
+            opts,
+            huffman,
+            len,
+            data,
+            nblocks: ranks.len() - 1,
+            ranks,
+            dir_shift: 64,
+            dir: Vec::new(),
+        };
         run.build_directory();
         Ok(run)
     }

@@ -56,26 +56,51 @@ impl Run {
         let mut order: Vec<(u64, u32)> =
             docs.iter().enumerate().map(|(i, d)| (d.fp, i as u32)).collect();
         order.sort_unstable();
-        let sorted: Vec<(u64, u64, i64)> = order
-            .iter()
-            .map(|&(fp, i)| {
-                let d = &docs[i as usize];
-                (fp, d.id, d.ts)
-            })
-            .collect();
-        Self::from_sorted(id, &sorted, ctx)
+        Self::from_sorted(
+            id,
+            order.len(),
+            |i| {
+                let d = &docs[order[i].1 as usize];
+                (d.fp, d.id, d.ts)
+            },
+            ctx,
+        )
     }
 
-    /// Builds a run from `(fp, id, ts)` sorted by fingerprint (ties in insertion order).
-    fn from_sorted(id: u64, sorted: &[(u64, u64, i64)], ctx: &BuildContext) -> Result<Run> {
-        if sorted.len() > u32::MAX as usize - 1 {
+    /// Builds a run from `len` documents given as `at(i) = (fp, id, ts)` in fingerprint
+    /// order (ties in insertion order).
+    fn from_sorted(
+        id: u64,
+        len: usize,
+        at: impl Fn(usize) -> (u64, u64, i64),
+        ctx: &BuildContext,
+    ) -> Result<Run> {
+        if len > u32::MAX as usize - 1 {
             return Err(Error::InvalidConfig("a run holds fewer than 2^32 - 1 documents".into()));
         }
-        let mut distinct: Vec<u64> = sorted.iter().map(|d| d.0).collect();
+        let mut distinct: Vec<u64> = (0..len).map(|i| at(i).0).collect();
         distinct.dedup();
-        let docs = DocStore::new(sorted);
+        let docs = DocStore::new(len, &at);
+        let values = distinct.clone();
+        Self::assemble(id, docs, distinct, ctx, move |_, spec, v| {
+            v.clear();
+            v.extend(values.iter().map(|&x| spec.perm.apply(x)));
+            v.sort_unstable();
+        })
+    }
+
+    /// Builds the tables of a run whose documents and distinct fingerprints are known.
+    /// `fill(t, spec, buffer)` puts the sorted permuted values of non-identity table `t`
+    /// into `buffer`.
+    fn assemble(
+        id: u64,
+        docs: DocStore,
+        distinct: Vec<u64>,
+        ctx: &BuildContext,
+        fill: impl Fn(usize, &crate::design::TableSpec, &mut Vec<u64>) + Sync,
+    ) -> Result<Run> {
         let fps = Arc::new(HxRun::encode(&distinct, ctx.opts)?);
-        let build_table = |t: usize| -> Result<TableRun> {
+        let build = |t: usize, v: &mut Vec<u64>| -> Result<TableRun> {
             let spec = &ctx.design.tables()[t];
             if spec.perm.is_identity() {
                 TableRun::build(
@@ -87,33 +112,70 @@ impl Run {
                     0,
                 )
             } else {
-                let mut v: Vec<u64> = distinct.iter().map(|&x| spec.perm.apply(x)).collect();
-                v.sort_unstable();
-                TableRun::build(&v, None, spec.prefix_bits, ctx.opts, &ctx.policy, 0)
+                fill(t, spec, v);
+                TableRun::build(v, None, spec.prefix_bits, ctx.opts, &ctx.policy, 0)
             }
         };
         let n = ctx.design.tables().len();
         let tables = if ctx.parallel {
-            (0..n).into_par_iter().map(build_table).collect::<Result<Vec<_>>>()?
+            (0..n).into_par_iter().map(|t| build(t, &mut Vec::new())).collect::<Result<Vec<_>>>()?
         } else {
-            (0..n).map(build_table).collect::<Result<Vec<_>>>()?
+            // One buffer for every table's permuted values: no fresh pages per table.
+            let mut scratch = Vec::with_capacity(distinct.len());
+            (0..n).map(|t| build(t, &mut scratch)).collect::<Result<Vec<_>>>()?
         };
         Ok(Run { id, fps, docs, tables })
     }
 
-    /// Merges runs (oldest first) into one, dropping deleted documents.
+    /// Merges runs (oldest first) into one, dropping deleted documents. Every source is
+    /// sorted already, in each table's order: documents and tables are merged, not sorted
+    /// again.
     pub(crate) fn merge(id: u64, runs: &[Arc<Run>], ctx: &BuildContext) -> Result<Run> {
-        let total: usize = runs.iter().map(|r| r.live_len()).sum();
-        let mut all: Vec<(u64, u64, i64)> = Vec::with_capacity(total);
-        for r in runs {
-            r.for_each_live(|fp, id, ts| all.push((fp, id, ts)));
+        let lists: Vec<Vec<(u64, u64, i64)>> = runs
+            .iter()
+            .map(|r| {
+                let mut v = Vec::with_capacity(r.live_len());
+                r.for_each_live(|fp, id, ts| v.push((fp, id, ts)));
+                v
+            })
+            .collect();
+        // Stable: among equal fingerprints, older runs' documents stay first.
+        let all = merge_sorted(lists, |d| d.0);
+        if all.len() > u32::MAX as usize - 1 {
+            return Err(Error::InvalidConfig("a run holds fewer than 2^32 - 1 documents".into()));
         }
-        // Sorting (fp, position) keeps older runs first among equal fingerprints.
-        let mut order: Vec<(u64, u32)> =
-            all.iter().enumerate().map(|(i, d)| (d.0, i as u32)).collect();
-        order.sort_unstable();
-        let sorted: Vec<(u64, u64, i64)> = order.iter().map(|&(_, i)| all[i as usize]).collect();
-        Self::from_sorted(id, &sorted, ctx)
+        let mut distinct: Vec<u64> = all.iter().map(|d| d.0).collect();
+        distinct.dedup();
+        let docs = DocStore::new(all.len(), |i| all[i]);
+        drop(all);
+        // Fingerprints some source holds whose documents are all deleted: the merged tables
+        // must not keep them.
+        let gone: Vec<u64> = if runs.iter().all(|r| r.deleted() == 0) {
+            Vec::new()
+        } else {
+            let mut all_fps = merge_sorted(runs.iter().map(|r| r.fps.to_vec()).collect(), |&x| x);
+            all_fps.dedup();
+            sorted_difference(&all_fps, &distinct)
+        };
+        let same_design = runs.iter().all(|r| r.tables.len() == ctx.design.tables().len());
+        let values = distinct.clone();
+        Self::assemble(id, docs, distinct, ctx, move |t, spec, v| {
+            if !same_design {
+                v.clear();
+                v.extend(values.iter().map(|&x| spec.perm.apply(x)));
+                v.sort_unstable();
+                return;
+            }
+            let mut merged =
+                merge_sorted(runs.iter().map(|r| r.tables[t].hx.to_vec()).collect(), |&x| x);
+            merged.dedup();
+            if !gone.is_empty() {
+                let mut drop_t: Vec<u64> = gone.iter().map(|&x| spec.perm.apply(x)).collect();
+                drop_t.sort_unstable();
+                merged = sorted_difference(&merged, &drop_t);
+            }
+            *v = merged;
+        })
     }
 
     /// Calls `f(fp, id, ts)` for every live document, in fingerprint order.
@@ -385,7 +447,8 @@ impl Run {
                 let intact =
                     if same_design { decoded.get_mut(t).and_then(Option::take) } else { None };
                 match intact {
-                    Some(hx) => {
+                    Some(mut hx) => {
+                        hx.drop_ranks();
                         let v = hx.to_vec();
                         TableRun::build(
                             &v,
@@ -481,4 +544,53 @@ pub(crate) struct RunMemory {
     pub tables: Vec<TableBytes>,
     pub doc_bytes: usize,
     pub column_bits: (u32, u32),
+}
+
+/// Merges sorted lists into one sorted list, stably: among equal keys, elements of earlier
+/// lists come first. Pairs of neighbouring lists are merged until one is left.
+fn merge_sorted<T: Copy>(mut lists: Vec<Vec<T>>, key: impl Fn(&T) -> u64 + Copy) -> Vec<T> {
+    while lists.len() > 1 {
+        let mut next = Vec::with_capacity(lists.len().div_ceil(2));
+        let mut it = lists.into_iter();
+        while let Some(a) = it.next() {
+            match it.next() {
+                Some(b) => next.push(merge_two(&a, &b, key)),
+                None => next.push(a),
+            }
+        }
+        lists = next;
+    }
+    lists.pop().unwrap_or_default()
+}
+
+fn merge_two<T: Copy>(a: &[T], b: &[T], key: impl Fn(&T) -> u64) -> Vec<T> {
+    let mut out = Vec::with_capacity(a.len() + b.len());
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        if key(&b[j]) < key(&a[i]) {
+            out.push(b[j]);
+            j += 1;
+        } else {
+            out.push(a[i]);
+            i += 1;
+        }
+    }
+    out.extend_from_slice(&a[i..]);
+    out.extend_from_slice(&b[j..]);
+    out
+}
+
+/// The values of sorted `a` that are not in sorted `b`.
+fn sorted_difference(a: &[u64], b: &[u64]) -> Vec<u64> {
+    let mut out = Vec::with_capacity(a.len().saturating_sub(b.len()));
+    let mut j = 0;
+    for &x in a {
+        while j < b.len() && b[j] < x {
+            j += 1;
+        }
+        if j >= b.len() || b[j] != x {
+            out.push(x);
+        }
+    }
+    out
 }

@@ -17,8 +17,7 @@ use crate::design::{Design, Level};
 use crate::error::Result;
 use crate::permute::{BitRange, Permutation};
 
-/// Marks a probe hit that carries no rank.
-pub(crate) const NO_RANK: u32 = u32::MAX;
+pub(crate) use crate::codec::NO_RANK;
 
 /// When a bucket counts as crowded, and how deep sub-indexes may go.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -82,7 +81,12 @@ impl TableRun {
     ) -> Result<TableRun> {
         let hx = match hx {
             Some(hx) => hx,
-            None => Arc::new(HxRun::encode(sorted, opts)?),
+            None => {
+                // Only the document store's key column (passed in) needs ranks.
+                let mut hx = HxRun::encode(sorted, opts)?;
+                hx.drop_ranks();
+                Arc::new(hx)
+            }
         };
         let mut crowded = Vec::new();
         let rest = 64 - prefix_bits;

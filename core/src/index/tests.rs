@@ -401,3 +401,111 @@ fn all_live(index: &Index) -> Vec<Doc> {
     out.extend_from_slice(index.buffered());
     out
 }
+
+/// One step of a random history for the property test.
+#[derive(Debug, Clone)]
+enum Op {
+    Insert(u64),
+    Batch(Vec<u64>),
+    DeleteIndex(usize),
+    DeleteDoc(usize),
+    Flush,
+    Merge,
+    Query(u64, u32),
+}
+
+fn op_strategy() -> impl proptest::strategy::Strategy<Value = Op> {
+    use proptest::prelude::*;
+    // Fingerprints from a few clusters so that near and exact duplicates are common.
+    let fp = (0u64..6, proptest::num::u64::ANY, 0u32..5).prop_map(|(c, noise, bits)| {
+        let centre = c.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let mut r = SplitMix64::new(noise);
+        r.flip_bits(centre, bits)
+    });
+    prop_oneof![
+        4 => fp.clone().prop_map(Op::Insert),
+        2 => proptest::collection::vec(fp.clone(), 0..80).prop_map(Op::Batch),
+        1 => (0usize..1000).prop_map(Op::DeleteIndex),
+        1 => (0usize..1000).prop_map(Op::DeleteDoc),
+        1 => Just(Op::Flush),
+        1 => Just(Op::Merge),
+        3 => (fp, 0u32..4).prop_map(|(q, k)| Op::Query(q, k)),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(200))]
+    /// Any history of writes, merges and queries agrees with brute force at every query.
+    #[test]
+    fn any_history_agrees_with_brute_force(ops in proptest::collection::vec(op_strategy(), 1..120)) {
+        let mut config = small_config("paper-10");
+        config.buffer_docs = 8;
+        config.merge_fanout = 2;
+        config.auto_merge = false;
+        let mut index = Index::new(config).unwrap();
+        let mut model = Model::default();
+        let mut next_id = 1u64;
+        let mut pending: Option<MergeJob> = None;
+        for op in ops {
+            match op {
+                Op::Insert(fp) => {
+                    let d = Doc { id: next_id, fp, ts: (next_id % 7) as i64 };
+                    next_id += 1;
+                    index.insert(d).unwrap();
+                    model.docs.push(d);
+                }
+                Op::Batch(fps) => {
+                    let batch: Vec<Doc> = fps.iter().map(|&fp| {
+                        next_id += 1;
+                        Doc { id: next_id - 1, fp, ts: 0 }
+                    }).collect();
+                    index.insert_batch(&batch).unwrap();
+                    model.docs.extend_from_slice(&batch);
+                }
+                Op::DeleteIndex(i) if !model.docs.is_empty() => {
+                    let id = model.docs[i % model.docs.len()].id;
+                    let before = model.docs.len();
+                    model.docs.retain(|d| d.id != id);
+                    proptest::prop_assert_eq!(index.delete(&[id]).unwrap(), before - model.docs.len());
+                }
+                Op::DeleteDoc(i) if !model.docs.is_empty() => {
+                    let d = model.docs.remove(i % model.docs.len());
+                    proptest::prop_assert!(index.delete_doc(d.id, d.fp).unwrap());
+                }
+                Op::Flush => index.flush().unwrap(),
+                Op::Merge => match pending.take() {
+                    Some(job) => {
+                        let merged = job.run().unwrap();
+                        index.finish_merge(job, merged).unwrap();
+                    }
+                    None => pending = index.next_merge(),
+                },
+                Op::Query(q, k) => {
+                    proptest::prop_assert_eq!(index.query(q, k).unwrap(), model.query(q, k));
+                }
+                _ => {}
+            }
+            proptest::prop_assert_eq!(index.len(), model.docs.len());
+        }
+    }
+}
+
+#[test]
+fn auto_config_answers_k_and_respects_budgets() {
+    for k in [0, 1, 3, 4, 6, 8] {
+        let roomy = IndexConfig::auto(10_000_000, k, 4_000_000_000).unwrap();
+        assert!(roomy.design.max_k() >= k);
+        roomy.validate().unwrap();
+        let tight = IndexConfig::auto(10_000_000, k, 300_000_000).unwrap();
+        assert!(tight.design.max_k() >= k);
+        assert!(tight.design.tables().len() <= roomy.design.tables().len());
+    }
+    assert!(IndexConfig::auto(1000, 17, 1 << 30).is_err());
+    // A small auto-configured index is exact.
+    let mut g = Gen::new(12, Shape::Clustered);
+    let docs: Vec<Doc> = (0..3000).map(|_| g.doc()).collect();
+    let config =
+        IndexConfig { parallel_build: false, ..IndexConfig::auto(3000, 4, 1 << 30).unwrap() };
+    let index = Index::build(config, &docs).unwrap();
+    check_all_k(&index, &Model { docs }, &mut g, 20);
+}
