@@ -23,7 +23,7 @@
 
 use neardup_core::cluster::{DocTime, NearPair, Rule, cluster};
 use neardup_core::util::hamming;
-use neardup_core::{Design, Doc, Index, IndexConfig};
+use neardup_core::{Doc, Index, IndexConfig};
 
 use crate::error::DedupError;
 
@@ -89,8 +89,8 @@ impl ExactGroups {
 }
 
 /// Every pair `(i, j, distance)`, `i < j`, of `fps` within Hamming distance `k`, from the
-/// core index (a design chosen by `Design::auto` for `fps.len()`, `k` and `budget_bytes`),
-/// sorted.
+/// core index (design, coding and block size chosen by `IndexConfig::auto` for `fps.len()`,
+/// `k` and `budget_bytes`), sorted.
 pub fn near_pairs(
     fps: &[u64],
     k: u32,
@@ -105,10 +105,10 @@ pub fn near_pairs(
             fps.len()
         )));
     }
-    let design = Design::auto(fps.len() as u64, k, budget_bytes)?;
+    let config = IndexConfig::auto(fps.len() as u64, k, budget_bytes)?;
     let docs: Vec<Doc> =
         fps.iter().enumerate().map(|(i, &fp)| Doc { id: i as u64, fp, ts: 0 }).collect();
-    let index = Index::build(IndexConfig { design, ..Default::default() }, &docs)?;
+    let index = Index::build(config, &docs)?;
     drop(docs);
     let mut pairs = Vec::new();
     const CHUNK: usize = 1 << 16;
