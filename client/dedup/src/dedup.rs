@@ -32,7 +32,7 @@ use crate::config::FingerprintArgs;
 use crate::error::{DedupError, SkipReason};
 use crate::input::{InputFormat, Inputs, SourceKind, read_all};
 use crate::output::{OutputFormat, Row, RowWriter};
-use crate::pipeline::{OnError, ScanOptions, Skipped, scan};
+use crate::pipeline::{OnError, Progress, ScanOptions, Skipped, scan};
 
 /// The default Hamming distance with `--no-verify` (chosen in `docs/quality.md`).
 pub const DEFAULT_K: u32 = 3;
@@ -386,6 +386,8 @@ pub fn run_dedup(args: DedupArgs) -> Result<Summary, DedupError> {
     let keys: Vec<DocKey> = docs.iter().map(|d| d.key).collect();
 
     // 2. Exact groups and the self-join over their representatives.
+    let mut status = Progress::new(!args.quiet, "dedup", None);
+    status.status(&format!("finding every pair within k = {k}"));
     let t = Instant::now();
     let groups = ExactGroups::new(&keys)?;
     let rep_fps: Vec<u64> = groups.reps.iter().map(|&d| keys[d as usize].fp).collect();
@@ -413,11 +415,13 @@ pub fn run_dedup(args: DedupArgs) -> Result<Summary, DedupError> {
     let confirmed_pairs = verify.map(|_| edges.len());
 
     // 4. Clusters.
+    status.status("clustering");
     let t = Instant::now();
     let assigned: Assignments = assign(&keys, &groups, &edges, args.rule.into())?;
     phases.insert("cluster", t.elapsed().as_secs_f64());
 
     // 5. Output.
+    status.status("writing the records");
     let t = Instant::now();
     write_output(&mut inputs, sink, &args, &docs, &ids, &assigned)?;
     phases.insert("output", t.elapsed().as_secs_f64());
@@ -442,6 +446,7 @@ pub fn run_dedup(args: DedupArgs) -> Result<Summary, DedupError> {
         seconds: start.elapsed().as_secs_f64(),
         phase_seconds: phases,
     };
+    status.finish();
     if let Some(p) = &args.summary {
         let text = serde_json::to_string_pretty(&summary.to_json()).unwrap_or_default();
         std::fs::write(p, text + "\n").map_err(|e| DedupError::io(p.display(), e))?;

@@ -246,6 +246,14 @@ impl Progress {
         self.drawn = true;
     }
 
+    /// Shows a one-line status (a phase without a count) until the next line or `finish`.
+    pub fn status(&mut self, text: &str) {
+        if self.on {
+            eprint!("\r{}\r{}: {text}", " ".repeat(100), self.label);
+            self.drawn = true;
+        }
+    }
+
     pub fn finish(&mut self) {
         if self.drawn {
             eprint!("\r{}\r", " ".repeat(100));
