@@ -97,6 +97,10 @@ pub struct EvalArgs {
     /// Do not draw the plots.
     #[arg(long)]
     pub no_plots: bool,
+    /// Weigh features by term frequency times inverse document frequency learnt from the
+    /// corpus (two more passes over it) instead of term frequency alone.
+    #[arg(long)]
+    pub idf: bool,
     /// Also score each value of this JSONL field separately (e.g. `lang`): pairs whose two
     /// documents both have that value, at k = 3 and at every verify point.
     #[arg(long, value_name = "FIELD")]
@@ -137,6 +141,7 @@ impl EvalArgs {
             font: None,
             no_plots: false,
             by: None,
+            idf: false,
             threads: None,
             on_error: OnError::Skip,
             html: false,
@@ -216,11 +221,19 @@ pub fn run_eval(args: EvalArgs) -> Result<EvalReport, DedupError> {
         progress: !args.quiet,
         label: "reading",
     };
+    let idf = if args.idf { Some(crate::idf::learn(&mut inputs, &opts, config)?) } else { None };
+    let idf_table = idf.as_ref().map(|(t, _)| t.clone());
     let scanned = scan(
         &mut inputs,
         &|_| true,
         &opts,
-        || Fingerprinter::new(config).expect("configuration checked above"),
+        || {
+            match &idf_table {
+                Some(t) => Fingerprinter::with_idf(config, t.clone()),
+                None => Fingerprinter::new(config),
+            }
+            .expect("configuration checked above")
+        },
         |f, doc| {
             let fp = match f.fingerprint(&doc.text) {
                 Ok(fp) => fp,
@@ -358,6 +371,10 @@ pub fn run_eval(args: EvalArgs) -> Result<EvalReport, DedupError> {
         "fingerprint": {
             "word_ngram": c.word_ngram, "char_ngram": c.char_ngram,
             "hash": format!("{:?}", c.hash).to_lowercase(), "hangul_as_chars": c.hangul_as_chars,
+            "idf": idf.as_ref().map(|(t, docs)| serde_json::json!({
+                "rule": crate::idf::RULE, "documents": docs, "entries": t.len(),
+                "default": t.default_weight(),
+            })),
         },
         "truth": {
             "shingles": format!("word {VERIFY_NGRAM}-grams over normalised units"),

@@ -36,6 +36,7 @@ pub mod dedup;
 pub mod error;
 pub mod eval;
 pub mod html;
+mod idf;
 mod input;
 mod output;
 mod pipeline;
