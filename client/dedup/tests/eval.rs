@@ -102,6 +102,28 @@ fn eval_matches_brute_force_on_a_generated_corpus() {
     assert_eq!(counts as usize, sorted.len() - 1);
     assert_png(&out_dir.join("precision_recall.png"));
     assert_png(&out_dir.join("xor_leading_bit.png"));
+
+    // IDF weights learnt from the corpus: same truth, other fingerprints.
+    let idf_dir = dir.path("idf");
+    run_ok(
+        &[
+            "eval",
+            corpus.to_str().unwrap(),
+            "--out",
+            idf_dir.to_str().unwrap(),
+            "--idf",
+            "--no-plots",
+            "-q",
+        ],
+        None,
+    );
+    let ri = report(&idf_dir);
+    assert_eq!(ri["truth"], r["truth"]);
+    assert_eq!(ri["fingerprint"]["idf"]["documents"], pages.len());
+    assert!(ri["fingerprint"]["idf"]["entries"].as_u64().unwrap() > 100);
+    assert!(r["fingerprint"]["idf"].is_null());
+    assert_ne!(ri["xor_leading_bit"], r["xor_leading_bit"], "IDF changes the fingerprints");
+    assert!(!idf_dir.join("precision_recall.png").exists());
 }
 
 #[test]
