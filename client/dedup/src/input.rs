@@ -319,6 +319,10 @@ pub(crate) fn read_all(
             while matches!(line.last(), Some(b'\n' | b'\r')) {
                 line.pop();
             }
+            if line_no == 1 && line.starts_with(b"\xEF\xBB\xBF") {
+                // A UTF-8 byte order mark before the first record.
+                line.drain(..3);
+            }
             if line.iter().all(u8::is_ascii_whitespace) {
                 stats.blank_lines += 1;
                 continue;

@@ -333,6 +333,18 @@ fn bad_input_is_reported_and_counted() {
 }
 
 #[test]
+fn byte_order_mark_and_crlf_line_ends() {
+    let dir = TempDir::new("crlf");
+    let path = dir.path("windows.jsonl");
+    let text = "\u{feff}{\"id\": 1, \"text\": \"first document here\"}\r\n\r\n{\"id\": 2, \"text\": \"First document, here!\"}\r\n";
+    std::fs::write(&path, text).unwrap();
+    let out = run_ok(&["dedup", path.to_str().unwrap()], None);
+    let recs = records(&out.stdout);
+    assert_eq!(recs.len(), 2, "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(recs[1]["exact_duplicate_of"], 1);
+}
+
+#[test]
 fn bad_options_and_missing_input_fail_clearly() {
     for (args, words) in [
         (vec!["dedup", "/nonexistent/corpus.jsonl"], "/nonexistent/corpus.jsonl"),
