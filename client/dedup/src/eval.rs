@@ -82,13 +82,13 @@ pub struct EvalArgs {
     #[arg(long, default_value_t = 12)]
     pub max_k: u32,
     /// True near-duplicates: pairs with Jaccard similarity at or above each of these.
-    #[arg(long, value_delimiter = ',', default_values_t = [0.8, 0.9])]
+    #[arg(long, value_delimiter = ',', default_value = "0.8,0.9")]
     pub truth: Vec<f64>,
     /// The ground-truth join keeps pairs at or above this similarity.
     #[arg(long, default_value_t = 0.5)]
     pub join_threshold: f64,
     /// Verify settings to score, as K:J.
-    #[arg(long, value_delimiter = ',', default_values_t = default_verify_points())]
+    #[arg(long, value_delimiter = ',', default_value = DEFAULT_VERIFY_AT)]
     pub verify_at: Vec<VerifyPoint>,
     /// TrueType font for the plots [default: DejaVu Sans or Liberation Sans from the
     /// system's font packages].
@@ -122,10 +122,11 @@ pub struct EvalArgs {
     pub fingerprint: FingerprintArgs,
 }
 
+/// The verify settings `eval` scores by default (the dedup default is 8:0.9).
+pub const DEFAULT_VERIFY_AT: &str = "6:0.8,8:0.8,10:0.8,12:0.8,6:0.9,8:0.9,10:0.9,12:0.9";
+
 fn default_verify_points() -> Vec<VerifyPoint> {
-    [(6, 0.8), (8, 0.8), (10, 0.8), (12, 0.8), (6, 0.9), (8, 0.9), (10, 0.9), (12, 0.9)]
-        .map(|(k, j)| VerifyPoint { k, j })
-        .to_vec()
+    DEFAULT_VERIFY_AT.split(',').filter_map(|p| p.parse().ok()).collect()
 }
 
 impl EvalArgs {
@@ -486,4 +487,18 @@ pub fn table(r: &EvalReport) -> String {
         );
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verify_points() {
+        assert_eq!(default_verify_points().len(), 8);
+        assert_eq!("12:0.8".parse::<VerifyPoint>(), Ok(VerifyPoint { k: 12, j: 0.8 }));
+        for bad in ["12", "x:0.8", "12:y", "17:0.5", "3:0", "3:1.5"] {
+            assert!(bad.parse::<VerifyPoint>().is_err(), "{bad}");
+        }
+    }
 }
