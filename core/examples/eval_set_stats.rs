@@ -6,9 +6,9 @@
 //! cargo run --release -p neardup-core --example eval_set_stats -- eval-set.jsonl [T...]
 //! ```
 //!
-//! Tokens: lower-cased runs of letters and digits; each Han or Kana character is a token of
-//! its own (Chinese and Japanese are written without spaces; Korean is, so Hangul words stay
-//! whole). Shingles: 3 consecutive tokens (fewer if the text is shorter), hashed with xxh3.
+//! Shingles: `Fingerprinter::word_shingles(text, 3)`, the word 3-grams over the normalised
+//! units of `docs/fingerprint.md` (each Chinese, Japanese or Thai character is a unit of its
+//! own; Hangul words stay whole), exactly the sets `neardup eval` uses as ground truth.
 //! Thresholds default to 0.5, 0.8 and 0.9.
 
 use std::collections::{BTreeMap, HashMap};
@@ -16,6 +16,7 @@ use std::io::BufRead;
 use std::time::Instant;
 
 use neardup_core::cluster::{DocTime, NearPair, Rule, cluster};
+use neardup_core::fingerprint::{FingerprintConfig, Fingerprinter};
 use neardup_core::jaccard::similarity_join_with_stats;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -27,43 +28,10 @@ struct Doc {
     timestamp: i64,
 }
 
-fn is_ideograph(c: char) -> bool {
-    matches!(c as u32,
-        0x3040..=0x30FF | 0x3400..=0x4DBF | 0x4E00..=0x9FFF | 0xF900..=0xFAFF | 0x20000..=0x2FFFF)
-}
-
-fn tokens(text: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    for c in text.chars() {
-        if is_ideograph(c) {
-            if !cur.is_empty() {
-                out.push(std::mem::take(&mut cur));
-            }
-            out.push(c.to_string());
-        } else if c.is_alphanumeric() {
-            cur.extend(c.to_lowercase());
-        } else if !cur.is_empty() {
-            out.push(std::mem::take(&mut cur));
-        }
-    }
-    if !cur.is_empty() {
-        out.push(cur);
-    }
-    out
-}
-
-fn shingles(text: &str) -> Vec<u64> {
-    let t = tokens(text);
-    let n = 3.min(t.len());
-    let mut v: Vec<u64> = if n == 0 {
-        Vec::new()
-    } else {
-        t.windows(n).map(|w| xxh3_64(w.join("\u{1f}").as_bytes())).collect()
-    };
-    v.sort_unstable();
-    v.dedup();
-    v
+/// Word 3-gram shingles over normalised units (each Chinese/Japanese/Thai character a unit
+/// of its own), as the ground truth of `neardup eval` and `dedup --verify` computes them.
+fn shingles(f: &mut Fingerprinter, text: &str) -> Vec<u64> {
+    f.word_shingles(text, 3).expect("n = 3 is valid")
 }
 
 fn relation(a: &Doc, b: &Doc) -> &'static str {
@@ -94,6 +62,8 @@ fn main() {
     });
     let mut docs = Vec::new();
     let mut sets = Vec::new();
+    let mut fingerprinter =
+        Fingerprinter::new(FingerprintConfig::default()).expect("default configuration");
     for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
         let line = line.expect("read");
         let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| {
@@ -110,7 +80,7 @@ fn main() {
             text_hash: xxh3_64(norm.join(" ").as_bytes()),
             timestamp: v["timestamp"].as_i64().unwrap_or(0),
         });
-        sets.push(shingles(&text));
+        sets.push(shingles(&mut fingerprinter, &text));
     }
     let n = docs.len();
     let total: usize = sets.iter().map(Vec::len).sum();

@@ -85,10 +85,11 @@ pub struct FingerprintConfig {
 }
 
 impl Default for FingerprintConfig {
-    /// Word 3-grams, character 2-grams, MD5, Hangul as words.
+    /// Word 2-grams, character 2-grams, MD5, Hangul as words: chosen from measured precision
+    /// and recall on real text (`docs/quality.md`).
     fn default() -> Self {
         FingerprintConfig {
-            word_ngram: 3,
+            word_ngram: 2,
             char_ngram: 2,
             hash: FeatureHash::Md5,
             hangul_as_chars: false,
