@@ -6,7 +6,10 @@
 //! - `shard`, `router`: the two roles as separate processes;
 //! - `insert`, `query`, `check`, `delete`, `stats`, `fingerprint`: client calls, printing
 //!   JSON lines;
-//! - `bench service`: the service benchmark on loopback.
+//! - `dedup`, `eval`: corpus dedup and quality evaluation, offline (the `neardup-dedup`
+//!   library);
+//! - `bench service`: the service benchmark on loopback; `bench corpus`: a seeded
+//!   web-page-like corpus with planted duplicates.
 //!
 //! Adding a subcommand: a module under `cmd/` with an `Args` struct and a `run` function,
 //! a variant of [`Command`], and its arm in [`main`].
@@ -53,6 +56,10 @@ pub enum Command {
     Stats(cmd::stats::StatsArgs),
     /// Fingerprint texts.
     Fingerprint(cmd::fingerprint::FingerprintArgs),
+    /// Every document's duplicate cluster and original, for a whole corpus (offline).
+    Dedup(neardup_dedup::DedupArgs),
+    /// Precision and recall of detection against exact word-shingle Jaccard ground truth.
+    Eval(neardup_dedup::EvalArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -61,6 +68,29 @@ pub enum Command {
 /// Runs the command line; returns the process exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse();
+    // The offline commands need no async runtime: they use every core through rayon.
+    let offline = match cli.command {
+        Command::Dedup(a) => {
+            Some(neardup_dedup::run_dedup(a).map(|_| ()).map_err(|e| e.to_string()))
+        }
+        Command::Eval(a) => Some(neardup_dedup::run_eval(a).map(|_| ()).map_err(|e| e.to_string())),
+        Command::Bench(bench::BenchCommand::Corpus(a)) => Some(bench::corpus(a)),
+        command => {
+            return run_online(command);
+        }
+    };
+    match offline {
+        Some(Ok(())) | None => 0,
+        Some(Err(e)) => {
+            eprintln!("neardup: {e}");
+            1
+        }
+    }
+}
+
+/// Runs a command that talks to or is a server, on a tokio runtime.
+fn run_online(command: Command) -> i32 {
+    let cli = Cli { command };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
@@ -80,6 +110,7 @@ pub fn main() -> i32 {
             Command::Stats(a) => cmd::stats::run(a).await,
             Command::Fingerprint(a) => cmd::fingerprint::run(a).await,
             Command::Bench(b) => bench::run(b).await,
+            Command::Dedup(_) | Command::Eval(_) => unreachable!("handled without a runtime"),
         }
     });
     // Background threads (merges, syncs) must not keep a finished process alive.

@@ -9,13 +9,9 @@ use std::process::{Command, Output, Stdio};
 pub use neardup_dedup::synth::Page;
 use neardup_dedup::synth::{GenerateArgs, Pages};
 
-/// The binary under test: `$NEARDUP_BIN` (e.g. the `neardup` command line, which has the
-/// same `dedup` and `eval` subcommands) or this crate's `neardup-dedup`.
+/// The `neardup` command line under test (see `neardup_tests::binary`).
 pub fn binary() -> PathBuf {
-    match std::env::var_os("NEARDUP_BIN") {
-        Some(p) if !p.is_empty() => PathBuf::from(p),
-        _ => PathBuf::from(env!("CARGO_BIN_EXE_neardup-dedup")),
-    }
+    neardup_tests::binary()
 }
 
 /// Runs `binary() <args>` with `stdin`, returning its output.

@@ -1,10 +1,8 @@
-//! `dedup` end to end: clusters against a brute-force all-pairs computation, exact
+//! `neardup dedup` end to end: clusters against a brute-force all-pairs computation, exact
 //! duplicates, timestamps, --verify, input forms, output formats and bad input.
-//!
-//! Point `NEARDUP_BIN` at another binary with the same `dedup` subcommand (the `neardup`
-//! command line) to run these against it.
 
-mod common;
+mod dedup_common;
+use dedup_common as common;
 
 use std::collections::HashMap;
 

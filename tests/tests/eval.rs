@@ -4,7 +4,8 @@
 //! `NEARDUP_EVAL_SMALL` names the small slice built by `scripts/build-eval-set --small`;
 //! when it is set, the file must exist and the eval must succeed on it.
 
-mod common;
+mod dedup_common;
+use dedup_common as common;
 
 use common::*;
 use neardup_core::fingerprint::{FingerprintConfig, Fingerprinter};
