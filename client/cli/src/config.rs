@@ -5,7 +5,9 @@
 //!   `docs/service.md` for the table of keys and defaults). Unknown keys are an error.
 //! - Environment: `NEARDUP_KEY` for a top-level key and `NEARDUP_SECTION__KEY` for a key in
 //!   a section (`NEARDUP_STORAGE__CACHE_MB=512`). Values are read as TOML scalars, or as
-//!   strings when they do not parse as one.
+//!   strings when they do not parse as one. Variables whose first part names no key or
+//!   section (`NEARDUP_SERVER`, the client's) are left alone; a wrong key inside a section
+//!   is an error.
 //! - Flags: the common ones by name (`--data`, `--listen`, `--metrics-listen`, `--design`),
 //!   any key with `--set section.key=value`.
 //!
@@ -229,12 +231,17 @@ impl Config {
                 .map_err(|e| format!("config file {}: {e}", path.display()))?,
             None => toml::Table::new(),
         };
+        // Only variables naming a key or section of the configuration apply: the NEARDUP_
+        // namespace is shared with the client (NEARDUP_SERVER) and with tools and tests. A
+        // wrong key inside a known section is still an error.
+        let known: toml::Table =
+            toml::from_str(&Config::default().to_toml()).map_err(|e| e.to_string())?;
         for (k, v) in vars {
             let Some(rest) = k.strip_prefix("NEARDUP_") else { continue };
-            if matches!(rest, "CONFIG" | "SERVER") {
+            let path: Vec<String> = rest.split("__").map(|p| p.to_ascii_lowercase()).collect();
+            if rest == "CONFIG" || !known.contains_key(&path[0]) {
                 continue;
             }
-            let path: Vec<String> = rest.split("__").map(|p| p.to_ascii_lowercase()).collect();
             let path: Vec<&str> = path.iter().map(String::as_str).collect();
             set_path(&mut table, &path, scalar(&v)).map_err(|e| format!("{k}: {e}"))?;
         }
@@ -346,6 +353,8 @@ mod tests {
             ("NEARDUP_STORAGE__CACHE_MB".to_string(), "8".to_string()),
             ("NEARDUP_LOG_FORMAT".to_string(), "json".to_string()),
             ("OTHER".to_string(), "x".to_string()),
+            ("NEARDUP_SERVER".to_string(), "http://elsewhere:1".to_string()),
+            ("NEARDUP_EVAL_SMALL".to_string(), "/some/file".to_string()),
         ];
         let c = Config::load(&flags, env.into_iter()).unwrap();
         assert_eq!(c.listen, "127.0.0.1:2", "flag over file");
@@ -368,5 +377,8 @@ mod tests {
         assert!(bad("storage.cache_mb=many").contains("cache_mb"));
         assert!(bad("index.design=7c9").contains("design"));
         assert!(bad("log_format=xml").contains("log_format"));
+        let typo = vec![("NEARDUP_STORAGE__CACHE_MBB".to_string(), "1".to_string())];
+        let e = Config::load(&ConfigFlags::default(), typo.into_iter()).unwrap_err();
+        assert!(e.contains("unknown field"), "{e}");
     }
 }
