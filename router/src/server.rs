@@ -4,12 +4,16 @@
 //! Health follows the shard: `""` and `neardup.v1.Neardup` are SERVING exactly while the
 //! shard is, so a load balancer sends no traffic to a router whose shard is recovering,
 //! corrupt or unreachable.
+//!
+//! The services are served over HTTP/2 by axum rather than tonic's own transport: tonic's
+//! transport enforces the caller's `grpc-timeout` itself and answers CANCELLED when it
+//! passes, racing the router, which answers DEADLINE_EXCEEDED as gRPC specifies. Here the
+//! router is the only one enforcing deadlines.
 
 use std::future::Future;
 
 use neardup_proto::v1::neardup_server::NeardupServer;
 use tokio::net::TcpListener;
-use tonic::transport::Server;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
@@ -28,8 +32,8 @@ pub async fn set_health(reporter: &HealthReporter, status: ServingStatus) {
 pub async fn serve(
     listener: TcpListener,
     router: Router,
-    shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), tonic::transport::Error> {
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let (reporter, health) = tonic_health::server::health_reporter();
     set_health(&reporter, ServingStatus::NotServing).await;
     let mut shard_health = router.shard().health();
@@ -57,21 +61,29 @@ pub async fn serve(
     let reflection_v1 = reflection().build_v1().expect("the descriptor sets are valid");
     let reflection_v1alpha = reflection().build_v1alpha().expect("the descriptor sets are valid");
     let max = router.limits().max_message_bytes;
-    let result = Server::builder()
-        .tcp_nodelay(true)
-        .add_service(health)
+    let routes = tonic::service::Routes::new(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(
             NeardupServer::new(router)
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
-        )
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
-        .await;
+        );
+    let result = serve_routes(listener, routes, shutdown).await;
     follow.abort();
     result
+}
+
+/// Serves gRPC `routes` on `listener` over HTTP/2 (prior knowledge) with TCP_NODELAY until
+/// `shutdown` completes, then finishes the requests in flight.
+pub async fn serve_routes(
+    listener: TcpListener,
+    routes: tonic::service::Routes,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    axum::serve(listener, routes.into_axum_router()).with_graceful_shutdown(shutdown).await
 }

@@ -19,8 +19,8 @@ pub async fn serve(
     listener: TcpListener,
     shard: Arc<Shard>,
     max_message_bytes: usize,
-    shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), tonic::transport::Error> {
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let (reporter, health) = tonic_health::server::health_reporter();
     let mut status = shard.watch_status();
     let follow = tokio::spawn(async move {
@@ -36,20 +36,21 @@ pub async fn serve(
             }
         }
     });
-    let result = tonic::transport::Server::builder()
-        .tcp_nodelay(true)
-        .add_service(health)
-        .add_service(RaftServer::new(RaftService))
-        .add_service(
+    // Served by axum over HTTP/2, as the router's public server is (see
+    // `neardup_router::server`): tonic's transport would also enforce `grpc-timeout`,
+    // answering CANCELLED instead of DEADLINE_EXCEEDED.
+    let routes =
+        tonic::service::Routes::new(health).add_service(RaftServer::new(RaftService)).add_service(
             ShardServer::new(ShardService::new(shard))
                 .max_decoding_message_size(max_message_bytes)
                 .max_encoding_message_size(max_message_bytes),
-        )
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
-        .await;
+        );
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let result =
+        axum::serve(listener, routes.into_axum_router()).with_graceful_shutdown(shutdown).await;
     follow.abort();
     result
 }
