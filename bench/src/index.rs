@@ -81,6 +81,17 @@ pub struct IndexArgs {
     repeat: usize,
 }
 
+/// Bytes of this process backed by transparent huge pages (Linux), for the report.
+fn huge_page_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/smaps_rollup")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("AnonHugePages:"))?.to_string();
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -179,6 +190,8 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
         mem.column_bits.0,
         mem.column_bits.1,
     );
+    let huge = huge_page_bytes();
+    eprintln!("memory backed by huge pages: {:.1} MB", huge as f64 / 1e6);
     for (i, t) in mem.tables.iter().enumerate() {
         if t.crowded_buckets > 0 {
             eprintln!(
@@ -317,10 +330,16 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
         live_ok &= hits.iter().any(|m| m.id == d.id && m.distance == 0);
     }
     let insert_rate = inserts as f64 / insert_secs;
-    let (qs_after, _) = timed_queries(&index, &w.queries[..w.queries.len().min(20_000)], k);
-    let qps_after = w.queries.len().min(20_000) as f64 / qs_after;
+    let sample_q = &w.queries[..w.queries.len().min(20_000)];
+    let (qs_after, _) = timed_queries(&index, sample_q, k);
+    let qps_after = sample_q.len() as f64 / qs_after;
+    let t = Instant::now();
+    index.compact().map_err(|e| e.to_string())?;
+    let compact_secs = t.elapsed().as_secs_f64();
+    let (qs_compact, _) = timed_queries(&index, sample_q, k);
+    let qps_compacted = sample_q.len() as f64 / qs_compact;
     eprintln!(
-        "live inserts: {inserts} in batches of {}: {insert_rate:.0} docs/s ({} runs, {} merges, {} docs rewritten); queries after: {qps_after:.0}/s; spot check {}",
+        "live inserts: {inserts} in batches of {}: {insert_rate:.0} docs/s ({} runs, {} merges, {} docs rewritten); spot check {}; queries then: {qps_after:.0}/s; compacted to one run in {compact_secs:.1}s: {qps_compacted:.0} queries/s",
         args.insert_batch,
         stats.runs,
         stats.merges,
@@ -347,6 +366,7 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
         "bits_ratio_to_floor": bits / floor,
         "index_bytes": mem.total_bytes,
         "doc_bytes": mem.doc_bytes,
+        "huge_page_bytes": huge,
         "crowded_buckets": mem.tables.iter().map(|t| t.crowded_buckets).sum::<usize>(),
         "qps_one_thread": qps_one,
         "p50_us": p50,
@@ -363,6 +383,8 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
         "insert_batch": args.insert_batch,
         "runs_after_inserts": stats.runs,
         "qps_one_thread_after_inserts": qps_after,
+        "compact_seconds": compact_secs,
+        "qps_one_thread_after_compaction": qps_compacted,
         "live_index_exact_spot_check": live_ok,
         "other_search": other_search,
     });

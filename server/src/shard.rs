@@ -66,6 +66,8 @@ pub struct ShardConfig {
     pub checkpoint_interval: Duration,
     /// Turn the write buffer into a run after this long without writes.
     pub idle_flush: Duration,
+    /// Merge every run into one after this long without writes.
+    pub compact_idle: Duration,
     /// Write a document snapshot (and truncate the log) once the log holds this many bytes.
     pub snapshot_log_bytes: u64,
     /// Largest log record; bigger writes are split (each record is atomic).
@@ -88,6 +90,7 @@ impl Default for ShardConfig {
             checkpoint_ops: 1_000_000,
             checkpoint_interval: Duration::from_secs(60),
             idle_flush: Duration::from_secs(1),
+            compact_idle: Duration::from_secs(30),
             snapshot_log_bytes: 256 << 20,
             max_record_bytes: 64 << 10,
             max_runs: 12,
@@ -935,6 +938,26 @@ impl Shard {
         }
         if self.state.read().index.runs().len() > self.config.max_runs {
             self.compact_all()?;
+        }
+        // After a burst of writes, merge everything into one run so that queries visit a
+        // single run again.
+        let quiet = {
+            let st = self.state.read();
+            st.index.runs().len() > 1 && st.last_write.elapsed() >= self.config.compact_idle
+        };
+        if quiet && let Some(job) = self.state.write().index.compact_job() {
+            let started = Instant::now();
+            self.metrics.merge_running(true);
+            let merged = job.run();
+            self.metrics.merge_running(false);
+            let merged = merged?;
+            let docs = merged.len();
+            if self.stop.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            self.state.write().index.finish_merge(job, merged)?;
+            self.metrics.merged(docs, started.elapsed().as_secs_f64());
+            tracing::info!(docs, seconds = started.elapsed().as_secs_f64(), "compacted to one run");
         }
         // An idle buffer becomes a run, so queries skip its linear scan.
         {

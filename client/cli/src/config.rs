@@ -54,8 +54,13 @@ pub struct IndexSection {
     pub buffer_docs: usize,
     /// Runs of one size merged at once.
     pub merge_fanout: usize,
+    /// Past this many runs, the two smallest neighbours are merged (queries visit every
+    /// run).
+    pub max_runs: usize,
     /// Huffman-XOR block size in bytes.
     pub block_bytes: usize,
+    /// Block coding: `xor` (the paper's) or `gap` (about two bits a fingerprint smaller).
+    pub codec: String,
 }
 
 /// `[storage]`.
@@ -74,6 +79,8 @@ pub struct StorageSection {
     pub snapshot_log_mb: u64,
     /// Turn an idle write buffer into a run after this many milliseconds.
     pub idle_flush_ms: u64,
+    /// Merge every run into one after this many seconds without writes.
+    pub compact_idle_secs: u64,
 }
 
 /// `[limits]`.
@@ -126,7 +133,9 @@ impl Default for IndexSection {
             design: "paper-10".into(),
             buffer_docs: c.buffer_docs,
             merge_fanout: c.merge_fanout,
+            max_runs: c.max_runs,
             block_bytes: c.run.block_bytes,
+            codec: "xor".into(),
         }
     }
 }
@@ -141,6 +150,7 @@ impl Default for StorageSection {
             checkpoint_interval_secs: s.checkpoint_interval.as_secs(),
             snapshot_log_mb: s.snapshot_log_bytes >> 20,
             idle_flush_ms: s.idle_flush.as_millis() as u64,
+            compact_idle_secs: s.compact_idle.as_secs(),
         }
     }
 }
@@ -284,11 +294,13 @@ impl Config {
     pub fn index_config(&self) -> Result<IndexConfig, String> {
         let design = Design::parse(&self.index.design)
             .map_err(|e| format!("[index] design {:?}: {e}", self.index.design))?;
+        let codec = self.index.codec.parse().map_err(|e| format!("[index] codec: {e}"))?;
         Ok(IndexConfig {
             design,
-            run: RunOptions { block_bytes: self.index.block_bytes, ..RunOptions::default() },
+            run: RunOptions { block_bytes: self.index.block_bytes, codec, ..RunOptions::default() },
             buffer_docs: self.index.buffer_docs,
             merge_fanout: self.index.merge_fanout,
+            max_runs: self.index.max_runs,
             auto_merge: false,
             ..IndexConfig::default()
         })
@@ -303,6 +315,7 @@ impl Config {
             checkpoint_ops: s.checkpoint_ops,
             checkpoint_interval: Duration::from_secs(s.checkpoint_interval_secs),
             idle_flush: Duration::from_millis(s.idle_flush_ms),
+            compact_idle: Duration::from_secs(s.compact_idle_secs),
             snapshot_log_bytes: s.snapshot_log_mb << 20,
             cache_bytes: s.cache_mb << 20,
             min_free_bytes: s.min_free_mb << 20,

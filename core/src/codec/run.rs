@@ -119,6 +119,32 @@ fn prefetch(data: &[u8], at: usize) {
     let _ = (data, at);
 }
 
+/// An empty vector with room for `capacity` elements, whose memory the kernel is asked to
+/// back with huge pages (Linux transparent huge pages in `madvise` mode).
+///
+/// A query touches a few random places in each of several large tables; with 4 KiB pages
+/// nearly every touch is also a TLB miss, and under virtualisation a page walk costs about
+/// as much as the memory access itself. With 2 MiB pages, random reads over a 512 MiB
+/// buffer measured twice as fast here. A hint only: elsewhere, or refused, nothing changes.
+pub(crate) fn huge_page_vec<T>(capacity: usize) -> Vec<T> {
+    let v: Vec<T> = Vec::with_capacity(capacity);
+    let bytes = capacity * std::mem::size_of::<T>();
+    #[cfg(target_os = "linux")]
+    if bytes >= 4 << 20 {
+        let start = v.as_ptr() as usize;
+        let first = (start + 4095) & !4095;
+        let end = (start + bytes) & !4095;
+        if end > first {
+            // SAFETY: the range lies inside this vector's allocation; MADV_HUGEPAGE only
+            // changes how the kernel backs it, never its contents or validity.
+            unsafe {
+                libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_HUGEPAGE);
+            }
+        }
+    }
+    v
+}
+
 /// How a lookup finds the block that may hold a value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum BlockSearch {
@@ -423,7 +449,10 @@ impl HxRun {
         let huffman = Huffman::from_counts(&counts);
         let bb = opts.block_bytes;
         let cap_bits = (bb - BLOCK_HEAD - BLOCK_TAIL) * 8;
-        let mut data = Vec::with_capacity(values.len() * 6 + SLACK);
+        // Room for the worst case (a value never takes more than 9 bytes); pages never
+        // written are never backed, and the excess goes at shrink_to_fit below.
+        let blocks_bound = values.len().div_ceil(1.max((bb - BLOCK_HEAD - BLOCK_TAIL) / 9)) + 1;
+        let mut data = huge_page_vec(blocks_bound * bb + SLACK);
         data.resize(SLACK, 0);
         let mut ranks = Vec::new();
         let mut deltas = Vec::new();
@@ -500,7 +529,8 @@ impl HxRun {
         let bits = if blocks <= 1 { 0 } else { (usize::BITS - 1 - blocks.leading_zeros()).min(24) };
         self.dir_shift = 64 - bits;
         let buckets = 1usize << bits;
-        let mut dir = vec![0u32; buckets + 1];
+        let mut dir = huge_page_vec(buckets + 1);
+        dir.resize(buckets + 1, 0u32);
         let mut b = 0usize; // first block whose key has top bits >= t
         for (t, d) in dir.iter_mut().enumerate() {
             while b < blocks
@@ -975,7 +1005,7 @@ impl HxRun {
         let (nblocks, mut opts, len, huffman) = Self::parse_header(header)?;
         opts.search = search;
         let bb = opts.block_bytes;
-        let mut data = Vec::with_capacity(nblocks * bb + SLACK);
+        let mut data = huge_page_vec(nblocks * bb + SLACK);
         let mut ranks = Vec::with_capacity(nblocks + 1);
         let mut values = Vec::new();
         let mut scratch = vec![0u8; bb + SLACK];

@@ -13,6 +13,7 @@
 //! another thread and installs the result with [`Index::finish_merge`]; deletes made in the
 //! meantime are carried over.
 
+mod buffer;
 mod docs;
 mod packed;
 mod run;
@@ -23,6 +24,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
+use buffer::Buffer;
 use run::BuildContext;
 pub use run::{Run, StoredTable};
 use table::CrowdPolicy;
@@ -71,6 +73,10 @@ pub struct IndexConfig {
     pub buffer_docs: usize,
     /// How many runs of one size class are merged at once (at least 2).
     pub merge_fanout: usize,
+    /// Past this many runs, the two adjacent runs with the fewest documents are merged
+    /// (at least 1): queries visit every run. A backstop for when runs arrive faster than
+    /// size-tiered merges absorb them; a low value rewrites small runs over and over.
+    pub max_runs: usize,
     /// Merge inline on insert and delete. Off, the owner drives merges with
     /// [`Index::next_merge`] and [`Index::finish_merge`].
     pub auto_merge: bool,
@@ -91,6 +97,7 @@ impl Default for IndexConfig {
             run: RunOptions::default(),
             buffer_docs: 4096,
             merge_fanout: 4,
+            max_runs: 12,
             auto_merge: true,
             crowd_min: 1024,
             crowd_factor: 16.0,
@@ -108,6 +115,9 @@ impl IndexConfig {
         }
         if self.merge_fanout < 2 {
             return Err(Error::InvalidConfig("merge_fanout must be at least 2".into()));
+        }
+        if self.max_runs == 0 {
+            return Err(Error::InvalidConfig("max_runs must be at least 1".into()));
         }
         if self.crowd_factor.is_nan() || self.crowd_factor < 1.0 {
             return Err(Error::InvalidConfig("crowd_factor must be at least 1".into()));
@@ -266,7 +276,7 @@ pub struct Index {
     /// Tables to probe for each `k` in `0..=max_k`.
     for_k: Vec<Vec<usize>>,
     runs: Vec<Arc<Run>>,
-    buffer: Vec<Doc>,
+    buffer: Buffer,
     next_run_id: u64,
     merges: u64,
     merged_docs: u64,
@@ -283,7 +293,7 @@ impl Index {
             ctx,
             for_k,
             runs: Vec::new(),
-            buffer: Vec::new(),
+            buffer: Buffer::default(),
             next_run_id: 1,
             merges: 0,
             merged_docs: 0,
@@ -372,7 +382,7 @@ impl Index {
         if self.buffer.is_empty() {
             return Ok(());
         }
-        let run = Run::build(self.take_run_id(), &self.buffer, &self.ctx)?;
+        let run = Run::build(self.take_run_id(), self.buffer.docs(), &self.ctx)?;
         self.buffer.clear();
         self.runs.push(Arc::new(run));
         self.maybe_merge()
@@ -382,9 +392,7 @@ impl Index {
     /// the id columns once per call, so batch deletes.
     pub fn delete(&mut self, ids: &[u64]) -> Result<usize> {
         let set: HashSet<u64> = ids.iter().copied().collect();
-        let before = self.buffer.len();
-        self.buffer.retain(|d| !set.contains(&d.id));
-        let mut n = before - self.buffer.len();
+        let mut n = self.buffer.retain(|d| !set.contains(&d.id));
         for r in &self.runs {
             n += r.delete_ids(&set);
         }
@@ -395,8 +403,7 @@ impl Index {
     /// Deletes the document with this id and fingerprint; true if it was found. Costs one
     /// block lookup per run.
     pub fn delete_doc(&mut self, id: u64, fp: u64) -> Result<bool> {
-        if let Some(i) = self.buffer.iter().position(|d| d.id == id && d.fp == fp) {
-            self.buffer.remove(i);
+        if self.buffer.remove(id, fp) {
             return Ok(true);
         }
         let found = self.runs.iter().any(|r| r.delete_doc(id, fp));
@@ -435,13 +442,31 @@ impl Index {
         level
     }
 
-    /// The newest runs that make a merge under the size-tiered policy, as a range.
+    /// The next merge the policy wants, as a range of adjacent runs (oldest first):
+    ///
+    /// 1. size-tiered: `merge_fanout` adjacent runs of one size class, the newest such group
+    ///    first (a document is rewritten about `log_fanout(n / buffer_docs)` times);
+    /// 2. more than `max_runs` runs: the adjacent pair with the fewest documents, so a
+    ///    query never visits many runs, whatever order runs arrived in;
+    /// 3. a run more than half deleted, alone, to reclaim its space.
     fn merge_candidates(&self) -> Option<std::ops::Range<usize>> {
-        let n = self.runs.len();
-        let last = self.size_class(self.runs.last()?.live_len());
-        let same =
-            self.runs.iter().rev().take_while(|r| self.size_class(r.live_len()) == last).count();
-        (same >= self.config.merge_fanout).then(|| n - same..n)
+        let classes: Vec<u32> = self.runs.iter().map(|r| self.size_class(r.live_len())).collect();
+        let f = self.config.merge_fanout;
+        let mut end = classes.len();
+        while end > 0 {
+            let class = classes[end - 1];
+            let start = classes[..end].iter().rposition(|&c| c != class).map_or(0, |i| i + 1);
+            if end - start >= f {
+                return Some(end - f..end);
+            }
+            end = start;
+        }
+        if self.runs.len() > self.config.max_runs {
+            let i = (0..self.runs.len() - 1)
+                .min_by_key(|&i| self.runs[i].live_len() + self.runs[i + 1].live_len())?;
+            return Some(i..i + 2);
+        }
+        self.runs.iter().position(|r| r.deleted() * 2 > r.len()).map(|i| i..i + 1)
     }
 
     fn maybe_merge(&mut self) -> Result<()> {
@@ -458,12 +483,39 @@ impl Index {
         Ok(())
     }
 
+    /// Merges every run into one (and the buffer with them): after a burst of writes, so
+    /// queries visit a single run again. Costs a rewrite of every document.
+    pub fn compact(&mut self) -> Result<()> {
+        if !self.buffer.is_empty() {
+            let run = Run::build(self.take_run_id(), self.buffer.docs(), &self.ctx)?;
+            self.buffer.clear();
+            self.runs.push(Arc::new(run));
+        }
+        if self.runs.len() > 1 || self.runs.first().is_some_and(|r| r.deleted() > 0) {
+            let id = self.take_run_id();
+            let merged = Run::merge(id, &self.runs, &self.ctx)?;
+            self.merges += 1;
+            self.merged_docs += merged.len() as u64;
+            self.runs = if merged.is_empty() { Vec::new() } else { vec![Arc::new(merged)] };
+        }
+        Ok(())
+    }
+
+    /// A job merging every run into one, for the owner to run off the write path (see
+    /// [`compact`](Self::compact)); `None` when there is at most one run and nothing to drop.
+    pub fn compact_job(&mut self) -> Option<MergeJob> {
+        if self.runs.len() < 2 && self.runs.first().is_none_or(|r| r.deleted() == 0) {
+            return None;
+        }
+        let sources: Vec<Arc<Run>> = self.runs.clone();
+        let deleted_at_start = sources.iter().map(|r| r.deleted_positions()).collect();
+        Some(MergeJob { id: self.take_run_id(), sources, deleted_at_start, ctx: self.ctx.clone() })
+    }
+
     /// The next merge the size-tiered policy wants, for the owner to run off the write path
     /// (with `auto_merge` off). The runs stay queryable meanwhile.
     pub fn next_merge(&mut self) -> Option<MergeJob> {
-        let range = self.merge_candidates().or_else(|| {
-            self.runs.iter().position(|r| r.deleted() * 2 > r.len()).map(|i| i..i + 1)
-        })?;
+        let range = self.merge_candidates()?;
         let sources: Vec<Arc<Run>> = self.runs[range].to_vec();
         let deleted_at_start = sources.iter().map(|r| r.deleted_positions()).collect();
         Some(MergeJob { id: self.take_run_id(), sources, deleted_at_start, ctx: self.ctx.clone() })
@@ -541,12 +593,7 @@ impl Index {
         for r in &self.runs {
             r.query(fp, k, &self.config.design, tables, scratch, out);
         }
-        for d in &self.buffer {
-            let distance = (d.fp ^ fp).count_ones();
-            if distance <= k {
-                out.push(Match { id: d.id, fp: d.fp, distance, ts: d.ts });
-            }
-        }
+        self.buffer.scan(fp, k, out);
         Ok(())
     }
 
@@ -592,7 +639,7 @@ impl Index {
 
     /// The documents in the write buffer, oldest first.
     pub fn buffered(&self) -> &[Doc] {
-        &self.buffer
+        self.buffer.docs()
     }
 
     /// Counts of what the index holds.
@@ -642,7 +689,7 @@ impl Index {
             t.bits_per_fp =
                 if t.entries == 0 { 0.0 } else { t.bytes as f64 * 8.0 / t.entries as f64 };
         }
-        let buffer_bytes = self.buffer.capacity() * std::mem::size_of::<Doc>();
+        let buffer_bytes = self.buffer.heap_bytes();
         let total_bytes = tables.iter().map(|t| t.bytes).sum::<usize>()
             + doc_bytes
             + buffer_bytes

@@ -166,6 +166,7 @@ fn small_config(design: &str) -> IndexConfig {
         run: RunOptions { codec: Codec::Xor, block_bytes: 64, search: BlockSearch::Directory },
         buffer_docs: 32,
         merge_fanout: 3,
+        max_runs: 5,
         auto_merge: true,
         crowd_min: 8,
         crowd_factor: 2.0,
@@ -508,4 +509,39 @@ fn auto_config_answers_k_and_respects_budgets() {
         IndexConfig { parallel_build: false, ..IndexConfig::auto(3000, 4, 1 << 30).unwrap() };
     let index = Index::build(config, &docs).unwrap();
     check_all_k(&index, &Model { docs }, &mut g, 20);
+}
+
+#[test]
+fn compaction_leaves_one_run_and_stays_exact() {
+    let mut c = small_config("paper-10");
+    c.auto_merge = false;
+    let mut index = Index::new(c).unwrap();
+    let mut g = Gen::new(31, Shape::Clustered);
+    let mut model = Model::default();
+    for _ in 0..700 {
+        let d = g.doc();
+        index.insert(d).unwrap();
+        model.docs.push(d);
+    }
+    let gone: Vec<u64> = model.docs.iter().step_by(5).map(|d| d.id).collect();
+    index.delete(&gone).unwrap();
+    model.docs.retain(|d| !gone.contains(&d.id));
+    assert!(index.runs().len() > 1);
+    // As a background job, with a delete while it runs.
+    let job = index.compact_job().unwrap();
+    let victim = model.docs.remove(3);
+    index.delete_doc(victim.id, victim.fp).unwrap();
+    let merged = job.run().unwrap();
+    index.finish_merge(job, merged).unwrap();
+    check_all_k(&index, &model, &mut g, 20);
+    // Inline, with the buffer.
+    let d = g.doc();
+    index.insert(d).unwrap();
+    model.docs.push(d);
+    index.compact().unwrap();
+    assert_eq!(index.runs().len(), 1);
+    assert!(index.buffered().is_empty());
+    assert_eq!(index.stats().deleted_pending, 0);
+    check_all_k(&index, &model, &mut g, 20);
+    assert!(index.compact_job().is_none());
 }
