@@ -945,7 +945,10 @@ impl Shard {
             let st = self.state.read();
             st.index.runs().len() > 1 && st.last_write.elapsed() >= self.config.compact_idle
         };
-        if quiet && let Some(job) = self.state.write().index.compact_job() {
+        // Take the job in a statement of its own: the write guard must be gone before the
+        // merge runs and before finish_merge takes the lock again.
+        let job = if quiet { self.state.write().index.compact_job() } else { None };
+        if let Some(job) = job {
             let started = Instant::now();
             self.metrics.merge_running(true);
             let merged = job.run();

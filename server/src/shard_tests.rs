@@ -281,3 +281,36 @@ fn unusable_data_directories_are_refused_clearly() {
     let e = Shard::open(&dir.path().join("d"), c, ShardMetrics::default()).unwrap_err();
     assert!(e.to_string().contains("full"), "{e}");
 }
+
+#[test]
+fn idle_compaction_merges_every_run_and_keeps_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config();
+    // No full rebuilds and no tiered merges: only the idle compaction may merge runs.
+    c.max_runs = 1000;
+    c.index.max_runs = 1000;
+    c.index.merge_fanout = 1000;
+    c.compact_idle = Duration::from_secs(3600);
+    let shard = open(dir.path(), c.clone());
+    let mut model = Model::default();
+    let mut rng = SplitMix64::new(77);
+    let queries = workload(&shard, &mut model, &mut rng, 40);
+    shard.maintain_once().unwrap();
+    assert!(shard.state.read().index.runs().len() > 1, "the workload leaves several runs");
+    check(&shard, &model, &queries);
+    shard.shutdown().unwrap();
+    drop(shard);
+    // Reopened with no idle time required: one maintenance round compacts everything.
+    c.compact_idle = Duration::ZERO;
+    let shard = open(dir.path(), c);
+    let before = shard.state.read().index.runs().len();
+    assert!(before > 1, "recovery keeps the runs ({before})");
+    shard.maintain_once().unwrap();
+    assert_eq!(shard.state.read().index.runs().len(), 1);
+    check(&shard, &model, &queries);
+    // And it survives a restart.
+    shard.shutdown().unwrap();
+    drop(shard);
+    let shard = open(dir.path(), config());
+    check(&shard, &model, &queries);
+}
