@@ -177,6 +177,14 @@ impl Client {
         r
     }
 
+    /// A streaming request of `messages` messages: its deadline grows by a second a message,
+    /// so that a long stream is not cut off by a deadline meant for one call.
+    fn stream_request<T>(&self, msg: T, messages: usize) -> Request<T> {
+        let mut r = Request::new(msg);
+        r.set_timeout(self.options.timeout + Duration::from_secs(messages as u64));
+        r
+    }
+
     /// Runs `call` until it succeeds, fails with a code other than UNAVAILABLE, or runs out
     /// of attempts.
     async fn retry<T, F, Fut>(&self, mut call: F) -> Result<T>
@@ -225,7 +233,7 @@ impl Client {
                     }
                 }
             });
-            let r = self.request(ReceiverStream::new(rx));
+            let r = self.stream_request(ReceiverStream::new(rx), documents.len().div_ceil(batch));
             async move { c.insert_stream(r).await.map(|r| r.into_inner()) }
         })
         .await
@@ -273,7 +281,7 @@ impl Client {
             })
             .collect();
         self.retry(|mut c| {
-            let r = self.request(tokio_stream::iter(messages.clone()));
+            let r = self.stream_request(tokio_stream::iter(messages.clone()), messages.len());
             async move {
                 let mut out = Vec::new();
                 let mut stream = c.query_batch(r).await?.into_inner();

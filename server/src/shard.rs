@@ -177,6 +177,7 @@ pub struct Shard {
     corrupt: Mutex<String>,
     status_tx: tokio::sync::watch::Sender<Status>,
     commit: std::sync::OnceLock<Committer>,
+    /// Taken before `state` whenever both are held.
     checkpoints: Mutex<Checkpoints>,
     wake: (Mutex<bool>, Condvar),
     stop: AtomicBool,
@@ -842,6 +843,19 @@ impl Shard {
     /// What the shard holds.
     pub fn stats(&self) -> Result<StatsResponse> {
         self.check_serving()?;
+        let checkpoint_pending = {
+            // The checkpoint lock before the state lock, as `checkpoint` takes them.
+            let ck = self.checkpoints.lock();
+            let st = self.state.read();
+            st.covered != ck.manifest.covered
+                || st.last_seq != ck.manifest.covered
+                || st.index.runs().len() != ck.stored.len()
+                || st.index.runs().iter().any(|run| {
+                    ck.stored
+                        .get(&(Arc::as_ptr(run) as usize))
+                        .is_none_or(|s| s.deletes_written != run.deleted())
+                })
+        };
         let st = self.state.read();
         let s = st.index.stats();
         let mem = st.index.memory();
@@ -866,6 +880,7 @@ impl Shard {
             wal_bytes: st.log_bytes,
             disk_bytes: self.store.disk_bytes().unwrap_or(0),
             version: env!("CARGO_PKG_VERSION").to_string(),
+            checkpoint_pending,
         })
     }
 
@@ -961,6 +976,9 @@ impl Shard {
             self.state.write().index.finish_merge(job, merged)?;
             self.metrics.merged(docs, started.elapsed().as_secs_f64());
             tracing::info!(docs, seconds = started.elapsed().as_secs_f64(), "compacted to one run");
+            // Store the compacted run now, while writes are quiet, rather than at a later
+            // checkpoint that could land in the middle of busy traffic.
+            self.checkpoint()?;
         }
         // An idle buffer becomes a run, so queries skip its linear scan.
         {
@@ -977,8 +995,8 @@ impl Shard {
             }
         }
         let (uncovered, log_bytes, changed) = {
-            let st = self.state.read();
             let ck = self.checkpoints.lock();
+            let st = self.state.read();
             (
                 st.last_seq.saturating_sub(ck.manifest.covered),
                 st.log_bytes,
