@@ -133,6 +133,11 @@ impl ShardMetrics {
         self.inner.merges_running.inc_by(if running { 1 } else { -1 });
     }
 
+    /// Merges under way now.
+    pub fn merges_running(&self) -> i64 {
+        self.inner.merges_running.get()
+    }
+
     /// A merge finished.
     pub fn merged(&self, docs: usize, seconds: f64) {
         self.inner.merges.inc();

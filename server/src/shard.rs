@@ -471,7 +471,8 @@ impl Shard {
         let (docs_part, index_part) =
             rayon::join(|| self.recover_docs(&docsnap), || self.recover_index(&manifest));
         let (docs, mut last_seq, log_bytes) = docs_part?;
-        let (index, sids, rebuilt, buffer_empty) = index_part?;
+        let (index, stored_runs, rebuilt, buffer_empty) = index_part?;
+        let sids: Vec<u64> = stored_runs.iter().map(|&(sid, _)| sid).collect();
         last_seq = last_seq.max(manifest.last_seq).max(manifest.covered).max(docsnap.covered);
         let covered = if buffer_empty { last_seq } else { manifest.covered };
         if docs.len() != index.len() {
@@ -484,10 +485,12 @@ impl Shard {
         // Remember what is stored; repair rebuilt tables; drop garbage.
         {
             let mut ck = self.checkpoints.lock();
-            for (run, &sid) in index.runs().iter().zip(&sids) {
+            // Deletion marks as stored, not as replayed from the log: the next checkpoint
+            // writes the replayed ones before its manifest passes their records.
+            for (run, &(sid, deletes_written)) in index.runs().iter().zip(&stored_runs) {
                 ck.stored.insert(
                     Arc::as_ptr(run) as usize,
-                    StoredRun { _run: run.clone(), sid, deletes_written: run.deleted() },
+                    StoredRun { _run: run.clone(), sid, deletes_written },
                 );
             }
             for (sid, tables) in &rebuilt {
@@ -500,12 +503,12 @@ impl Shard {
                     persist::remove_run(s, sid)?;
                 }
             }
-            let keep = key64(docsnap.id);
-            for e in s.docs.scan(&[], &[0xFF; 13]) {
-                let (k, _) = e?;
-                if !k.starts_with(&keep) || docsnap.id == 0 {
-                    s.docs.remove(&k)?;
-                }
+            // Chunks of older snapshots: every key outside the current snapshot's prefix.
+            if docsnap.id == 0 {
+                s.docs.remove_range(&[], &[0xFF; 13])?;
+            } else {
+                s.docs.remove_range(&[], &key64(docsnap.id))?;
+                s.docs.remove_range(&key64(docsnap.id + 1), &[0xFF; 13])?;
             }
             ck.manifest = Manifest { last_seq, ..manifest };
             ck.docsnap = docsnap;
@@ -525,15 +528,32 @@ impl Shard {
         let s = &self.spaces;
         let mut docs = DocTable::new();
         if docsnap.id != 0 {
-            for c in 0..docsnap.chunks {
-                let bytes =
-                    s.docs.get(&DocSnapshot::chunk_key(docsnap.id, c))?.ok_or_else(|| {
-                        Error::CorruptTablet(format!("document snapshot chunk {c} is missing"))
-                    })?;
-                for op in record::decode(&bytes)? {
-                    docs.apply(&op);
-                }
+            // Chunks decoded on every core, then the table built at once.
+            let chunks: Vec<Vec<DocEntry>> = (0..docsnap.chunks)
+                .into_par_iter()
+                .map(|c| {
+                    let bytes =
+                        s.docs.get(&DocSnapshot::chunk_key(docsnap.id, c))?.ok_or_else(|| {
+                            Error::CorruptTablet(format!("document snapshot chunk {c} is missing"))
+                        })?;
+                    record::decode(&bytes)?
+                        .into_iter()
+                        .map(|op| match op {
+                            Op::Put { id, fp, ts, cluster, name } => {
+                                Ok(DocEntry { id, fp, ts, cluster, name: name.into() })
+                            }
+                            Op::Remove { .. } => Err(Error::CorruptTablet(format!(
+                                "document snapshot chunk {c} holds a removal"
+                            ))),
+                        })
+                        .collect()
+                })
+                .collect::<Result<_>>()?;
+            let mut entries = Vec::with_capacity(chunks.iter().map(Vec::len).sum());
+            for c in chunks {
+                entries.extend(c);
             }
+            docs = DocTable::from_entries(entries);
         }
         let (mut last_seq, mut log_bytes) = (0, 0u64);
         for e in s.log.scan(&key64(0), &[0xFF; 9]) {
@@ -553,13 +573,14 @@ impl Shard {
     }
 
     /// Recovery of the index: the manifest's runs (checksums verified, damaged tables
-    /// rebuilt), then the log records after the manifest. Returns the index, the runs'
-    /// storage ids, the rebuilt tables, and whether the write buffer is empty.
+    /// rebuilt), then the log records after the manifest. Returns the index, each run's
+    /// storage id and deletion count as stored, the rebuilt tables, and whether the write
+    /// buffer is empty.
     #[allow(clippy::type_complexity)]
     fn recover_index(
         &self,
         manifest: &Manifest,
-    ) -> Result<(Index, Vec<u64>, Vec<(u64, Vec<usize>)>, bool)> {
+    ) -> Result<(Index, Vec<(u64, usize)>, Vec<(u64, Vec<usize>)>, bool)> {
         let s = &self.spaces;
         let mut index = Index::new(self.config.index.clone())?;
         let loaded: Vec<(u64, persist::LoadedRun)> = manifest
@@ -576,7 +597,8 @@ impl Shard {
                 rebuilt.push((*sid, l.rebuilt.clone()));
             }
         }
-        let sids: Vec<u64> = loaded.iter().map(|(sid, _)| *sid).collect();
+        let stored: Vec<(u64, usize)> =
+            loaded.iter().map(|(sid, l)| (*sid, l.run.deleted())).collect();
         index.restore(loaded.into_iter().map(|(_, l)| l.run).collect())?;
         let mut pending: Vec<Doc> = Vec::new();
         let mut pending_ids: HashSet<u64> = HashSet::new();
@@ -604,7 +626,7 @@ impl Shard {
         // the buffer when they are fewer than it holds.
         index.insert_batch(&pending)?;
         let empty = index.buffered().is_empty();
-        Ok((index, sids, rebuilt, empty))
+        Ok((index, stored, rebuilt, empty))
     }
 
     /// Stores documents and removes ids (see [`WriteOutcome`]). The caller must wait for
@@ -881,6 +903,7 @@ impl Shard {
             disk_bytes: self.store.disk_bytes().unwrap_or(0),
             version: env!("CARGO_PKG_VERSION").to_string(),
             checkpoint_pending,
+            merging: self.metrics.merges_running() > 0,
         })
     }
 
@@ -952,7 +975,10 @@ impl Shard {
             tracing::debug!(docs, seconds = started.elapsed().as_secs_f64(), "merged runs");
         }
         if self.state.read().index.runs().len() > self.config.max_runs {
-            self.compact_all()?;
+            self.metrics.merge_running(true);
+            let r = self.compact_all();
+            self.metrics.merge_running(false);
+            r?;
         }
         // After a burst of writes, merge everything into one run so that queries visit a
         // single run again.

@@ -85,17 +85,39 @@ pub struct SledStore {
 impl SledStore {
     /// Opens or creates the database in directory `path`, with a page cache of
     /// `cache_bytes`.
+    ///
+    /// The database's lock file is held by one process at a time. A database closed a moment
+    /// ago in this process may still hold it while sled's background threads finish, so a
+    /// held lock is retried for up to 3 s before it is reported.
     pub fn open(path: &Path, cache_bytes: u64) -> Result<SledStore> {
-        let db = sled::Config::new()
-            .path(path)
-            .cache_capacity(cache_bytes)
-            .flush_every_ms(Some(1000))
-            .open()
-            .map_err(|e| Error::DataDir {
-                path: path.display().to_string(),
-                reason: format!("cannot open the database: {e}"),
-            })?;
-        Ok(SledStore { db })
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        loop {
+            let opened = sled::Config::new()
+                .path(path)
+                .cache_capacity(cache_bytes)
+                .flush_every_ms(Some(1000))
+                .open();
+            match opened {
+                Ok(db) => return Ok(SledStore { db }),
+                Err(sled::Error::Io(e))
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => {
+                    let held = matches!(&e, sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock);
+                    return Err(Error::DataDir {
+                        path: path.display().to_string(),
+                        reason: if held {
+                            format!("the database is in use by another process ({e})")
+                        } else {
+                            format!("cannot open the database: {e}")
+                        },
+                    });
+                }
+            }
+        }
     }
 }
 

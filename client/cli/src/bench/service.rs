@@ -366,12 +366,13 @@ async fn settle(client: &Client, limit: Duration) -> Result<(f64, u64), String> 
     while t.elapsed() < limit {
         let s = client.stats().await.map_err(|e| e.to_string())?;
         let now = (s.runs, s.merges);
-        // One run is the end state (the server compacts when writes stop); otherwise wait
-        // until nothing has changed for 3 s.
+        // One run, stored, is the end state (the server compacts when writes stop);
+        // otherwise wait until no merge or checkpoint is pending and nothing has changed
+        // for 3 s.
         if s.runs <= 1 && s.buffered == 0 && !s.checkpoint_pending {
             return Ok((t.elapsed().as_secs_f64(), s.runs));
         }
-        if now == last && s.buffered == 0 {
+        if now == last && s.buffered == 0 && !s.merging && !s.checkpoint_pending {
             steady += 1;
             if steady >= 6 {
                 return Ok((t.elapsed().as_secs_f64(), s.runs));
