@@ -172,9 +172,7 @@ impl Client {
     }
 
     fn request<T>(&self, msg: T) -> Request<T> {
-        let mut r = Request::new(msg);
-        r.set_timeout(self.options.timeout);
-        r
+        self.stream_request(msg, 0)
     }
 
     /// A streaming request of `messages` messages: its deadline grows by a second a message,

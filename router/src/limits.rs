@@ -6,8 +6,9 @@ use neardup_proto::v1::{Document, QueryTarget, document, query_target};
 use crate::error::{Result, RouterError};
 
 /// Limits on requests. The defaults are the ones `proto/neardup/v1/neardup.proto`
-/// documents.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// documents. It is also the `[limits]` section of the configuration file.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Limits {
     /// Most documents, queries, ids or texts in one message.
     pub max_batch: usize,

@@ -88,11 +88,8 @@ impl Committer {
         }
         self.request(seq);
         loop {
-            if *rx.borrow_and_update() >= seq {
+            if self.reached(&mut rx, seq)? {
                 return Ok(());
-            }
-            if let Some(msg) = self.inner.failed.lock().clone() {
-                return Err(Error::Storage(format!("log sync failed: {msg}")));
             }
             if rx.changed().await.is_err() {
                 return Err(Error::ShuttingDown);
@@ -105,14 +102,22 @@ impl Committer {
         let mut rx = self.inner.durable.subscribe();
         self.request(seq);
         loop {
-            if *rx.borrow_and_update() >= seq {
+            if self.reached(&mut rx, seq)? {
                 return Ok(());
-            }
-            if let Some(msg) = self.inner.failed.lock().clone() {
-                return Err(Error::Storage(format!("log sync failed: {msg}")));
             }
             // A short sleep keeps this simple; it is used at shutdown and in tests only.
             std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    /// Whether `seq` is durable; the sync failure if the log can no longer be synced.
+    fn reached(&self, rx: &mut watch::Receiver<u64>, seq: u64) -> Result<bool> {
+        if *rx.borrow_and_update() >= seq {
+            return Ok(true);
+        }
+        match self.inner.failed.lock().clone() {
+            Some(msg) => Err(Error::Storage(format!("log sync failed: {msg}"))),
+            None => Ok(false),
         }
     }
 

@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
-use neardup_core::index::{QueryScratch, Run};
+use neardup_core::index::{MergeJob, QueryScratch, Run};
 use neardup_core::{Doc, Index, IndexConfig, Match};
 use neardup_proto::internal::ShardDocument;
 use neardup_proto::v1::{
@@ -149,6 +149,13 @@ struct Checkpoints {
     last: Instant,
     /// Log bytes the last document snapshot made obsolete: the next one waits for as many.
     snapshot_bytes: u64,
+}
+
+impl Checkpoints {
+    /// Whether the index's runs or the sequence they cover differ from the last checkpoint.
+    fn runs_changed(&self, st: &State) -> bool {
+        st.covered != self.manifest.covered || st.index.runs().len() != self.stored.len()
+    }
 }
 
 /// What a write did; `seq` is the log sequence to wait for before acknowledging it.
@@ -869,9 +876,8 @@ impl Shard {
             // The checkpoint lock before the state lock, as `checkpoint` takes them.
             let ck = self.checkpoints.lock();
             let st = self.state.read();
-            st.covered != ck.manifest.covered
+            ck.runs_changed(&st)
                 || st.last_seq != ck.manifest.covered
-                || st.index.runs().len() != ck.stored.len()
                 || st.index.runs().iter().any(|run| {
                     ck.stored
                         .get(&(Arc::as_ptr(run) as usize))
@@ -955,24 +961,32 @@ impl Shard {
         }
     }
 
+    /// Runs a merge off the lock and installs its run: the documents merged and the seconds
+    /// it took, or `None` if the shard began stopping meanwhile (the merge is dropped).
+    fn run_merge(&self, job: MergeJob) -> Result<Option<(usize, f64)>> {
+        let started = Instant::now();
+        self.metrics.merge_running(true);
+        let merged = job.run();
+        self.metrics.merge_running(false);
+        let merged = merged?;
+        let docs = merged.len();
+        if self.stop.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        self.state.write().index.finish_merge(job, merged)?;
+        let seconds = started.elapsed().as_secs_f64();
+        self.metrics.merged(docs, seconds);
+        Ok(Some((docs, seconds)))
+    }
+
     /// One round of maintenance; public so tests and benchmarks can drive it.
     pub fn maintain_once(&self) -> Result<()> {
         let _one = self.maintaining.lock();
         // Merges, one at a time, until the policy wants none.
         loop {
             let Some(job) = self.state.write().index.next_merge() else { break };
-            let started = Instant::now();
-            self.metrics.merge_running(true);
-            let merged = job.run();
-            self.metrics.merge_running(false);
-            let merged = merged?;
-            let docs = merged.len();
-            if self.stop.load(Ordering::Acquire) {
-                return Ok(());
-            }
-            self.state.write().index.finish_merge(job, merged)?;
-            self.metrics.merged(docs, started.elapsed().as_secs_f64());
-            tracing::debug!(docs, seconds = started.elapsed().as_secs_f64(), "merged runs");
+            let Some((docs, seconds)) = self.run_merge(job)? else { return Ok(()) };
+            tracing::debug!(docs, seconds, "merged runs");
         }
         if self.state.read().index.runs().len() > self.config.max_runs {
             self.metrics.merge_running(true);
@@ -990,18 +1004,8 @@ impl Shard {
         // merge runs and before finish_merge takes the lock again.
         let job = if quiet { self.state.write().index.compact_job() } else { None };
         if let Some(job) = job {
-            let started = Instant::now();
-            self.metrics.merge_running(true);
-            let merged = job.run();
-            self.metrics.merge_running(false);
-            let merged = merged?;
-            let docs = merged.len();
-            if self.stop.load(Ordering::Acquire) {
-                return Ok(());
-            }
-            self.state.write().index.finish_merge(job, merged)?;
-            self.metrics.merged(docs, started.elapsed().as_secs_f64());
-            tracing::info!(docs, seconds = started.elapsed().as_secs_f64(), "compacted to one run");
+            let Some((docs, seconds)) = self.run_merge(job)? else { return Ok(()) };
+            tracing::info!(docs, seconds, "compacted to one run");
             // Store the compacted run now, while writes are quiet, rather than at a later
             // checkpoint that could land in the middle of busy traffic.
             self.checkpoint()?;
@@ -1020,19 +1024,13 @@ impl Shard {
                 }
             }
         }
-        let (uncovered, log_bytes, changed) = {
+        let (due, log_bytes) = {
             let ck = self.checkpoints.lock();
             let st = self.state.read();
-            (
-                st.last_seq.saturating_sub(ck.manifest.covered),
-                st.log_bytes,
-                st.covered != ck.manifest.covered || st.index.runs().len() != ck.stored.len(),
-            )
-        };
-        let due = {
-            let ck = self.checkpoints.lock();
-            uncovered >= self.config.checkpoint_ops
-                || (changed && ck.last.elapsed() >= self.config.checkpoint_interval)
+            let uncovered = st.last_seq.saturating_sub(ck.manifest.covered);
+            let due = uncovered >= self.config.checkpoint_ops
+                || (ck.runs_changed(&st) && ck.last.elapsed() >= self.config.checkpoint_interval);
+            (due, st.log_bytes)
         };
         if due {
             self.checkpoint()?;

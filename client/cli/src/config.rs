@@ -39,7 +39,7 @@ pub struct Config {
     /// Storage and maintenance.
     pub storage: StorageSection,
     /// Request limits.
-    pub limits: LimitsSection,
+    pub limits: Limits,
     /// The router role.
     pub router: RouterSection,
 }
@@ -83,26 +83,6 @@ pub struct StorageSection {
     pub compact_idle_secs: u64,
 }
 
-/// `[limits]`.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct LimitsSection {
-    /// Most documents, queries, ids or texts per message.
-    pub max_batch: usize,
-    /// Longest document id, bytes.
-    pub max_id_bytes: usize,
-    /// Longest text, bytes.
-    pub max_text_bytes: usize,
-    /// Largest `limit` of a query.
-    pub max_limit: u32,
-    /// `limit` used when a query says 0.
-    pub default_limit: u32,
-    /// Largest message, bytes.
-    pub max_message_bytes: usize,
-    /// Most requests in flight.
-    pub max_in_flight: usize,
-}
-
 /// `[router]`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -120,7 +100,7 @@ impl Default for Config {
             log_format: "text".into(),
             index: IndexSection::default(),
             storage: StorageSection::default(),
-            limits: LimitsSection::default(),
+            limits: Limits::default(),
             router: RouterSection::default(),
         }
     }
@@ -153,21 +133,6 @@ impl Default for StorageSection {
             snapshot_log_mb: s.snapshot_log_bytes >> 20,
             idle_flush_ms: s.idle_flush.as_millis() as u64,
             compact_idle_secs: s.compact_idle.as_secs(),
-        }
-    }
-}
-
-impl Default for LimitsSection {
-    fn default() -> Self {
-        let l = Limits::default();
-        LimitsSection {
-            max_batch: l.max_batch,
-            max_id_bytes: l.max_id_bytes,
-            max_text_bytes: l.max_text_bytes,
-            max_limit: l.max_limit,
-            default_limit: l.default_limit,
-            max_message_bytes: l.max_message_bytes,
-            max_in_flight: l.max_in_flight,
         }
     }
 }
@@ -323,20 +288,6 @@ impl Config {
             min_free_bytes: s.min_free_mb << 20,
             ..ShardConfig::default()
         })
-    }
-
-    /// The router's limits.
-    pub fn limits(&self) -> Limits {
-        let l = &self.limits;
-        Limits {
-            max_batch: l.max_batch,
-            max_id_bytes: l.max_id_bytes,
-            max_text_bytes: l.max_text_bytes,
-            max_limit: l.max_limit,
-            default_limit: l.default_limit,
-            max_message_bytes: l.max_message_bytes,
-            max_in_flight: l.max_in_flight,
-        }
     }
 
     /// The configuration as TOML.

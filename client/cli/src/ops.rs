@@ -15,6 +15,17 @@ pub fn init_logging(format: &str) {
     let _ = if format == "json" { builder.json().try_init() } else { builder.try_init() };
 }
 
+/// A role's start: with `--print-config`, prints `config` and returns false (the role
+/// exits); otherwise starts logging and returns true.
+pub fn start_role(print_config: bool, config: &crate::config::Config) -> bool {
+    if print_config {
+        print!("{}", config.to_toml());
+        return false;
+    }
+    init_logging(&config.log_format);
+    true
+}
+
 /// Binds a TCP listener, with an error that names the address.
 pub async fn bind(addr: &str, what: &str) -> Result<TcpListener, String> {
     TcpListener::bind(addr).await.map_err(|e| format!("cannot listen for {what} on {addr}: {e}"))

@@ -500,10 +500,22 @@ impl HxRun {
         ranks.push(values.len() as u32);
         data.shrink_to_fit();
         ranks.shrink_to_fit();
+        Ok(HxRun::assemble(opts, huffman, values.len(), data, ranks))
+    }
+
+    /// A run of `len` values from its blocks and ranks (one more rank than blocks), with its
+    /// directory built.
+    fn assemble(
+        opts: RunOptions,
+        huffman: Huffman,
+        len: usize,
+        data: Vec<u8>,
+        ranks: Vec<u32>,
+    ) -> HxRun {
         let mut run = HxRun {
             opts,
             huffman,
-            len: values.len(),
+            len,
             data,
             nblocks: ranks.len() - 1,
             ranks,
@@ -511,7 +523,7 @@ impl HxRun {
             dir: Vec::new(),
         };
         run.build_directory();
-        Ok(run)
+        run
     }
 
     /// The first value of block `b`.
@@ -1044,18 +1056,7 @@ impl HxRun {
         }
         ranks.push(total as u32);
         data.resize(data.len() + SLACK, 0);
-        let mut run = HxRun {
-            opts,
-            huffman,
-            len,
-            data,
-            nblocks: ranks.len() - 1,
-            ranks,
-            dir_shift: 64,
-            dir: Vec::new(),
-        };
-        run.build_directory();
-        Ok(run)
+        Ok(HxRun::assemble(opts, huffman, len, data, ranks))
     }
 }
 

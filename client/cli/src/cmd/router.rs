@@ -24,11 +24,9 @@ pub async fn run(args: RouterArgs) -> Result<(), String> {
     if let Some(s) = args.shard {
         config.router.shard = s;
     }
-    if args.flags.print_config {
-        print!("{}", config.to_toml());
+    if !ops::start_role(args.flags.print_config, &config) {
         return Ok(());
     }
-    ops::init_logging(&config.log_format);
     let listener = ops::bind(&config.listen, "gRPC").await?;
     let max_k = config.index_config()?.design.max_k();
     let remote = Remote::connect(&config.router.shard, config.limits.max_message_bytes)
@@ -37,7 +35,7 @@ pub async fn run(args: RouterArgs) -> Result<(), String> {
     let mut registry = Registry::default();
     metrics.register(&mut registry);
     ops::serve_metrics(&config.metrics_listen, registry).await?;
-    let router = Router::new(Arc::new(remote), max_k, config.limits(), metrics);
+    let router = Router::new(Arc::new(remote), max_k, config.limits.clone(), metrics);
     tracing::info!(address = %config.listen, shard = %config.router.shard, "router serving");
     neardup_router::server::serve(listener, router, ops::shutdown_signal())
         .await

@@ -52,14 +52,20 @@ pub fn open_and_recover(config: &Config, metrics: ShardMetrics) -> Result<Arc<Sh
     Ok(shard)
 }
 
+/// Stops the shard (flush, checkpoint, sync) on a blocking thread.
+pub async fn shut_down(shard: Arc<Shard>) -> Result<(), String> {
+    tokio::task::spawn_blocking(move || shard.shutdown())
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("shutdown failed: {e}"))
+}
+
 /// Runs `neardup serve`.
 pub async fn run(args: ServeArgs) -> Result<(), String> {
     let config = Config::load(&args.flags, std::env::vars())?;
-    if args.flags.print_config {
-        print!("{}", config.to_toml());
+    if !ops::start_role(args.flags.print_config, &config) {
         return Ok(());
     }
-    ops::init_logging(&config.log_format);
     let listener = ops::bind(&config.listen, "gRPC").await?;
     let shard_metrics = ShardMetrics::default();
     let rpc_metrics = RpcMetrics::default();
@@ -69,7 +75,7 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
     rpc_metrics.register(&mut registry);
     ops::serve_metrics(&config.metrics_listen, registry).await?;
     let api = InProcess::new(ShardService::new(shard.clone()), health_of(&shard));
-    let router = Router::new(Arc::new(api), shard.max_k(), config.limits(), rpc_metrics);
+    let router = Router::new(Arc::new(api), shard.max_k(), config.limits.clone(), rpc_metrics);
     tracing::info!(
         address = %listener.local_addr().map_err(|e| e.to_string())?,
         data = %config.data.display(),
@@ -79,10 +85,5 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
     neardup_router::server::serve(listener, router, ops::shutdown_signal())
         .await
         .map_err(|e| format!("gRPC server failed: {e}"))?;
-    let s = shard.clone();
-    tokio::task::spawn_blocking(move || s.shutdown())
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("shutdown failed: {e}"))?;
-    Ok(())
+    shut_down(shard).await
 }

@@ -3,7 +3,7 @@
 use neardup_server::ShardMetrics;
 use prometheus_client::registry::Registry;
 
-use crate::cmd::serve::open_and_recover;
+use crate::cmd::serve::{open_and_recover, shut_down};
 use crate::config::{Config, ConfigFlags};
 use crate::ops;
 
@@ -17,11 +17,9 @@ pub struct ShardArgs {
 /// Runs `neardup shard`.
 pub async fn run(args: ShardArgs) -> Result<(), String> {
     let config = Config::load(&args.flags, std::env::vars())?;
-    if args.flags.print_config {
-        print!("{}", config.to_toml());
+    if !ops::start_role(args.flags.print_config, &config) {
         return Ok(());
     }
-    ops::init_logging(&config.log_format);
     let listener = ops::bind(&config.listen, "the internal gRPC API").await?;
     let metrics = ShardMetrics::default();
     let shard = open_and_recover(&config, metrics.clone())?;
@@ -37,8 +35,5 @@ pub async fn run(args: ShardArgs) -> Result<(), String> {
     )
     .await
     .map_err(|e| format!("gRPC server failed: {e}"))?;
-    tokio::task::spawn_blocking(move || shard.shutdown())
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("shutdown failed: {e}"))
+    shut_down(shard).await
 }
