@@ -1,5 +1,6 @@
 //! `neardup bench`: benchmark programs that print figures.
 
+pub mod load;
 pub mod service;
 
 /// The benchmarks.

@@ -6,9 +6,9 @@
 //! 1. durable streaming inserts of `--n` generated documents (several streams at once);
 //! 2. waits for background merges to settle;
 //! 3. the in-process index over the same documents: one thread and all threads;
-//! 4. unary Query latency at each `--rates` value, open loop: request `i` is due at
-//!    `start + i / rate` and its latency counts from that moment, so a stall delays every
-//!    request behind it and shows in the percentiles (no coordinated omission);
+//! 4. unary Query latency at each `--rates` value, open loop (see [`super::load`]), with two
+//!    floors at the same rate in interleaved one-second slices: a gRPC Health check (the
+//!    stack with no index work) and a plain loopback TCP echo (the machine itself);
 //! 5. QueryBatch throughput over several streams;
 //! 6. mixed load: unary queries at a fixed rate while new documents stream in;
 //! 7. restart: SIGTERM (drain, checkpoint) and start again, then `kill -9` during inserts and
@@ -19,15 +19,16 @@
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use neardup_client::{Client, ClientOptions, Document, Target, doc};
 use neardup_core::index::QueryScratch;
 use neardup_core::util::SplitMix64;
 use neardup_core::{Design, Doc, Index, IndexConfig};
-use neardup_proto::v1::{InsertRequest, QueryRequest, QueryTarget, query_target};
+use neardup_proto::v1::InsertRequest;
 use serde_json::{Value, json};
+
+use super::load::{Kind, Load};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -117,13 +118,6 @@ fn workload(n: usize, q: usize, seed: u64) -> Workload {
 
 fn name(i: usize) -> String {
     format!("https://bench.example/page/{i}")
-}
-
-fn percentile(sorted: &[u64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize] as f64 / 1000.0
 }
 
 /// The server under test, a child process.
@@ -273,90 +267,6 @@ async fn insert_range(
     Ok(total)
 }
 
-/// Open-loop unary queries at `rate` for `seconds`; latencies from each request's due time.
-///
-/// A dedicated thread paces the requests with the OS's sleep (tens of microseconds of
-/// slack; tokio's timer has a 1 ms tick, which would bunch requests and add its lag to
-/// every latency) and hands each to the runtime at its due time, whatever the server does.
-async fn open_loop(
-    clients: &[Client],
-    queries: Arc<Vec<u64>>,
-    k: u32,
-    rate: u64,
-    seconds: u64,
-) -> Value {
-    let total = (rate * seconds) as usize;
-    let errors = Arc::new(AtomicU64::new(0));
-    let (tx, mut rx) = mpsc::unbounded_channel::<u64>();
-    let handle = tokio::runtime::Handle::current();
-    let rpcs: Vec<_> = clients.iter().map(|c| c.raw()).collect();
-    let pacer_errors = errors.clone();
-    let pacer = std::thread::spawn(move || {
-        // The kernel's default 50 us timer slack (more under virtualisation) would make
-        // every sleep late; the pacer wants its deadlines.
-        #[cfg(target_os = "linux")]
-        // SAFETY: PR_SET_TIMERSLACK only changes this thread's timer slack.
-        unsafe {
-            libc::prctl(libc::PR_SET_TIMERSLACK, 1, 0, 0, 0);
-        }
-        let start = Instant::now() + Duration::from_millis(20);
-        let limit = Duration::from_secs(seconds * 3 + 10);
-        let mut handles = Vec::with_capacity(total);
-        for i in 0..total {
-            let due = start + Duration::from_secs_f64(i as f64 / rate as f64);
-            let now = Instant::now();
-            if due > now {
-                std::thread::sleep(due - now);
-            }
-            let mut rpc = rpcs[i % rpcs.len()].clone();
-            let q = queries[i % queries.len()];
-            let (tx, errors) = (tx.clone(), pacer_errors.clone());
-            handles.push(handle.spawn(async move {
-                let mut req = tonic::Request::new(QueryRequest {
-                    target: Some(QueryTarget {
-                        target: Some(query_target::Target::Fingerprint(q)),
-                    }),
-                    k: Some(k),
-                    limit: 100,
-                });
-                req.set_timeout(Duration::from_secs(10));
-                if rpc.query(req).await.is_err() {
-                    errors.fetch_add(1, Ordering::Relaxed);
-                }
-                let _ = tx.send(due.elapsed().as_nanos() as u64);
-            }));
-            if start.elapsed() > limit {
-                break;
-            }
-        }
-        (handles, start)
-    });
-    let (handles, start) = tokio::task::spawn_blocking(move || pacer.join())
-        .await
-        .expect("pacer task")
-        .expect("pacer thread");
-    let sent = handles.len();
-    for h in handles {
-        let _ = h.await;
-    }
-    let elapsed = start.elapsed().as_secs_f64();
-    let mut lat = Vec::with_capacity(sent);
-    while let Ok(l) = rx.try_recv() {
-        lat.push(l);
-    }
-    lat.sort_unstable();
-    json!({
-        "offered_qps": rate,
-        "sent": sent,
-        "achieved_qps": sent as f64 / elapsed,
-        "errors": errors.load(Ordering::Relaxed),
-        "p50_us": percentile(&lat, 0.50),
-        "p99_us": percentile(&lat, 0.99),
-        "p999_us": percentile(&lat, 0.999),
-        "max_us": lat.last().copied().unwrap_or(0) as f64 / 1000.0,
-    })
-}
-
 /// Waits until the index is one run (the server compacts once writes stop; the benchmark
 /// starts it with a short idle time) or at least steady; the seconds it took.
 async fn settle(client: &Client, limit: Duration) -> Result<(f64, u64), String> {
@@ -482,13 +392,36 @@ pub async fn run(args: ServiceArgs) -> Result<(), String> {
     };
     report.insert("in_process".into(), baseline.clone());
 
-    // 4. Unary latency, open loop.
+    // 4. Unary latency, open loop, with the gRPC and machine floors in interleaved slices.
     let mut unary = Vec::new();
     for &rate in &args.rates {
-        eprintln!("unary queries at {rate}/s for {} s", args.seconds);
-        let r = open_loop(&clients, queries.clone(), args.k, rate, args.seconds).await;
-        eprintln!("  p50 {} us, p99 {} us, p999 {} us", r["p50_us"], r["p99_us"], r["p999_us"]);
-        unary.push(r);
+        eprintln!(
+            "unary queries at {rate}/s for {} s (with Health and TCP echo, interleaved)",
+            args.seconds
+        );
+        let load = Load {
+            addr: server.addr.clone(),
+            queries: queries.clone(),
+            k: args.k,
+            rate,
+            seconds: args.seconds,
+            kinds: vec![Kind::Query, Kind::Health, Kind::Echo],
+        };
+        let mut r =
+            tokio::task::spawn_blocking(move || load.run()).await.map_err(|e| e.to_string())??;
+        for kind in [Kind::Query, Kind::Health, Kind::Echo] {
+            let x = &r[kind.name()];
+            eprintln!(
+                "  {:<12} p50 {} us, p99 {} us, p999 {} us",
+                kind.name(),
+                x["p50_us"],
+                x["p99_us"],
+                x["p999_us"]
+            );
+        }
+        let mut entry = r.remove(Kind::Query.name()).unwrap_or_default();
+        entry["floor"] = Value::Object(r);
+        unary.push(entry);
     }
     report.insert("unary".into(), json!(unary));
 
@@ -549,8 +482,17 @@ pub async fn run(args: ServiceArgs) -> Result<(), String> {
             (r, t.elapsed().as_secs_f64())
         })
     };
-    let reads =
-        open_loop(&clients[1..], queries.clone(), args.k, args.mixed_rate, args.seconds).await;
+    let load = Load {
+        addr: server.addr.clone(),
+        queries: queries.clone(),
+        k: args.k,
+        rate: args.mixed_rate,
+        seconds: args.seconds,
+        kinds: vec![Kind::Query],
+    };
+    let mut reads =
+        tokio::task::spawn_blocking(move || load.run()).await.map_err(|e| e.to_string())??;
+    let reads = reads.remove(Kind::Query.name()).unwrap_or_default();
     let (written, wsecs) = writer.await.map_err(|e| e.to_string())?;
     let written = written?;
     eprintln!(
