@@ -350,3 +350,31 @@ pub fn percentile(sorted: &[u64], p: f64) -> f64 {
     let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
     sorted[i] as f64 / 1000.0
 }
+
+/// How often the machine took the CPU away from a thread that never sleeps: `seconds` of
+/// spinning on the clock, counting the gaps over 1 ms (the other work of a 2-core VM, the
+/// hypervisor's own). Run it while nothing else of the benchmark does.
+pub fn stall_probe(seconds: f64) -> Value {
+    let start = Instant::now();
+    let (mut prev, mut over_1ms, mut over_10ms, mut max) = (start, 0u64, 0u64, Duration::ZERO);
+    let mut stalled = Duration::ZERO;
+    while prev.duration_since(start).as_secs_f64() < seconds {
+        let now = Instant::now();
+        let gap = now - prev;
+        if gap > Duration::from_millis(1) {
+            over_1ms += 1;
+            over_10ms += u64::from(gap > Duration::from_millis(10));
+            stalled += gap;
+        }
+        max = max.max(gap);
+        prev = now;
+    }
+    let secs = start.elapsed().as_secs_f64();
+    json!({
+        "seconds": secs,
+        "stalls_over_1ms_per_second": over_1ms as f64 / secs,
+        "stalls_over_10ms": over_10ms,
+        "stalled_fraction": stalled.as_secs_f64() / secs,
+        "max_stall_ms": max.as_secs_f64() * 1e3,
+    })
+}

@@ -28,7 +28,7 @@ use neardup_core::{Design, Doc, Index, IndexConfig};
 use neardup_proto::v1::InsertRequest;
 use serde_json::{Value, json};
 
-use super::load::{Kind, Load};
+use super::load::{Kind, Load, stall_probe};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
@@ -393,6 +393,15 @@ pub async fn run(args: ServiceArgs) -> Result<(), String> {
     report.insert("in_process".into(), baseline.clone());
 
     // 4. Unary latency, open loop, with the gRPC and machine floors in interleaved slices.
+    // First, how often this machine stalls a thread that never sleeps.
+    let probe =
+        tokio::task::spawn_blocking(|| stall_probe(3.0)).await.map_err(|e| e.to_string())?;
+    eprintln!(
+        "machine: {:.1} stalls over 1 ms a second, longest {:.1} ms (a spinning thread, 3 s)",
+        probe["stalls_over_1ms_per_second"].as_f64().unwrap_or(0.0),
+        probe["max_stall_ms"].as_f64().unwrap_or(0.0)
+    );
+    report.insert("machine_stalls".into(), probe);
     let mut unary = Vec::new();
     for &rate in &args.rates {
         eprintln!(
