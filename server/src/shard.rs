@@ -66,7 +66,7 @@ pub struct ShardConfig {
     pub checkpoint_interval: Duration,
     /// Turn the write buffer into a run after this long without writes.
     pub idle_flush: Duration,
-    /// Merge every run into one after this long without writes.
+    /// Merge every run into one, and write a checkpoint, after this long without writes.
     pub compact_idle: Duration,
     /// Write a document snapshot (and truncate the log) once the log holds this many bytes.
     pub snapshot_log_bytes: u64,
@@ -1028,8 +1028,12 @@ impl Shard {
             let ck = self.checkpoints.lock();
             let st = self.state.read();
             let uncovered = st.last_seq.saturating_sub(ck.manifest.covered);
+            // Also once writes have been quiet for `compact_idle`: the index is stored while
+            // nothing else is going on, and a restart then replays no log.
             let due = uncovered >= self.config.checkpoint_ops
-                || (ck.runs_changed(&st) && ck.last.elapsed() >= self.config.checkpoint_interval);
+                || (ck.runs_changed(&st)
+                    && (ck.last.elapsed() >= self.config.checkpoint_interval
+                        || st.last_write.elapsed() >= self.config.compact_idle));
             (due, st.log_bytes)
         };
         if due {

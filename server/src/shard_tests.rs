@@ -361,3 +361,31 @@ fn idle_compaction_merges_every_run_and_keeps_answers() {
     let shard = open(dir.path(), config());
     check(&shard, &model, &queries);
 }
+
+#[test]
+fn quiet_writes_are_checkpointed_without_waiting_for_the_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config();
+    // Neither the operation count nor the interval asks for a checkpoint.
+    c.checkpoint_ops = u64::MAX;
+    c.idle_flush = Duration::ZERO;
+    c.compact_idle = Duration::ZERO;
+    let shard = open(dir.path(), c);
+    let mut model = Model::default();
+    // Fewer documents than the buffer holds: one run after the idle flush, so no compaction
+    // (which checkpoints too) takes place.
+    let docs: Vec<_> = (0..20u64)
+        .map(|i| doc(&format!("https://q/{i}"), i.wrapping_mul(0x9E37_79B9_7F4A_7C15), 1))
+        .collect();
+    let out = shard.write(&docs, &[], false).unwrap();
+    shard.wait_durable_blocking(out.seq).unwrap();
+    for d in &docs {
+        model.0.insert(d.id.clone(), (d.fingerprint, d.timestamp_ms));
+    }
+    assert!(shard.stats().unwrap().checkpoint_pending);
+    shard.maintain_once().unwrap();
+    assert_eq!(shard.state.read().index.runs().len(), 1);
+    assert!(!shard.stats().unwrap().checkpoint_pending, "a quiet shard stores its index");
+    let queries: Vec<u64> = docs.iter().map(|d| d.fingerprint ^ 0b11).collect();
+    check(&shard, &model, &queries);
+}

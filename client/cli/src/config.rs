@@ -79,7 +79,8 @@ pub struct StorageSection {
     pub snapshot_log_mb: u64,
     /// Turn an idle write buffer into a run after this many milliseconds.
     pub idle_flush_ms: u64,
-    /// Merge every run into one after this many seconds without writes.
+    /// Merge every run into one, and write a checkpoint, after this many seconds without
+    /// writes.
     pub compact_idle_secs: u64,
 }
 
