@@ -94,12 +94,14 @@ impl Load {
     }
 
     async fn drive(self) -> Result<serde_json::Map<String, Value>, String> {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))
-            .map_err(|e| e.to_string())?
-            .tcp_nodelay(true)
-            .connect()
-            .await
-            .map_err(|e| format!("cannot connect to {}: {e}", self.addr))?;
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))
+            .map_err(|e| format!("bad address {}: {e}", self.addr))?
+            .tcp_nodelay(true);
+        let channel = if self.kinds.iter().any(|k| *k != Kind::Echo) {
+            endpoint.connect().await.map_err(|e| format!("cannot connect to {}: {e}", self.addr))?
+        } else {
+            endpoint.connect_lazy()
+        };
         let query = NeardupClient::new(channel.clone());
         let health = HealthClient::new(channel);
         let echo = if self.kinds.contains(&Kind::Echo) { Some(Echo::start().await?) } else { None };
@@ -377,4 +379,67 @@ pub fn stall_probe(seconds: f64) -> Value {
         "stalled_fraction": stalled.as_secs_f64() / secs,
         "max_stall_ms": max.as_secs_f64() * 1e3,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_pick_the_nearest_rank() {
+        let v: Vec<u64> = (1..=1000).map(|x| x * 1000).collect();
+        assert_eq!(percentile(&v, 0.5), 500.0);
+        assert_eq!(percentile(&v, 0.99), 990.0);
+        assert_eq!(percentile(&v, 0.999), 999.0);
+        assert_eq!(percentile(&v[..1], 0.99), 1.0);
+        assert_eq!(percentile(&[], 0.5), 0.0);
+    }
+
+    #[test]
+    fn the_timer_never_wakes_before_its_due_time() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let timer = Timer::new().unwrap();
+            for micros in [0u64, 50, 300, 2000] {
+                let due = Instant::now() + Duration::from_micros(micros);
+                timer.sleep_until(due).await.unwrap();
+                assert!(Instant::now() >= due, "woke before a {micros} us deadline");
+            }
+            // A deadline already past returns at once.
+            timer.sleep_until(Instant::now() - Duration::from_millis(1)).await.unwrap();
+        });
+    }
+
+    #[test]
+    fn the_echo_floor_answers_every_message_once() {
+        let load = Load {
+            addr: "127.0.0.1:1".into(),
+            queries: Arc::new(vec![1]),
+            k: 3,
+            rate: 400,
+            seconds: 2,
+            kinds: vec![Kind::Echo],
+        };
+        let out = load.run().unwrap();
+        let echo = &out[Kind::Echo.name()];
+        assert_eq!(echo["sent"], 800);
+        assert_eq!(echo["errors"], 0);
+        assert!(echo["p50_us"].as_f64().unwrap() > 0.0);
+        assert!(echo["p99_us"].as_f64().unwrap() >= echo["p50_us"].as_f64().unwrap());
+        assert!(out.get(Kind::Query.name()).is_none());
+    }
+
+    #[test]
+    fn an_unreachable_server_is_a_clear_error() {
+        let load = Load {
+            addr: "127.0.0.1:1".into(),
+            queries: Arc::new(vec![1]),
+            k: 3,
+            rate: 10,
+            seconds: 1,
+            kinds: vec![Kind::Query],
+        };
+        let err = load.run().unwrap_err();
+        assert!(err.contains("cannot connect to 127.0.0.1:1"), "{err}");
+    }
 }
