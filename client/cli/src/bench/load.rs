@@ -410,17 +410,21 @@ mod tests {
         });
     }
 
-    #[test]
-    fn the_echo_floor_answers_every_message_once() {
-        let load = Load {
+    /// A load against a port nobody listens on.
+    fn nowhere(kind: Kind, rate: u64, seconds: u64) -> Load {
+        Load {
             addr: "127.0.0.1:1".into(),
             queries: Arc::new(vec![1]),
             k: 3,
-            rate: 400,
-            seconds: 2,
-            kinds: vec![Kind::Echo],
-        };
-        let out = load.run().unwrap();
+            rate,
+            seconds,
+            kinds: vec![kind],
+        }
+    }
+
+    #[test]
+    fn the_echo_floor_answers_every_message_once() {
+        let out = nowhere(Kind::Echo, 400, 2).run().unwrap();
         let echo = &out[Kind::Echo.name()];
         assert_eq!(echo["sent"], 800);
         assert_eq!(echo["errors"], 0);
@@ -431,15 +435,7 @@ mod tests {
 
     #[test]
     fn an_unreachable_server_is_a_clear_error() {
-        let load = Load {
-            addr: "127.0.0.1:1".into(),
-            queries: Arc::new(vec![1]),
-            k: 3,
-            rate: 10,
-            seconds: 1,
-            kinds: vec![Kind::Query],
-        };
-        let err = load.run().unwrap_err();
+        let err = nowhere(Kind::Query, 10, 1).run().unwrap_err();
         assert!(err.contains("cannot connect to 127.0.0.1:1"), "{err}");
     }
 }
