@@ -22,7 +22,7 @@ pub struct CheckArgs {
     #[arg(short, long)]
     k: Option<u32>,
     /// Most matches to list [default: 100].
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, hide_default_value = true)]
     limit: u32,
     /// Do not store the document when it is a near-duplicate.
     #[arg(long)]

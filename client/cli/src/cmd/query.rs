@@ -15,7 +15,7 @@ pub struct QueryArgs {
     #[arg(short, long)]
     k: Option<u32>,
     /// Most matches [default: the server's, 100].
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, hide_default_value = true)]
     limit: u32,
 }
 

@@ -22,6 +22,8 @@ pub async fn run(args: StatsArgs) -> Result<(), String> {
         "buffered": s.buffered,
         "deleted_pending": s.deleted_pending,
         "merges": s.merges,
+        "merging": s.merging,
+        "checkpoint_pending": s.checkpoint_pending,
         "index_bytes": s.index_bytes,
         "wal_bytes": s.wal_bytes,
         "disk_bytes": s.disk_bytes,
