@@ -1006,9 +1006,8 @@ impl Shard {
         if let Some(job) = job {
             let Some((docs, seconds)) = self.run_merge(job)? else { return Ok(()) };
             tracing::info!(docs, seconds, "compacted to one run");
-            // Store the compacted run now, while writes are quiet, rather than at a later
-            // checkpoint that could land in the middle of busy traffic.
-            self.checkpoint()?;
+            // Writes are still quiet, so the checkpoint below stores the compacted run now
+            // rather than in the middle of busy traffic later.
         }
         // An idle buffer becomes a run, so queries skip its linear scan.
         {
@@ -1028,8 +1027,9 @@ impl Shard {
             let ck = self.checkpoints.lock();
             let st = self.state.read();
             let uncovered = st.last_seq.saturating_sub(ck.manifest.covered);
-            // Also once writes have been quiet for `compact_idle`: the index is stored while
-            // nothing else is going on, and a restart then replays no log.
+            // Also once writes have been quiet for `compact_idle` (as after an idle
+            // compaction): the index is stored while nothing else is going on, and a
+            // restart then replays no log.
             let due = uncovered >= self.config.checkpoint_ops
                 || (ck.runs_changed(&st)
                     && (ck.last.elapsed() >= self.config.checkpoint_interval

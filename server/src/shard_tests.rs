@@ -29,6 +29,20 @@ fn open(dir: &Path, c: ShardConfig) -> Arc<Shard> {
     s
 }
 
+/// Writes and waits until the log holds it.
+fn durable_write(shard: &Shard, docs: &[ShardDocument], dels: &[String]) -> WriteOutcome {
+    let out = shard.write(docs, dels, false).unwrap();
+    shard.wait_durable_blocking(out.seq).unwrap();
+    out
+}
+
+/// Opens the shard in `dir` again, checks every answer, and shuts it down cleanly.
+fn restart_and_check(dir: &Path, model: &Model, queries: &[u64]) {
+    let shard = open(dir, config());
+    check(&shard, model, queries);
+    shard.shutdown().unwrap();
+}
+
 fn doc(name: &str, fp: u64, ts: i64) -> ShardDocument {
     ShardDocument { id: name.into(), fingerprint: fp, timestamp_ms: ts }
 }
@@ -81,8 +95,7 @@ fn workload(shard: &Shard, model: &mut Model, rng: &mut SplitMix64, rounds: usiz
             };
             docs.push(doc(&name, fp, rng.below(1000) as i64));
         }
-        let out = shard.write(&docs, &[], false).unwrap();
-        shard.wait_durable_blocking(out.seq).unwrap();
+        durable_write(shard, &docs, &[]);
         for d in &docs {
             model.0.insert(d.id.clone(), (d.fingerprint, d.timestamp_ms));
             let n = rng.below(5) as u32;
@@ -94,8 +107,7 @@ fn workload(shard: &Shard, model: &mut Model, rng: &mut SplitMix64, rounds: usiz
             let mut dels = dels;
             dels.sort();
             dels.dedup();
-            let out = shard.write(&[], &dels, false).unwrap();
-            shard.wait_durable_blocking(out.seq).unwrap();
+            let out = durable_write(shard, &[], &dels);
             let mut n = 0;
             for d in &dels {
                 n += u64::from(model.0.remove(d).is_some());
@@ -136,8 +148,7 @@ fn writes_replacements_and_deletes_match_the_model() {
 fn bad_writes_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let shard = open(dir.path(), config());
-    let out = shard.write(&[doc("a", 10, 0)], &[], false).unwrap();
-    shard.wait_durable_blocking(out.seq).unwrap();
+    durable_write(&shard, &[doc("a", 10, 0)], &[]);
     let before = shard.stats().unwrap();
     let long = "u".repeat(1025);
     let errors = [
@@ -213,9 +224,7 @@ fn restarts_recover_everything_acknowledged() {
             shard.shutdown().unwrap();
         }
     }
-    let shard = open(dir.path(), config());
-    check(&shard, &model, &queries);
-    shard.shutdown().unwrap();
+    restart_and_check(dir.path(), &model, &queries);
 }
 
 /// Deletions replayed from the log into stored runs after a crash are not yet stored
@@ -230,8 +239,7 @@ fn deletions_replayed_after_a_crash_survive_the_next_checkpoint() {
         let docs: Vec<ShardDocument> = (0..50)
             .map(|i| doc(&format!("d{}", batch * 50 + i), rng.next_u64(), i as i64))
             .collect();
-        let out = shard.write(&docs, &[], false).unwrap();
-        shard.wait_durable_blocking(out.seq).unwrap();
+        durable_write(&shard, &docs, &[]);
         for d in &docs {
             model.0.insert(d.id.clone(), (d.fingerprint, d.timestamp_ms));
         }
@@ -240,11 +248,9 @@ fn deletions_replayed_after_a_crash_survive_the_next_checkpoint() {
     // Replacements and deletes of stored documents, in the log only, then a crash.
     let docs: Vec<ShardDocument> =
         (0..30).map(|i| doc(&format!("d{}", i * 3), rng.next_u64(), 7)).collect();
-    let out = shard.write(&docs, &[], false).unwrap();
-    shard.wait_durable_blocking(out.seq).unwrap();
+    durable_write(&shard, &docs, &[]);
     let dels: Vec<String> = (0..20).map(|i| format!("d{}", 101 + i * 2)).collect();
-    let out = shard.write(&[], &dels, false).unwrap();
-    shard.wait_durable_blocking(out.seq).unwrap();
+    durable_write(&shard, &[], &dels);
     for d in &docs {
         model.0.insert(d.id.clone(), (d.fingerprint, d.timestamp_ms));
     }
@@ -256,13 +262,8 @@ fn deletions_replayed_after_a_crash_survive_the_next_checkpoint() {
     shard.close_without_checkpoint();
     drop(shard);
     // Recovery replays them; a clean shutdown checkpoints; the next start must agree.
-    let shard = open(dir.path(), config());
-    check(&shard, &model, &queries);
-    shard.shutdown().unwrap();
-    drop(shard);
-    let shard = open(dir.path(), config());
-    check(&shard, &model, &queries);
-    shard.shutdown().unwrap();
+    restart_and_check(dir.path(), &model, &queries);
+    restart_and_check(dir.path(), &model, &queries);
 }
 
 /// Damages stored runs through the storage layer, as a disk might.
@@ -298,10 +299,7 @@ fn damaged_tables_are_rebuilt_and_damaged_runs_are_not_served() {
     shard.shutdown().unwrap();
     drop(shard);
     // Rewritten on recovery: a clean start now, same answers.
-    let shard = open(dir.path(), config());
-    check(&shard, &model, &queries);
-    shard.shutdown().unwrap();
-    drop(shard);
+    restart_and_check(dir.path(), &model, &queries);
     damage(dir.path(), "meta");
     let shard = Shard::open(dir.path(), config(), ShardMetrics::default()).unwrap();
     let err = shard.recover().unwrap_err();
@@ -377,8 +375,7 @@ fn quiet_writes_are_checkpointed_without_waiting_for_the_interval() {
     let docs: Vec<_> = (0..20u64)
         .map(|i| doc(&format!("https://q/{i}"), i.wrapping_mul(0x9E37_79B9_7F4A_7C15), 1))
         .collect();
-    let out = shard.write(&docs, &[], false).unwrap();
-    shard.wait_durable_blocking(out.seq).unwrap();
+    durable_write(&shard, &docs, &[]);
     for d in &docs {
         model.0.insert(d.id.clone(), (d.fingerprint, d.timestamp_ms));
     }

@@ -97,26 +97,24 @@ impl SledStore {
                 .cache_capacity(cache_bytes)
                 .flush_every_ms(Some(1000))
                 .open();
-            match opened {
+            let e = match opened {
                 Ok(db) => return Ok(SledStore { db }),
-                Err(sled::Error::Io(e))
-                    if e.kind() == std::io::ErrorKind::WouldBlock
-                        && std::time::Instant::now() < deadline =>
-                {
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
-                Err(e) => {
-                    let held = matches!(&e, sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock);
-                    return Err(Error::DataDir {
-                        path: path.display().to_string(),
-                        reason: if held {
-                            format!("the database is in use by another process ({e})")
-                        } else {
-                            format!("cannot open the database: {e}")
-                        },
-                    });
-                }
+                Err(e) => e,
+            };
+            let held =
+                matches!(&e, sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock);
+            if held && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                continue;
             }
+            return Err(Error::DataDir {
+                path: path.display().to_string(),
+                reason: if held {
+                    format!("the database is in use by another process ({e})")
+                } else {
+                    format!("cannot open the database: {e}")
+                },
+            });
         }
     }
 }

@@ -2,17 +2,24 @@
 //! and JSON lines), query, check, fingerprint (server and local agree), delete, stats, and
 //! a clear error for bad input.
 
+use std::process::Output;
+
 use neardup_tests::{Node, run};
 use serde_json::Value;
 
 const TEXT: &str = "A crawler fetches the same page again and again, with other ads and counters \
                     and a different date at the bottom, and wants to know it has seen it before.";
 
-/// Runs a client command against `node`; its stdout lines as JSON.
-fn cli(node: &Node, args: &[&str]) -> Vec<Value> {
+/// Runs a client command against `node`.
+fn run_on(node: &Node, args: &[&str]) -> Output {
     let mut all = args.to_vec();
     all.extend(["--server", &node.addr]);
-    let out = run(&all);
+    run(&all)
+}
+
+/// Runs a client command against `node` that must succeed; its stdout lines as JSON.
+fn cli(node: &Node, args: &[&str]) -> Vec<Value> {
+    let out = run_on(node, args);
     assert!(
         out.status.success(),
         "neardup {args:?} failed: {}",
@@ -96,15 +103,12 @@ async fn every_client_command_against_a_real_server() {
     assert_eq!(ids(&r[0]), vec![("a".to_string(), 0)]);
 
     // Bad input: a clear message, a failing exit status, and nothing changed.
-    let addr = node.addr.clone();
     for (args, says) in [
         (vec!["query", "--fingerprint", "0xff00", "-k", "60"], "k = 60 is out of range"),
         (vec!["query", "--fingerprint", "0xzz"], "not a 64-bit fingerprint"),
         (vec!["insert", "--id", "x"], "exactly one of --fingerprint and --text"),
     ] {
-        let mut all = args.clone();
-        all.extend(["--server", &addr]);
-        let out = run(&all);
+        let out = run_on(&node, &args);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?} should fail");
         assert!(stderr.contains(says), "{args:?}: {stderr}");

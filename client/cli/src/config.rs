@@ -63,6 +63,10 @@ pub struct IndexSection {
     pub codec: String,
 }
 
+/// The service's block size. Small blocks: a query decodes a few values per table instead
+/// of half a 1 KiB block, about three times faster at 10M documents, for 11% more memory.
+pub const SERVICE_BLOCK_BYTES: usize = 128;
+
 /// `[storage]`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -115,9 +119,7 @@ impl Default for IndexSection {
             buffer_docs: c.buffer_docs,
             merge_fanout: c.merge_fanout,
             max_runs: c.max_runs,
-            // Small blocks: a query decodes a few values per table instead of half a 1 KiB
-            // block, about three times faster at 10M documents, for 11% more memory.
-            block_bytes: 128,
+            block_bytes: SERVICE_BLOCK_BYTES,
             codec: "xor".into(),
         }
     }

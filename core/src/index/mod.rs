@@ -382,10 +382,18 @@ impl Index {
         if self.buffer.is_empty() {
             return Ok(());
         }
-        let run = Run::build(self.take_run_id(), self.buffer.docs(), &self.ctx)?;
-        self.buffer.clear();
-        self.runs.push(Arc::new(run));
+        self.seal_buffer()?;
         self.maybe_merge()
+    }
+
+    /// Builds the buffer into the newest run and empties it (no merge).
+    fn seal_buffer(&mut self) -> Result<()> {
+        if !self.buffer.is_empty() {
+            let run = Run::build(self.take_run_id(), self.buffer.docs(), &self.ctx)?;
+            self.buffer.clear();
+            self.runs.push(Arc::new(run));
+        }
+        Ok(())
     }
 
     /// Deletes every document whose id is in `ids`; returns how many were deleted. Scans
@@ -474,28 +482,44 @@ impl Index {
             return Ok(());
         }
         while let Some(range) = self.merge_candidates() {
-            let id = self.take_run_id();
-            let merged = Run::merge(id, &self.runs[range.clone()], &self.ctx)?;
-            self.merges += 1;
-            self.merged_docs += merged.len() as u64;
+            let merged = self.merge_now(range.clone())?;
             self.runs.splice(range, [Arc::new(merged)]);
         }
         Ok(())
     }
 
+    /// Merges the runs in `range` here and now, and counts the merge.
+    fn merge_now(&mut self, range: std::ops::Range<usize>) -> Result<Run> {
+        let id = self.take_run_id();
+        let merged = Run::merge(id, &self.runs[range], &self.ctx)?;
+        self.count_merge(&merged);
+        Ok(merged)
+    }
+
+    fn count_merge(&mut self, merged: &Run) {
+        self.merges += 1;
+        self.merged_docs += merged.len() as u64;
+    }
+
+    /// Whether merging every run into one would change anything: several runs, or one
+    /// with deleted documents to drop.
+    fn compactable(&self) -> bool {
+        self.runs.len() > 1 || self.runs.first().is_some_and(|r| r.deleted() > 0)
+    }
+
+    /// A job merging `range` of the runs, for the owner to run off the write path.
+    fn job(&mut self, range: std::ops::Range<usize>) -> MergeJob {
+        let sources: Vec<Arc<Run>> = self.runs[range].to_vec();
+        let deleted_at_start = sources.iter().map(|r| r.deleted_positions()).collect();
+        MergeJob { id: self.take_run_id(), sources, deleted_at_start, ctx: self.ctx.clone() }
+    }
+
     /// Merges every run into one (and the buffer with them): after a burst of writes, so
     /// queries visit a single run again. Costs a rewrite of every document.
     pub fn compact(&mut self) -> Result<()> {
-        if !self.buffer.is_empty() {
-            let run = Run::build(self.take_run_id(), self.buffer.docs(), &self.ctx)?;
-            self.buffer.clear();
-            self.runs.push(Arc::new(run));
-        }
-        if self.runs.len() > 1 || self.runs.first().is_some_and(|r| r.deleted() > 0) {
-            let id = self.take_run_id();
-            let merged = Run::merge(id, &self.runs, &self.ctx)?;
-            self.merges += 1;
-            self.merged_docs += merged.len() as u64;
+        self.seal_buffer()?;
+        if self.compactable() {
+            let merged = self.merge_now(0..self.runs.len())?;
             self.runs = if merged.is_empty() { Vec::new() } else { vec![Arc::new(merged)] };
         }
         Ok(())
@@ -504,21 +528,14 @@ impl Index {
     /// A job merging every run into one, for the owner to run off the write path (see
     /// [`compact`](Self::compact)); `None` when there is at most one run and nothing to drop.
     pub fn compact_job(&mut self) -> Option<MergeJob> {
-        if self.runs.len() < 2 && self.runs.first().is_none_or(|r| r.deleted() == 0) {
-            return None;
-        }
-        let sources: Vec<Arc<Run>> = self.runs.clone();
-        let deleted_at_start = sources.iter().map(|r| r.deleted_positions()).collect();
-        Some(MergeJob { id: self.take_run_id(), sources, deleted_at_start, ctx: self.ctx.clone() })
+        self.compactable().then(|| self.job(0..self.runs.len()))
     }
 
     /// The next merge the size-tiered policy wants, for the owner to run off the write path
     /// (with `auto_merge` off). The runs stay queryable meanwhile.
     pub fn next_merge(&mut self) -> Option<MergeJob> {
         let range = self.merge_candidates()?;
-        let sources: Vec<Arc<Run>> = self.runs[range].to_vec();
-        let deleted_at_start = sources.iter().map(|r| r.deleted_positions()).collect();
-        Some(MergeJob { id: self.take_run_id(), sources, deleted_at_start, ctx: self.ctx.clone() })
+        Some(self.job(range))
     }
 
     /// Installs a merged run built from `job`, replacing its sources. Documents deleted from
@@ -548,8 +565,7 @@ impl Index {
         for &p in positions.iter().rev() {
             self.runs.remove(p);
         }
-        self.merges += 1;
-        self.merged_docs += merged.len() as u64;
+        self.count_merge(&merged);
         self.runs.insert(first, Arc::new(merged));
         Ok(())
     }

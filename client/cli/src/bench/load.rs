@@ -16,8 +16,10 @@
 //! - a 16-byte TCP echo over loopback to a plain thread: what the machine itself gives, the
 //!   floor under any server.
 
+use std::future::Future;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -93,6 +95,11 @@ impl Load {
             .map_err(|_| "the load generator panicked".to_string())?
     }
 
+    /// [`run`](Self::run), awaited from an async context without blocking its worker.
+    pub async fn measure(self) -> Result<serde_json::Map<String, Value>, String> {
+        tokio::task::spawn_blocking(move || self.run()).await.map_err(|e| e.to_string())?
+    }
+
     async fn drive(self) -> Result<serde_json::Map<String, Value>, String> {
         let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))
             .map_err(|e| format!("bad address {}: {e}", self.addr))?
@@ -104,7 +111,8 @@ impl Load {
         };
         let query = NeardupClient::new(channel.clone());
         let health = HealthClient::new(channel);
-        let echo = if self.kinds.contains(&Kind::Echo) { Some(Echo::start().await?) } else { None };
+        let mut echo =
+            if self.kinds.contains(&Kind::Echo) { Some(Echo::start().await?) } else { None };
         let timer = Timer::new().map_err(|e| format!("cannot create a timer: {e}"))?;
         let mut tallies: Vec<Tally> = self.kinds.iter().map(|_| Tally::default()).collect();
         let mut sent = 0usize;
@@ -116,7 +124,7 @@ impl Load {
                         self.rpc_slice(*kind, &timer, &query, &health, sent, tally).await?
                     }
                     Kind::Echo => {
-                        let echo = echo.as_ref().expect("started when asked for");
+                        let echo = echo.as_mut().expect("started when asked for");
                         echo.slice(&timer, self.rate, tally).await?
                     }
                 }
@@ -155,13 +163,10 @@ impl Load {
         first: usize,
         tally: &mut Tally,
     ) -> Result<(), String> {
-        let n = self.rate as usize;
-        let start = Instant::now() + Duration::from_millis(2);
-        let mut calls = Vec::with_capacity(n);
-        for i in 0..n {
-            let due = start + Duration::from_nanos(i as u64 * 1_000_000_000 / self.rate);
+        let mut calls = Vec::with_capacity(self.rate as usize);
+        for (i, due) in schedule(self.rate).enumerate() {
             timer.sleep_until(due).await.map_err(|e| format!("timer: {e}"))?;
-            let call = match kind {
+            let call: Pin<Box<dyn Future<Output = bool> + Send>> = match kind {
                 Kind::Query => {
                     let mut rpc = query.clone();
                     let q = self.queries[(first + i) % self.queries.len()];
@@ -173,23 +178,20 @@ impl Load {
                         limit: 100,
                     });
                     req.set_timeout(Duration::from_secs(10));
-                    tokio::spawn(async move {
-                        let ok = rpc.query(req).await.is_ok();
-                        (ok, due.elapsed().as_nanos() as u64)
-                    })
+                    Box::pin(async move { rpc.query(req).await.is_ok() })
                 }
-                _ => {
+                Kind::Health | Kind::Echo => {
                     let mut rpc = health.clone();
                     let mut req =
                         tonic::Request::new(HealthCheckRequest { service: String::new() });
                     req.set_timeout(Duration::from_secs(10));
-                    tokio::spawn(async move {
-                        let ok = rpc.check(req).await.is_ok();
-                        (ok, due.elapsed().as_nanos() as u64)
-                    })
+                    Box::pin(async move { rpc.check(req).await.is_ok() })
                 }
             };
-            calls.push(call);
+            calls.push(tokio::spawn(async move {
+                let ok = call.await;
+                (ok, due.elapsed().as_nanos() as u64)
+            }));
         }
         for call in calls {
             let (ok, ns) = call.await.map_err(|e| e.to_string())?;
@@ -202,8 +204,8 @@ impl Load {
 
 /// A loopback TCP echo: a plain thread answers, the generator writes and reads.
 struct Echo {
-    write: tokio::sync::Mutex<tokio::net::tcp::OwnedWriteHalf>,
-    read: tokio::sync::Mutex<tokio::net::tcp::OwnedReadHalf>,
+    write: tokio::net::tcp::OwnedWriteHalf,
+    read: tokio::net::tcp::OwnedReadHalf,
     origin: Instant,
 }
 
@@ -229,19 +231,14 @@ impl Echo {
             tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("echo: {e}"))?;
         stream.set_nodelay(true).map_err(|e| format!("echo: {e}"))?;
         let (read, write) = stream.into_split();
-        Ok(Echo {
-            write: tokio::sync::Mutex::new(write),
-            read: tokio::sync::Mutex::new(read),
-            origin: Instant::now(),
-        })
+        Ok(Echo { write, read, origin: Instant::now() })
     }
 
     /// One second of echoes: each message carries its due time; the reader times it.
-    async fn slice(&self, timer: &Timer, rate: u64, tally: &mut Tally) -> Result<(), String> {
+    async fn slice(&mut self, timer: &Timer, rate: u64, tally: &mut Tally) -> Result<(), String> {
         let n = rate as usize;
-        let start = Instant::now() + Duration::from_millis(2);
-        let origin = self.origin;
-        let mut read = self.read.lock().await;
+        let Echo { write, read, origin } = self;
+        let origin = *origin;
         let reader = async {
             let mut got = Vec::with_capacity(n);
             let mut msg = [0u8; 16];
@@ -253,9 +250,7 @@ impl Echo {
             Ok::<_, String>(got)
         };
         let writer = async {
-            let mut write = self.write.lock().await;
-            for i in 0..n {
-                let due = start + Duration::from_nanos(i as u64 * 1_000_000_000 / rate);
+            for due in schedule(rate) {
                 timer.sleep_until(due).await.map_err(|e| format!("timer: {e}"))?;
                 let mut msg = [0u8; 16];
                 msg[..8].copy_from_slice(&((due - origin).as_nanos() as u64).to_le_bytes());
@@ -268,6 +263,12 @@ impl Echo {
         tally.latencies.extend(got?);
         Ok(())
     }
+}
+
+/// The due times of one second of requests at `rate`, starting in 2 ms.
+fn schedule(rate: u64) -> impl Iterator<Item = Instant> {
+    let start = Instant::now() + Duration::from_millis(2);
+    (0..rate).map(move |i| start + Duration::from_nanos(i * 1_000_000_000 / rate))
 }
 
 /// A sleep with microsecond precision on the runtime's own event loop (a `timerfd`).

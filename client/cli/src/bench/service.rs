@@ -48,7 +48,7 @@ pub struct ServiceArgs {
     #[arg(long, default_value = "paper-10")]
     design: String,
     /// Block size of the server's and the baseline's tables (the service's default).
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = crate::config::SERVICE_BLOCK_BYTES)]
     block_bytes: usize,
     /// Offered rates (queries/s) for the unary latency phase.
     #[arg(long, value_delimiter = ',', default_value = "1000,5000,10000")]
@@ -271,18 +271,18 @@ async fn insert_range(
 /// starts it with a short idle time) or at least steady; the seconds it took.
 async fn settle(client: &Client, limit: Duration) -> Result<(f64, u64), String> {
     let t = Instant::now();
-    let mut last = (u64::MAX, u64::MAX, u64::MAX);
+    let mut last = (u64::MAX, u64::MAX);
     let mut steady = 0;
     while t.elapsed() < limit {
         let s = client.stats().await.map_err(|e| e.to_string())?;
-        let now = (s.runs, s.merges, s.buffered);
-        // One run, stored, is the end state (the server compacts when writes stop);
-        // otherwise wait until no merge or checkpoint is pending and nothing has changed
-        // for 3 s (a small load may stay in the write buffer, which queries scan).
+        let now = (s.runs, s.merges);
+        // One run, stored, is the end state (the server compacts and checkpoints when writes
+        // stop); otherwise wait until nothing is buffered, merging or pending and nothing has
+        // changed for 3 s.
         if s.runs <= 1 && s.buffered == 0 && !s.checkpoint_pending {
             return Ok((t.elapsed().as_secs_f64(), s.runs));
         }
-        if now == last && !s.merging && !s.checkpoint_pending {
+        if now == last && s.buffered == 0 && !s.merging && !s.checkpoint_pending {
             steady += 1;
             if steady >= 6 {
                 return Ok((t.elapsed().as_secs_f64(), s.runs));
@@ -318,9 +318,13 @@ pub async fn run(args: ServiceArgs) -> Result<(), String> {
     let mut server = ServerProcess::start(&data, port, &args)?;
     server.wait_serving(Instant::now(), Duration::from_secs(60)).await?;
     let options = ClientOptions { timeout: Duration::from_secs(600), ..ClientOptions::default() };
-    let clients: Vec<Client> =
-        futures_join((0..4).map(|_| Client::connect_with(&server.addr, options.clone())).collect())
-            .await?;
+    let clients: Vec<Client> = futures_join(
+        // One connection per QueryBatch stream, up to four.
+        (0..args.batch_streams.clamp(1, 4))
+            .map(|_| Client::connect_with(&server.addr, options.clone()))
+            .collect(),
+    )
+    .await?;
     let client = clients[0].clone();
     let mut report = serde_json::Map::new();
     report.insert("load_average_at_start".into(), json!(load_average()));
@@ -402,22 +406,21 @@ pub async fn run(args: ServiceArgs) -> Result<(), String> {
         probe["max_stall_ms"].as_f64().unwrap_or(0.0)
     );
     report.insert("machine_stalls".into(), probe);
+    let load = |rate, kinds| Load {
+        addr: server.addr.clone(),
+        queries: queries.clone(),
+        k: args.k,
+        rate,
+        seconds: args.seconds,
+        kinds,
+    };
     let mut unary = Vec::new();
     for &rate in &args.rates {
         eprintln!(
             "unary queries at {rate}/s for {} s (with Health and TCP echo, interleaved)",
             args.seconds
         );
-        let load = Load {
-            addr: server.addr.clone(),
-            queries: queries.clone(),
-            k: args.k,
-            rate,
-            seconds: args.seconds,
-            kinds: vec![Kind::Query, Kind::Health, Kind::Echo],
-        };
-        let mut r =
-            tokio::task::spawn_blocking(move || load.run()).await.map_err(|e| e.to_string())??;
+        let mut r = load(rate, vec![Kind::Query, Kind::Health, Kind::Echo]).measure().await?;
         for kind in [Kind::Query, Kind::Health, Kind::Echo] {
             let x = &r[kind.name()];
             eprintln!(
@@ -491,16 +494,7 @@ pub async fn run(args: ServiceArgs) -> Result<(), String> {
             (r, t.elapsed().as_secs_f64())
         })
     };
-    let load = Load {
-        addr: server.addr.clone(),
-        queries: queries.clone(),
-        k: args.k,
-        rate: args.mixed_rate,
-        seconds: args.seconds,
-        kinds: vec![Kind::Query],
-    };
-    let mut reads =
-        tokio::task::spawn_blocking(move || load.run()).await.map_err(|e| e.to_string())??;
+    let mut reads = load(args.mixed_rate, vec![Kind::Query]).measure().await?;
     let reads = reads.remove(Kind::Query.name()).unwrap_or_default();
     let (written, wsecs) = writer.await.map_err(|e| e.to_string())?;
     let written = written?;
