@@ -15,6 +15,7 @@
 //! keys (the first value of each block) is searched to find the one block a lookup decodes,
 //! either through a directory on the top bits or by interpolation ([`BlockSearch`]).
 
+mod aligned;
 mod huffman;
 mod run;
 

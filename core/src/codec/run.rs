@@ -1,5 +1,6 @@
 //! [`HxRun`]: one sorted run of distinct `u64` values in Huffman-XOR blocks.
 
+use crate::codec::aligned::AlignedBytes;
 use crate::codec::huffman::{Huffman, MAX_CODE_LEN, SYMBOLS};
 use crate::error::{Error, Result};
 
@@ -102,21 +103,21 @@ impl Code for GapCode {
     }
 }
 
-/// Asks the CPU to start loading the cache line at `data[at]` (a hint; out of range is
-/// ignored).
+/// Asks the CPU to start loading the cache line holding `items[at]` (a hint; out of range
+/// is ignored).
 #[inline(always)]
-fn prefetch(data: &[u8], at: usize) {
+fn prefetch<T>(items: &[T], at: usize) {
     #[cfg(target_arch = "x86_64")]
-    if at < data.len() {
+    if at < items.len() {
         // SAFETY: prefetching is a hint that never faults; the pointer is in bounds anyway.
         unsafe {
             std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                data.as_ptr().add(at) as *const i8,
+                items.as_ptr().add(at) as *const i8,
             )
         };
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (data, at);
+    let _ = (items, at);
 }
 
 /// An empty vector with room for `capacity` elements, whose memory the kernel is asked to
@@ -199,34 +200,48 @@ impl RunOptions {
     }
 }
 
-/// Writes bits most-significant first into a zeroed byte buffer.
+/// Writes bits most-significant first into a byte buffer, eight bytes at a time.
+///
+/// Pending bits wait in a register and go out as whole big-endian words: no byte is read
+/// back, so consecutive writes do not wait on each other's stores. The buffer must have 8
+/// bytes of room past the last bit written, and [`finish`](Self::finish) must be called.
 struct BitWriter<'a> {
     out: &'a mut [u8],
-    pos: usize,
+    /// Byte offset of the next word.
+    byte: usize,
+    /// Pending bits, left-aligned.
+    acc: u128,
+    /// Number of pending bits (below 64 between calls).
+    pending: u32,
 }
 
-impl BitWriter<'_> {
-    /// Appends the low `n` bits of `v` (`n <= 57`, `v < 2^n`).
+impl<'a> BitWriter<'a> {
+    fn new(out: &'a mut [u8]) -> Self {
+        BitWriter { out, byte: 0, acc: 0, pending: 0 }
+    }
+
+    /// Appends the low `n` bits of `v` (`n <= 64`, `v < 2^n`).
     #[inline(always)]
     fn put(&mut self, v: u64, n: u32) {
         if n == 0 {
             return;
         }
-        let byte = self.pos >> 3;
-        let shift = 64 - n - (self.pos & 7) as u32;
-        let cur = u64::from_be_bytes(self.out[byte..byte + 8].try_into().expect("8 bytes"));
-        self.out[byte..byte + 8].copy_from_slice(&(cur | (v << shift)).to_be_bytes());
-        self.pos += n as usize;
+        self.acc |= (v as u128) << (128 - self.pending - n);
+        self.pending += n;
+        if self.pending >= 64 {
+            let word = (self.acc >> 64) as u64;
+            self.out[self.byte..self.byte + 8].copy_from_slice(&word.to_be_bytes());
+            self.byte += 8;
+            self.acc <<= 64;
+            self.pending -= 64;
+        }
     }
 
-    /// Appends the low `n` bits of `v` (`n <= 64`).
-    #[inline(always)]
-    fn put_long(&mut self, v: u64, n: u32) {
-        if n > 57 {
-            self.put(v >> 32, n - 32);
-            self.put(v & 0xFFFF_FFFF, 32);
-        } else {
-            self.put(v, n);
+    /// Writes the pending bits (as one word, zero-padded).
+    fn finish(self) {
+        if self.pending > 0 {
+            let word = (self.acc >> 64) as u64;
+            self.out[self.byte..self.byte + 8].copy_from_slice(&word.to_be_bytes());
         }
     }
 }
@@ -419,9 +434,9 @@ pub struct HxRun {
     opts: RunOptions,
     huffman: Huffman,
     len: usize,
-    /// `blocks * block_bytes` bytes, then [`SLACK`] zero bytes. A block's first value, read
-    /// from its first 8 bytes, is its search key.
-    data: Vec<u8>,
+    /// `blocks * block_bytes` bytes, then [`SLACK`] zero bytes, from a 128-byte boundary. A
+    /// block's first value, read from its first 8 bytes, is its search key.
+    data: AlignedBytes,
     /// Number of blocks.
     nblocks: usize,
     /// Values before each block, and `len` at the end; empty after
@@ -452,14 +467,14 @@ impl HxRun {
         // Room for the worst case (a value never takes more than 9 bytes); pages never
         // written are never backed, and the excess goes at shrink_to_fit below.
         let blocks_bound = values.len().div_ceil(1.max((bb - BLOCK_HEAD - BLOCK_TAIL) / 9)) + 1;
-        let mut data = huge_page_vec(blocks_bound * bb + SLACK);
-        data.resize(SLACK, 0);
+        let mut data = AlignedBytes::with_capacity(blocks_bound * bb + SLACK);
+        data.resize_zeroed(SLACK);
         let mut ranks = Vec::new();
         let mut deltas = Vec::new();
         let mut i = 0;
         while i < values.len() {
             let start = data.len() - SLACK;
-            data.resize(start + bb + SLACK, 0);
+            data.resize_zeroed(start + bb + SLACK);
             let block = &mut data[start..];
             block[..8].copy_from_slice(&values[i].to_le_bytes());
             ranks.push(i as u32);
@@ -480,16 +495,17 @@ impl HxRun {
                 deltas.push(delta);
                 j += 1;
             }
-            let mut codes = BitWriter { out: &mut block[BLOCK_HEAD..], pos: 0 };
+            // The codes, then the low bits, which start right after them.
+            let mut bits = BitWriter::new(&mut block[BLOCK_HEAD..]);
             for &delta in &deltas {
                 let (code, len) = huffman.code(symbol(delta));
-                codes.put(code as u64, len);
+                bits.put(code as u64, len);
             }
-            let mut low = BitWriter { out: &mut block[BLOCK_HEAD..], pos: code_bits };
             for &delta in &deltas {
                 let h = symbol(delta);
-                low.put_long(delta & !(1u64 << h), h);
+                bits.put(delta & !(1u64 << h), h);
             }
+            bits.finish();
             let count = (j - first) as u16;
             block[8..10].copy_from_slice(&count.to_le_bytes());
             block[10..12].copy_from_slice(&(code_bits as u16).to_le_bytes());
@@ -509,7 +525,7 @@ impl HxRun {
         opts: RunOptions,
         huffman: Huffman,
         len: usize,
-        data: Vec<u8>,
+        data: AlignedBytes,
         ranks: Vec<u32>,
     ) -> HxRun {
         let mut run = HxRun {
@@ -689,10 +705,10 @@ impl HxRun {
     }
 
     /// Where a lookup of `key` will search: a range of candidate blocks (one load from
-    /// the directory, or none with interpolation). With [`touch`](Self::touch) and
-    /// [`lane_in`](Self::lane_in) it splits [`lane`](Self::lane) into stages without
-    /// data-dependent branches between their loads, so that several tables' cache misses
-    /// overlap.
+    /// the directory, or none with interpolation). With
+    /// [`prefetch_directory`](Self::prefetch_directory),
+    /// [`prefetch_blocks`](Self::prefetch_blocks) and [`lane_in`](Self::lane_in) it splits
+    /// [`lane`](Self::lane) into stages, so that the cache misses of many lookups overlap.
     #[inline(always)]
     pub fn candidates(&self, key: u64) -> (usize, usize) {
         match self.opts.search {
@@ -710,15 +726,27 @@ impl HxRun {
         }
     }
 
-    /// Loads the keys of the blocks a search in `candidates` reads first, returning a value
-    /// to pass to `std::hint::black_box` (so the loads are not optimised away).
+    /// Stage 1 of a staged lookup: starts loading the directory entries
+    /// [`candidates`](Self::candidates) reads for `key`.
     #[inline(always)]
-    pub fn touch(&self, candidates: (usize, usize)) -> u64 {
+    pub fn prefetch_directory(&self, key: u64) {
+        if self.opts.search == BlockSearch::Directory {
+            prefetch(&self.dir, key.checked_shr(self.dir_shift).unwrap_or(0) as usize);
+        }
+    }
+
+    /// Stage 2: starts loading what a lane over `candidates` reads: the whole first candidate
+    /// block, and the key of the second when the search may need it.
+    #[inline(always)]
+    pub fn prefetch_blocks(&self, candidates: (usize, usize)) {
         let bb = self.opts.block_bytes;
-        let at = |x: usize| self.data.get(x).copied().unwrap_or(0) as u64;
-        // The first candidate always; the second only when the search may need it (the
-        // same line otherwise), without a branch that could serialise the misses.
-        at(candidates.0 * bb) ^ at(candidates.0.saturating_add(1).min(candidates.1) * bb)
+        let first = candidates.0 * bb;
+        for line in (0..bb).step_by(64) {
+            prefetch(&self.data, first + line);
+        }
+        if candidates.1 > candidates.0 {
+            prefetch(&self.data, first + bb);
+        }
     }
 
     /// Like [`lane`](Self::lane), searching the blocks from [`candidates`](Self::candidates);
@@ -1017,7 +1045,7 @@ impl HxRun {
         let (nblocks, mut opts, len, huffman) = Self::parse_header(header)?;
         opts.search = search;
         let bb = opts.block_bytes;
-        let mut data = huge_page_vec(nblocks * bb + SLACK);
+        let mut data = AlignedBytes::with_capacity(nblocks * bb + SLACK);
         let mut ranks = Vec::with_capacity(nblocks + 1);
         let mut values = Vec::new();
         let mut scratch = vec![0u8; bb + SLACK];
@@ -1055,7 +1083,7 @@ impl HxRun {
             return Err(Error::corrupt(format!("run holds {total} values, header says {len}")));
         }
         ranks.push(total as u32);
-        data.resize(data.len() + SLACK, 0);
+        data.resize_zeroed(data.len() + SLACK);
         Ok(HxRun::assemble(opts, huffman, len, data, ranks))
     }
 }

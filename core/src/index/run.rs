@@ -15,6 +15,7 @@ use super::{Doc, Match, QueryScratch};
 use crate::codec::{HxRun, RunOptions, scan_lanes};
 use crate::design::Design;
 use crate::error::{Error, Result};
+use crate::util::radix_sort;
 
 /// What building a run needs besides its documents.
 #[derive(Debug, Clone)]
@@ -55,52 +56,48 @@ impl Run {
         // (fp, position) pairs sort to fingerprint order with ties in insertion order.
         let mut order: Vec<(u64, u32)> =
             docs.iter().enumerate().map(|(i, d)| (d.fp, i as u32)).collect();
-        order.sort_unstable();
-        Self::from_sorted(
-            id,
-            order.len(),
-            |i| {
-                let d = &docs[order[i].1 as usize];
+        radix_sort(&mut order, &mut Vec::new(), |p| p.0);
+        // Gathered once: the columns below read every document several times, and in
+        // fingerprint order each read of `docs` would be a cache miss.
+        let sorted: Vec<(u64, u64, i64)> = order
+            .into_iter()
+            .map(|(_, i)| {
+                let d = &docs[i as usize];
                 (d.fp, d.id, d.ts)
-            },
-            ctx,
-        )
+            })
+            .collect();
+        Self::from_sorted(id, &sorted, ctx)
     }
 
-    /// Builds a run from `len` documents given as `at(i) = (fp, id, ts)` in fingerprint
-    /// order (ties in insertion order).
-    fn from_sorted(
-        id: u64,
-        len: usize,
-        at: impl Fn(usize) -> (u64, u64, i64),
-        ctx: &BuildContext,
-    ) -> Result<Run> {
-        if len > u32::MAX as usize - 1 {
+    /// Builds a run from documents `(fp, id, ts)` in fingerprint order (ties in insertion
+    /// order).
+    fn from_sorted(id: u64, sorted: &[(u64, u64, i64)], ctx: &BuildContext) -> Result<Run> {
+        if sorted.len() > u32::MAX as usize - 1 {
             return Err(Error::InvalidConfig("a run holds fewer than 2^32 - 1 documents".into()));
         }
-        let mut distinct: Vec<u64> = (0..len).map(|i| at(i).0).collect();
+        let mut distinct: Vec<u64> = sorted.iter().map(|d| d.0).collect();
         distinct.dedup();
-        let docs = DocStore::new(len, &at);
+        let docs = DocStore::new(sorted.len(), |i| sorted[i]);
         let values = distinct.clone();
-        Self::assemble(id, docs, distinct, ctx, move |_, spec, v| {
+        Self::assemble(id, docs, distinct, ctx, move |_, spec, v, tmp| {
             v.clear();
             v.extend(values.iter().map(|&x| spec.perm.apply(x)));
-            v.sort_unstable();
+            radix_sort(v, tmp, |&x| x);
         })
     }
 
     /// Builds the tables of a run whose documents and distinct fingerprints are known.
-    /// `fill(t, spec, buffer)` puts the sorted permuted values of non-identity table `t`
-    /// into `buffer`.
+    /// `fill(t, spec, buffer, scratch)` puts the sorted permuted values of non-identity table
+    /// `t` into `buffer`; `scratch` is for it to use as it likes.
     fn assemble(
         id: u64,
         docs: DocStore,
         distinct: Vec<u64>,
         ctx: &BuildContext,
-        fill: impl Fn(usize, &crate::design::TableSpec, &mut Vec<u64>) + Sync,
+        fill: impl Fn(usize, &crate::design::TableSpec, &mut Vec<u64>, &mut Vec<u64>) + Sync,
     ) -> Result<Run> {
         let fps = Arc::new(HxRun::encode(&distinct, ctx.opts)?);
-        let build = |t: usize, v: &mut Vec<u64>| -> Result<TableRun> {
+        let build = |t: usize, v: &mut Vec<u64>, tmp: &mut Vec<u64>| -> Result<TableRun> {
             let spec = &ctx.design.tables()[t];
             if spec.perm.is_identity() {
                 TableRun::build(
@@ -112,17 +109,20 @@ impl Run {
                     0,
                 )
             } else {
-                fill(t, spec, v);
+                fill(t, spec, v, tmp);
                 TableRun::build(v, None, spec.prefix_bits, ctx.opts, &ctx.policy, 0)
             }
         };
         let n = ctx.design.tables().len();
         let tables = if ctx.parallel {
-            (0..n).into_par_iter().map(|t| build(t, &mut Vec::new())).collect::<Result<Vec<_>>>()?
+            (0..n)
+                .into_par_iter()
+                .map(|t| build(t, &mut Vec::new(), &mut Vec::new()))
+                .collect::<Result<Vec<_>>>()?
         } else {
-            // One buffer for every table's permuted values: no fresh pages per table.
-            let mut scratch = Vec::with_capacity(distinct.len());
-            (0..n).map(|t| build(t, &mut scratch)).collect::<Result<Vec<_>>>()?
+            // The same two buffers for every table's values: no fresh pages per table.
+            let (mut values, mut tmp) = (Vec::new(), Vec::new());
+            (0..n).map(|t| build(t, &mut values, &mut tmp)).collect::<Result<Vec<_>>>()?
         };
         Ok(Run { id, fps, docs, tables })
     }
@@ -159,11 +159,11 @@ impl Run {
         };
         let same_design = runs.iter().all(|r| r.tables.len() == ctx.design.tables().len());
         let values = distinct.clone();
-        Self::assemble(id, docs, distinct, ctx, move |t, spec, v| {
+        Self::assemble(id, docs, distinct, ctx, move |t, spec, v, tmp| {
             if !same_design {
                 v.clear();
                 v.extend(values.iter().map(|&x| spec.perm.apply(x)));
-                v.sort_unstable();
+                radix_sort(v, tmp, |&x| x);
                 return;
             }
             let mut merged =
@@ -274,18 +274,16 @@ impl Run {
         pqs.clear();
         cands.clear();
         // Memory first, in stages without data-dependent branches between their loads, so
-        // the cache misses of all tables overlap: the directory entries, then the keys of
-        // the blocks they point at, then the searches (on cached data), then decoding.
+        // the cache misses of all tables overlap: start loading the directory entries; read
+        // them and start loading the blocks they point at; then search and decode.
         for &t in tables {
             let pq = design.tables()[t].perm.apply(q);
-            cands.push(self.tables[t].candidates(pq));
+            self.tables[t].prefetch_directory(pq);
             pqs.push(pq);
         }
-        let mut touched = 0u64;
-        for (&t, &c) in tables.iter().zip(cands.iter()) {
-            touched ^= self.tables[t].touch(c);
+        for (&t, &pq) in tables.iter().zip(pqs.iter()) {
+            cands.push(self.tables[t].candidates(pq));
         }
-        std::hint::black_box(touched);
         let mut lanes = Vec::with_capacity(tables.len());
         for (i, &t) in tables.iter().enumerate() {
             self.tables[t].plan(pqs[i], cands[i], k, i as u32, &mut lanes, hits);

@@ -164,16 +164,18 @@ impl TableRun {
         Ok(Crowded { prefix: bucket[0] >> (64 - prefix_bits), for_k: for_k.clone(), subs })
     }
 
-    /// Stage 1 of a probe: the candidate blocks for `pq` (one directory load).
+    /// Stage 1 of a probe: starts loading the directory entry for `pq`.
     #[inline(always)]
-    pub(crate) fn candidates(&self, pq: u64) -> (usize, usize) {
-        self.hx.candidates(prefix_range(pq, self.prefix_bits).0)
+    pub(crate) fn prefetch_directory(&self, pq: u64) {
+        self.hx.prefetch_directory(prefix_range(pq, self.prefix_bits).0)
     }
 
-    /// Stage 2: loads the candidate blocks' keys (see [`HxRun::touch`]).
+    /// Stage 2: the candidate blocks for `pq` (one directory load), whose loading it starts.
     #[inline(always)]
-    pub(crate) fn touch(&self, candidates: (usize, usize)) -> u64 {
-        self.hx.touch(candidates)
+    pub(crate) fn candidates(&self, pq: u64) -> (usize, usize) {
+        let c = self.hx.candidates(prefix_range(pq, self.prefix_bits).0);
+        self.hx.prefetch_blocks(c);
+        c
     }
 
     /// Stage 3: prepares the probe of this table for the permuted query `pq`: adds a
