@@ -561,17 +561,20 @@ fn merge_sorted<T: Copy>(mut lists: Vec<Vec<T>>, key: impl Fn(&T) -> u64 + Copy)
     lists.pop().unwrap_or_default()
 }
 
+/// Merges two sorted lists; on equal keys, `a`'s element first.
+///
+/// Without a branch on the comparison: the sources interleave at random, and a branch
+/// would be mispredicted about every other element. Each step picks one element by a
+/// conditional move and advances one of the two indices by the comparison's outcome.
 fn merge_two<T: Copy>(a: &[T], b: &[T], key: impl Fn(&T) -> u64) -> Vec<T> {
     let mut out = Vec::with_capacity(a.len() + b.len());
     let (mut i, mut j) = (0, 0);
     while i < a.len() && j < b.len() {
-        if key(&b[j]) < key(&a[i]) {
-            out.push(b[j]);
-            j += 1;
-        } else {
-            out.push(a[i]);
-            i += 1;
-        }
+        let (x, y) = (a[i], b[j]);
+        let take_b = key(&y) < key(&x);
+        out.push(if take_b { y } else { x });
+        j += take_b as usize;
+        i += !take_b as usize;
     }
     out.extend_from_slice(&a[i..]);
     out.extend_from_slice(&b[j..]);

@@ -95,13 +95,22 @@ impl TableRun {
             let limit = (policy.min as f64).max(policy.factor * mean) as usize;
             if sorted.len() > limit {
                 let mut sub_design: Option<(Design, Arc<Vec<Vec<usize>>>)> = None;
-                let mut i = 0;
-                while i < sorted.len() {
-                    let (_, hi) = prefix_range(sorted[i], prefix_bits);
-                    let mut j = i + 1;
-                    while j < sorted.len() && sorted[j] <= hi {
-                        j += 1;
+                // A bucket of more than `limit` entries holds two consecutive multiples of
+                // `step`, so comparing the prefixes at those positions finds every one
+                // without reading each value.
+                let step = limit.div_ceil(2).max(1);
+                let mut next = 0; // the first position past the buckets looked at
+                let mut at = 0;
+                while at + step < sorted.len() {
+                    let (p, q) = (at, at + step);
+                    at = q;
+                    let (lo, hi) = prefix_range(sorted[p], prefix_bits);
+                    if p < next || sorted[q] > hi {
+                        continue;
                     }
+                    let i = sorted.partition_point(|&v| v < lo);
+                    let j = sorted.partition_point(|&v| v <= hi);
+                    next = j;
                     if j - i > limit {
                         if sub_design.is_none() {
                             let d = Design::new(
@@ -122,7 +131,6 @@ impl TableRun {
                             depth,
                         )?);
                     }
-                    i = j;
                 }
             }
         }
@@ -250,5 +258,48 @@ impl TableRun {
         let entries =
             self.crowded.iter().map(|c| c.subs.first().map_or(0, |s| s.table.len())).sum();
         (self.crowded.len(), entries)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::util::SplitMix64;
+
+    /// The sampled search for crowded buckets finds exactly the buckets a full count finds,
+    /// with sizes just below, at and above the limit, alone and side by side.
+    #[test]
+    fn every_crowded_bucket_is_found() {
+        let limit = 40;
+        let policy = CrowdPolicy { min: limit, factor: 0.0, k: 3, max_depth: 1 };
+        let mut r = SplitMix64::new(9);
+        for sizes in [
+            vec![40, 41, 3, 85, 41, 0, 40, 120, 1],
+            vec![41],
+            vec![1, 1, 41, 41, 41, 2, 80, 81, 82],
+            vec![39, 40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50],
+        ] {
+            let mut values: Vec<u64> = Vec::new();
+            for (b, &size) in sizes.iter().enumerate() {
+                let mut bucket: Vec<u64> =
+                    (0..size).map(|_| ((b as u64) << 56) | (r.next_u64() >> 8)).collect();
+                bucket.sort_unstable();
+                bucket.dedup();
+                assert_eq!(bucket.len(), size);
+                values.extend(bucket);
+            }
+            let table =
+                TableRun::build(&values, None, 8, RunOptions::default(), &policy, 0).unwrap();
+            let want: Vec<u64> = sizes
+                .iter()
+                .enumerate()
+                .filter(|&(_, &s)| s > limit)
+                .map(|(b, _)| b as u64)
+                .collect();
+            let got: Vec<u64> = table.crowded.iter().map(|c| c.prefix).collect();
+            assert_eq!(got, want, "{sizes:?}");
+            let entries: usize = sizes.iter().filter(|&&s| s > limit).sum();
+            assert_eq!(table.crowded_stats(), (want.len(), entries));
+        }
     }
 }
