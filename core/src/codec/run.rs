@@ -749,8 +749,9 @@ impl HxRun {
         }
     }
 
-    /// Like [`lane`](Self::lane), searching the blocks from [`candidates`](Self::candidates);
-    /// also prefetches the rest of the block it starts in.
+    /// Like [`lane`](Self::lane), searching the blocks from [`candidates`](Self::candidates)
+    /// (after [`prefetch_blocks`](Self::prefetch_blocks)); prefetches the rest of the block
+    /// it starts in when that is not the first candidate, which is already on its way.
     #[inline]
     pub fn lane_in(
         &self,
@@ -767,8 +768,10 @@ impl HxRun {
             _ => self.block_for(lo),
         };
         let bb = self.opts.block_bytes;
-        for line in (64..bb).step_by(64) {
-            prefetch(&self.data, b * bb + line);
+        if b != candidates.0 {
+            for line in (64..bb).step_by(64) {
+                prefetch(&self.data, b * bb + line);
+            }
         }
         self.lane_at(b, lo, hi, pq, tag)
     }

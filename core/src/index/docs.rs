@@ -31,19 +31,20 @@ struct Deleted {
 }
 
 impl DocStore {
-    /// Builds the columns from `len` documents sorted by fingerprint (then insertion
-    /// order), given as `at(i) = (fp, id, ts)`.
-    pub(crate) fn new(len: usize, at: impl Fn(usize) -> (u64, u64, i64)) -> DocStore {
-        let ids = Packed::new(len, (0..len).map(|i| at(i).1));
-        let ts = Packed::new(len, (0..len).map(|i| order_i64(at(i).2)));
+    /// Builds the columns from documents `(fp, id, ts)` sorted by fingerprint (then
+    /// insertion order).
+    pub(crate) fn new(docs: &[(u64, u64, i64)]) -> DocStore {
+        let len = docs.len();
+        let ids = Packed::new(len, docs.iter().map(|d| d.1));
+        let ts = Packed::new(len, docs.iter().map(|d| order_i64(d.2)));
         let mut dups = Vec::new();
         let mut extra = 0u32;
         let mut rank = 0u32;
         let mut i = 0;
         while i < len {
-            let fp = at(i).0;
+            let fp = docs[i].0;
             let mut j = i + 1;
-            while j < len && at(j).0 == fp {
+            while j < len && docs[j].0 == fp {
                 j += 1;
             }
             if j - i > 1 {
@@ -204,7 +205,7 @@ mod tests {
             (11, 110, 6),
             (11, 111, 7),
         ];
-        let s = DocStore::new(docs.len(), |i| docs[i]);
+        let s = DocStore::new(&docs);
         assert_eq!(s.range_of_rank(0), 0..1);
         assert_eq!(s.range_of_rank(1), 1..4);
         assert_eq!(s.range_of_rank(2), 4..5);

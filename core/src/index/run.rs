@@ -15,6 +15,7 @@ use super::{Doc, Match, QueryScratch};
 use crate::codec::{HxRun, RunOptions, scan_lanes};
 use crate::design::Design;
 use crate::error::{Error, Result};
+use crate::permute::Permutation;
 use crate::util::radix_sort;
 
 /// What building a run needs besides its documents.
@@ -66,35 +67,22 @@ impl Run {
                 (d.fp, d.id, d.ts)
             })
             .collect();
-        Self::from_sorted(id, &sorted, ctx)
-    }
-
-    /// Builds a run from documents `(fp, id, ts)` in fingerprint order (ties in insertion
-    /// order).
-    fn from_sorted(id: u64, sorted: &[(u64, u64, i64)], ctx: &BuildContext) -> Result<Run> {
-        if sorted.len() > u32::MAX as usize - 1 {
-            return Err(Error::InvalidConfig("a run holds fewer than 2^32 - 1 documents".into()));
-        }
-        let mut distinct: Vec<u64> = sorted.iter().map(|d| d.0).collect();
-        distinct.dedup();
-        let docs = DocStore::new(sorted.len(), |i| sorted[i]);
-        let values = distinct.clone();
-        Self::assemble(id, docs, distinct, ctx, move |_, spec, v, tmp| {
-            v.clear();
-            v.extend(values.iter().map(|&x| spec.perm.apply(x)));
-            radix_sort(v, tmp, |&x| x);
+        let (distinct, docs) = columns(&sorted)?;
+        drop(sorted);
+        Self::assemble(id, docs, distinct, ctx, |_, spec, distinct, v, tmp| {
+            permuted_sorted(distinct, &spec.perm, v, tmp)
         })
     }
 
     /// Builds the tables of a run whose documents and distinct fingerprints are known.
-    /// `fill(t, spec, buffer, scratch)` puts the sorted permuted values of non-identity table
-    /// `t` into `buffer`; `scratch` is for it to use as it likes.
+    /// `fill(t, spec, distinct, buffer, scratch)` puts the sorted permuted values of
+    /// non-identity table `t` into `buffer`; `scratch` is for it to use as it likes.
     fn assemble(
         id: u64,
         docs: DocStore,
         distinct: Vec<u64>,
         ctx: &BuildContext,
-        fill: impl Fn(usize, &crate::design::TableSpec, &mut Vec<u64>, &mut Vec<u64>) + Sync,
+        fill: impl Fn(usize, &crate::design::TableSpec, &[u64], &mut Vec<u64>, &mut Vec<u64>) + Sync,
     ) -> Result<Run> {
         let fps = Arc::new(HxRun::encode(&distinct, ctx.opts)?);
         let build = |t: usize, v: &mut Vec<u64>, tmp: &mut Vec<u64>| -> Result<TableRun> {
@@ -109,7 +97,7 @@ impl Run {
                     0,
                 )
             } else {
-                fill(t, spec, v, tmp);
+                fill(t, spec, &distinct, v, tmp);
                 TableRun::build(v, None, spec.prefix_bits, ctx.opts, &ctx.policy, 0)
             }
         };
@@ -141,12 +129,7 @@ impl Run {
             .collect();
         // Stable: among equal fingerprints, older runs' documents stay first.
         let all = merge_sorted(lists, |d| d.0);
-        if all.len() > u32::MAX as usize - 1 {
-            return Err(Error::InvalidConfig("a run holds fewer than 2^32 - 1 documents".into()));
-        }
-        let mut distinct: Vec<u64> = all.iter().map(|d| d.0).collect();
-        distinct.dedup();
-        let docs = DocStore::new(all.len(), |i| all[i]);
+        let (distinct, docs) = columns(&all)?;
         drop(all);
         // Fingerprints some source holds whose documents are all deleted: the merged tables
         // must not keep them.
@@ -158,20 +141,17 @@ impl Run {
             sorted_difference(&all_fps, &distinct)
         };
         let same_design = runs.iter().all(|r| r.tables.len() == ctx.design.tables().len());
-        let values = distinct.clone();
-        Self::assemble(id, docs, distinct, ctx, move |t, spec, v, tmp| {
+        Self::assemble(id, docs, distinct, ctx, move |t, spec, distinct, v, tmp| {
             if !same_design {
-                v.clear();
-                v.extend(values.iter().map(|&x| spec.perm.apply(x)));
-                radix_sort(v, tmp, |&x| x);
+                permuted_sorted(distinct, &spec.perm, v, tmp);
                 return;
             }
             let mut merged =
                 merge_sorted(runs.iter().map(|r| r.tables[t].hx.to_vec()).collect(), |&x| x);
             merged.dedup();
             if !gone.is_empty() {
-                let mut drop_t: Vec<u64> = gone.iter().map(|&x| spec.perm.apply(x)).collect();
-                drop_t.sort_unstable();
+                let mut drop_t = Vec::new();
+                permuted_sorted(&gone, &spec.perm, &mut drop_t, tmp);
                 merged = sorted_difference(&merged, &drop_t);
             }
             *v = merged;
@@ -459,9 +439,8 @@ impl Run {
                     }
                     None => {
                         rebuilt.push(t);
-                        let mut v: Vec<u64> =
-                            fps_sorted.iter().map(|&x| spec.perm.apply(x)).collect();
-                        v.sort_unstable();
+                        let mut v = Vec::new();
+                        permuted_sorted(&fps_sorted, &spec.perm, &mut v, &mut Vec::new());
                         TableRun::build(&v, None, spec.prefix_bits, ctx.opts, &ctx.policy, 0)?
                     }
                 }
@@ -542,6 +521,24 @@ pub(crate) struct RunMemory {
     pub tables: Vec<TableBytes>,
     pub doc_bytes: usize,
     pub column_bits: (u32, u32),
+}
+
+/// The distinct fingerprints and the document columns of documents `(fp, id, ts)` in
+/// fingerprint order (ties in insertion order).
+fn columns(sorted: &[(u64, u64, i64)]) -> Result<(Vec<u64>, DocStore)> {
+    if sorted.len() > u32::MAX as usize - 1 {
+        return Err(Error::InvalidConfig("a run holds fewer than 2^32 - 1 documents".into()));
+    }
+    let mut distinct: Vec<u64> = sorted.iter().map(|d| d.0).collect();
+    distinct.dedup();
+    Ok((distinct, DocStore::new(sorted)))
+}
+
+/// Puts `values` through `perm`, sorted, into `out` (`tmp` is the sort's scratch).
+fn permuted_sorted(values: &[u64], perm: &Permutation, out: &mut Vec<u64>, tmp: &mut Vec<u64>) {
+    out.clear();
+    out.extend(values.iter().map(|&x| perm.apply(x)));
+    radix_sort(out, tmp, |&x| x);
 }
 
 /// Merges sorted lists into one sorted list, stably: among equal keys, elements of earlier
