@@ -511,6 +511,10 @@ mod tests {
             let max = d.tables().iter().map(|t| t.prefix_bits).max().unwrap();
             assert_eq!((min, max), prefixes, "{name}");
             assert!(d.tables()[0].perm.is_identity(), "{name}: table 0 is the identity");
+            // Builds sort each table on its prefix alone, which needs this.
+            for t in d.tables() {
+                assert!(t.perm.keeps_order_after(t.prefix_bits), "{name}");
+            }
         }
     }
 

@@ -33,9 +33,9 @@ impl std::fmt::Debug for AlignedBytes {
 
 impl AlignedBytes {
     /// An empty buffer with room for `bytes` bytes, backed by huge pages where the kernel
-    /// allows (see [`super::run::huge_page_vec`]).
+    /// allows (see [`crate::util::huge_page_vec`]).
     pub(crate) fn with_capacity(bytes: usize) -> AlignedBytes {
-        let mut b = AlignedBytes { buf: super::run::huge_page_vec(bytes + ALIGN), off: 0, len: 0 };
+        let mut b = AlignedBytes { buf: crate::util::huge_page_vec(bytes + ALIGN), off: 0, len: 0 };
         b.realign();
         b
     }

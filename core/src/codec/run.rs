@@ -3,6 +3,7 @@
 use crate::codec::aligned::AlignedBytes;
 use crate::codec::huffman::{Huffman, MAX_CODE_LEN, SYMBOLS};
 use crate::error::{Error, Result};
+use crate::util::{huge_page_vec, prefetch};
 
 /// The rank reported for values of a run without ranks (see [`HxRun::drop_ranks`]).
 pub const NO_RANK: u32 = u32::MAX;
@@ -101,49 +102,6 @@ impl Code for GapCode {
     fn apply(prev: u64, delta: u64) -> u64 {
         prev.wrapping_add(delta)
     }
-}
-
-/// Asks the CPU to start loading the cache line holding `items[at]` (a hint; out of range
-/// is ignored).
-#[inline(always)]
-fn prefetch<T>(items: &[T], at: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if at < items.len() {
-        // SAFETY: prefetching is a hint that never faults; the pointer is in bounds anyway.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                items.as_ptr().add(at) as *const i8,
-            )
-        };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (items, at);
-}
-
-/// An empty vector with room for `capacity` elements, whose memory the kernel is asked to
-/// back with huge pages (Linux transparent huge pages in `madvise` mode).
-///
-/// A query touches a few random places in each of several large tables; with 4 KiB pages
-/// nearly every touch is also a TLB miss, and under virtualisation a page walk costs about
-/// as much as the memory access itself. With 2 MiB pages, random reads over a 512 MiB
-/// buffer measured twice as fast here. A hint only: elsewhere, or refused, nothing changes.
-pub(crate) fn huge_page_vec<T>(capacity: usize) -> Vec<T> {
-    let v: Vec<T> = Vec::with_capacity(capacity);
-    let bytes = capacity * std::mem::size_of::<T>();
-    #[cfg(target_os = "linux")]
-    if bytes >= 4 << 20 {
-        let start = v.as_ptr() as usize;
-        let first = (start + 4095) & !4095;
-        let end = (start + bytes) & !4095;
-        if end > first {
-            // SAFETY: the range lies inside this vector's allocation; MADV_HUGEPAGE only
-            // changes how the kernel backs it, never its contents or validity.
-            unsafe {
-                libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_HUGEPAGE);
-            }
-        }
-    }
-    v
 }
 
 /// How a lookup finds the block that may hold a value.

@@ -13,10 +13,11 @@ use super::docs::DocStore;
 use super::table::{CrowdPolicy, NO_RANK, TableRun};
 use super::{Doc, Match, QueryScratch};
 use crate::codec::{HxRun, RunOptions, scan_lanes};
-use crate::design::Design;
+use crate::design::{Design, TableSpec};
 use crate::error::{Error, Result};
-use crate::permute::Permutation;
-use crate::util::radix_sort;
+use crate::util::{
+    huge_page_collect, huge_page_vec, radix_sort, radix_sort_stable, sort_on_top_bits,
+};
 
 /// What building a run needs besides its documents.
 #[derive(Debug, Clone)]
@@ -54,23 +55,15 @@ pub struct Run {
 impl Run {
     /// Builds a run from documents in insertion order.
     pub(crate) fn build(id: u64, docs: &[Doc], ctx: &BuildContext) -> Result<Run> {
-        // (fp, position) pairs sort to fingerprint order with ties in insertion order.
-        let mut order: Vec<(u64, u32)> =
-            docs.iter().enumerate().map(|(i, d)| (d.fp, i as u32)).collect();
-        radix_sort(&mut order, &mut Vec::new(), |p| p.0);
-        // Gathered once: the columns below read every document several times, and in
-        // fingerprint order each read of `docs` would be a cache miss.
-        let sorted: Vec<(u64, u64, i64)> = order
-            .into_iter()
-            .map(|(_, i)| {
-                let d = &docs[i as usize];
-                (d.fp, d.id, d.ts)
-            })
-            .collect();
+        // The documents themselves are sorted, stably so that equal fingerprints keep their
+        // insertion order: every pass reads and writes in sequence, where sorting positions
+        // and then gathering the documents would miss the cache once per document.
+        let mut sorted = huge_page_collect(docs.iter().map(|d| (d.fp, d.id, d.ts)));
+        radix_sort_stable(&mut sorted, &mut Vec::new(), |d| d.0);
         let (distinct, docs) = columns(&sorted)?;
         drop(sorted);
         Self::assemble(id, docs, distinct, ctx, |_, spec, distinct, v, tmp| {
-            permuted_sorted(distinct, &spec.perm, v, tmp)
+            permuted_sorted(distinct, spec, v, tmp)
         })
     }
 
@@ -82,7 +75,7 @@ impl Run {
         docs: DocStore,
         distinct: Vec<u64>,
         ctx: &BuildContext,
-        fill: impl Fn(usize, &crate::design::TableSpec, &[u64], &mut Vec<u64>, &mut Vec<u64>) + Sync,
+        fill: impl Fn(usize, &TableSpec, &[u64], &mut Vec<u64>, &mut Vec<u64>) + Sync,
     ) -> Result<Run> {
         let fps = Arc::new(HxRun::encode(&distinct, ctx.opts)?);
         let build = |t: usize, v: &mut Vec<u64>, tmp: &mut Vec<u64>| -> Result<TableRun> {
@@ -143,7 +136,7 @@ impl Run {
         let same_design = runs.iter().all(|r| r.tables.len() == ctx.design.tables().len());
         Self::assemble(id, docs, distinct, ctx, move |t, spec, distinct, v, tmp| {
             if !same_design {
-                permuted_sorted(distinct, &spec.perm, v, tmp);
+                permuted_sorted(distinct, spec, v, tmp);
                 return;
             }
             let mut merged =
@@ -151,7 +144,7 @@ impl Run {
             merged.dedup();
             if !gone.is_empty() {
                 let mut drop_t = Vec::new();
-                permuted_sorted(&gone, &spec.perm, &mut drop_t, tmp);
+                permuted_sorted(&gone, spec, &mut drop_t, tmp);
                 merged = sorted_difference(&merged, &drop_t);
             }
             *v = merged;
@@ -440,7 +433,7 @@ impl Run {
                     None => {
                         rebuilt.push(t);
                         let mut v = Vec::new();
-                        permuted_sorted(&fps_sorted, &spec.perm, &mut v, &mut Vec::new());
+                        permuted_sorted(&fps_sorted, spec, &mut v, &mut Vec::new());
                         TableRun::build(&v, None, spec.prefix_bits, ctx.opts, &ctx.policy, 0)?
                     }
                 }
@@ -529,14 +522,24 @@ fn columns(sorted: &[(u64, u64, i64)]) -> Result<(Vec<u64>, DocStore)> {
     if sorted.len() > u32::MAX as usize - 1 {
         return Err(Error::InvalidConfig("a run holds fewer than 2^32 - 1 documents".into()));
     }
-    let mut distinct: Vec<u64> = sorted.iter().map(|d| d.0).collect();
+    let mut distinct: Vec<u64> = huge_page_collect(sorted.iter().map(|d| d.0));
     distinct.dedup();
     Ok((distinct, DocStore::new(sorted)))
 }
 
-/// Puts `values` through `perm`, sorted, into `out` (`tmp` is the sort's scratch).
-fn permuted_sorted(values: &[u64], perm: &Permutation, out: &mut Vec<u64>, tmp: &mut Vec<u64>) {
+/// Puts the strictly increasing `values` through table `spec`'s permutation, sorted, into
+/// `out` (`tmp` is scratch). Designs keep the bits after a table's prefix in order, so a
+/// sort on the prefix is enough; any other permutation gets a full sort.
+fn permuted_sorted(values: &[u64], spec: &TableSpec, out: &mut Vec<u64>, tmp: &mut Vec<u64>) {
+    let perm = &spec.perm;
+    if perm.width() == 64 && perm.keeps_order_after(spec.prefix_bits) {
+        sort_on_top_bits(values, |x| perm.apply(x), spec.prefix_bits, out, tmp);
+        return;
+    }
     out.clear();
+    if out.capacity() < values.len() {
+        *out = huge_page_vec(values.len());
+    }
     out.extend(values.iter().map(|&x| perm.apply(x)));
     radix_sort(out, tmp, |&x| x);
 }
