@@ -1,6 +1,7 @@
 //! Small helpers shared by the modules and by tests and benchmarks: Hamming distance and a
 //! seeded random generator (so test data and benchmark workloads are reproducible without a
-//! dependency).
+//! dependency); inside the crate, the radix sorts that build runs and tables, and memory
+//! hints (prefetches, huge pages).
 
 /// Hamming distance between two 64-bit fingerprints.
 #[inline(always)]
@@ -62,11 +63,12 @@ pub fn binomial(n: u32, r: u32) -> u64 {
 }
 
 /// Sorts `v` as `sort_unstable` would, distributing it first on the top 16 bits of `key`
-/// (two counting passes of 8 bits, through `tmp`) and then sorting each small bucket.
+/// (two counting passes of 8 bits, through `tmp`), then on the next 8 inside every bucket
+/// still large, and sorting the small pieces left by comparison.
 ///
-/// Tables are sorted lists of permuted fingerprints, which spread evenly over the top bits:
-/// after the two passes a bucket of a 10M-value table holds about 150 values and sorts in
-/// cache. On clustered data a large bucket is just sorted as a whole. `T`'s order must
+/// Fingerprints spread evenly over the top bits: after two passes a bucket of 10M values
+/// holds about 150 and stays in cache for the third. On clustered data a piece that is
+/// still large is just sorted as a whole. `T`'s order must
 /// agree with `key`: `a < b` whenever `key(a) < key(b)`.
 pub(crate) fn radix_sort<T: Copy + Ord>(v: &mut [T], tmp: &mut Vec<T>, key: impl Fn(&T) -> u64) {
     radix_sort_with(v, tmp, &key, <[T]>::sort_unstable);
