@@ -595,3 +595,49 @@ fn sorted_difference(a: &[u64], b: &[u64]) -> Vec<u64> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::permute::{BitRange, Permutation};
+    use crate::util::SplitMix64;
+
+    /// Both ways of sorting a table: on the prefix alone when the permutation keeps the
+    /// other bits in order (every design's), fully otherwise.
+    #[test]
+    fn permuted_values_come_out_sorted_either_way() {
+        let mut r = SplitMix64::new(3);
+        let mut values: Vec<u64> = (0..30_000).map(|_| r.next_u64()).collect();
+        // Clustered too: a tenth share their top 24 bits.
+        for v in values.iter_mut().step_by(10) {
+            *v = 0x1234_5600_0000_0000 | (*v >> 24);
+        }
+        // And many that agree on the 32 prefix bits below (positions 16..32 and 48..64):
+        // only there does the order of the other bits decide.
+        for v in values.iter_mut().skip(1).step_by(3) {
+            let (a, b) = (r.below(3), r.below(3));
+            *v = (*v & 0xFFFF_0000_FFFF_0000) | (a << 32) | b;
+        }
+        values.sort_unstable();
+        values.dedup();
+        let spec = |ranges: &[(u32, u32)], prefix_bits| TableSpec {
+            perm: Permutation::from_ranges(
+                64,
+                &ranges.iter().map(|&(start, len)| BitRange { start, len }).collect::<Vec<_>>(),
+            )
+            .unwrap(),
+            prefix_bits,
+            choice: Vec::new(),
+        };
+        let keeps = spec(&[(16, 16), (48, 16), (0, 16), (32, 16)], 32);
+        let scrambles = spec(&[(16, 16), (48, 16), (32, 16), (0, 16)], 32);
+        assert!(keeps.perm.keeps_order_after(32) && !scrambles.perm.keeps_order_after(32));
+        for s in [keeps, scrambles] {
+            let (mut out, mut tmp) = (Vec::new(), Vec::new());
+            permuted_sorted(&values, &s, &mut out, &mut tmp);
+            let mut want: Vec<u64> = values.iter().map(|&x| s.perm.apply(x)).collect();
+            want.sort_unstable();
+            assert_eq!(out, want);
+        }
+    }
+}
