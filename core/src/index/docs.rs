@@ -10,7 +10,8 @@ use std::ops::Range;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use super::packed::{Packed, order_i64, unorder_i64};
+use super::packed::{Packed, PackedWriter, order_i64, unorder_i64};
+use crate::util::huge_page_vec;
 
 /// Document columns of one run.
 #[derive(Debug)]
@@ -32,30 +33,42 @@ struct Deleted {
 
 impl DocStore {
     /// Builds the columns from documents `(fp, id, ts)` sorted by fingerprint (then
-    /// insertion order).
-    pub(crate) fn new(docs: &[(u64, u64, i64)]) -> DocStore {
+    /// insertion order), and returns the distinct fingerprints in order beside them. Two
+    /// passes over the documents in all: their ranges, then everything else at once.
+    pub(crate) fn with_distinct(docs: &[(u64, u64, i64)]) -> (DocStore, Vec<u64>) {
         let len = docs.len();
-        let ids = Packed::new(len, docs.iter().map(|d| d.1));
-        let ts = Packed::new(len, docs.iter().map(|d| order_i64(d.2)));
+        let (mut id_min, mut id_max, mut ts_min, mut ts_max) = (u64::MAX, 0, u64::MAX, 0);
+        for d in docs {
+            let t = order_i64(d.2);
+            (id_min, id_max) = (id_min.min(d.1), id_max.max(d.1));
+            (ts_min, ts_max) = (ts_min.min(t), ts_max.max(t));
+        }
+        let mut ids = PackedWriter::new(len, id_min, id_max);
+        let mut ts = PackedWriter::new(len, ts_min, ts_max);
+        let mut distinct: Vec<u64> = huge_page_vec(len);
         let mut dups = Vec::new();
-        let mut extra = 0u32;
-        let mut rank = 0u32;
-        let mut i = 0;
-        while i < len {
-            let fp = docs[i].0;
-            let mut j = i + 1;
-            while j < len && docs[j].0 == fp {
-                j += 1;
+        let (mut extra, mut dup_run) = (0u32, false);
+        for d in docs {
+            if distinct.last() == Some(&d.0) {
+                extra += 1;
+                dup_run = true;
+            } else {
+                if dup_run {
+                    dups.push(((distinct.len() - 1) as u32, extra));
+                    dup_run = false;
+                }
+                distinct.push(d.0);
             }
-            if j - i > 1 {
-                extra += (j - i - 1) as u32;
-                dups.push((rank, extra));
-            }
-            rank += 1;
-            i = j;
+            ids.push(d.1);
+            ts.push(order_i64(d.2));
+        }
+        if dup_run {
+            dups.push(((distinct.len() - 1) as u32, extra));
         }
         dups.shrink_to_fit();
-        DocStore { ids, ts, dups, deleted: Deleted::default() }
+        let store =
+            DocStore { ids: ids.finish(), ts: ts.finish(), dups, deleted: Deleted::default() };
+        (store, distinct)
     }
 
     /// Appends the columns' bytes (deletion marks are not part of them).
@@ -205,7 +218,8 @@ mod tests {
             (11, 110, 6),
             (11, 111, 7),
         ];
-        let s = DocStore::new(&docs);
+        let (s, distinct) = DocStore::with_distinct(&docs);
+        assert_eq!(distinct, [5, 7, 9, 11]);
         assert_eq!(s.range_of_rank(0), 0..1);
         assert_eq!(s.range_of_rank(1), 1..4);
         assert_eq!(s.range_of_rank(2), 4..5);

@@ -13,30 +13,16 @@ pub(crate) struct Packed {
 
 impl Packed {
     /// Packs the values yielded by `values` (which must yield exactly `len` of them).
+    #[cfg(test)]
     pub(crate) fn new(len: usize, values: impl Iterator<Item = u64> + Clone) -> Packed {
         let (mut min, mut max) = (u64::MAX, 0u64);
         for v in values.clone() {
             min = min.min(v);
             max = max.max(v);
         }
-        if len == 0 {
-            return Packed::default();
-        }
-        let bits = 64 - (max - min).leading_zeros();
-        let mut words = vec![0u64; (len * bits as usize).div_ceil(64) + 1];
-        if bits > 0 {
-            for (i, v) in values.enumerate() {
-                let d = v - min;
-                let at = i * bits as usize;
-                let (w, o) = (at / 64, (at % 64) as u32);
-                words[w] |= d << o;
-                if o + bits > 64 {
-                    words[w + 1] |= d >> (64 - o);
-                }
-            }
-        }
-        words.shrink_to_fit();
-        Packed { base: min, bits, len, words }
+        let mut w = PackedWriter::new(len, min, max);
+        values.for_each(|v| w.push(v));
+        w.finish()
     }
 
     /// Value `i` (`i < len`).
@@ -73,6 +59,54 @@ impl Packed {
     #[cfg(test)]
     pub(crate) fn iter(&self) -> impl Iterator<Item = u64> + '_ {
         (0..self.len).map(|i| self.get(i))
+    }
+}
+
+/// Packs a column value by value, in order, when its range is known beforehand: several
+/// columns can then be filled in one pass over their source.
+pub(crate) struct PackedWriter {
+    base: u64,
+    bits: u32,
+    len: usize,
+    words: Vec<u64>,
+    /// Bit position of the next value.
+    at: usize,
+}
+
+impl PackedWriter {
+    /// A writer for `len` values within `min..=max` (any range when `len` is 0).
+    pub(crate) fn new(len: usize, min: u64, max: u64) -> PackedWriter {
+        if len == 0 {
+            return PackedWriter { base: 0, bits: 0, len: 0, words: Vec::new(), at: 0 };
+        }
+        let bits = 64 - (max - min).leading_zeros();
+        let words = vec![0u64; (len * bits as usize).div_ceil(64) + 1];
+        PackedWriter { base: min, bits, len, words, at: 0 }
+    }
+
+    /// Appends `v` (within the range given to [`new`](Self::new)).
+    #[inline(always)]
+    pub(crate) fn push(&mut self, v: u64) {
+        if self.bits == 0 {
+            return;
+        }
+        let d = v - self.base;
+        let (w, o) = (self.at / 64, (self.at % 64) as u32);
+        self.words[w] |= d << o;
+        if o + self.bits > 64 {
+            self.words[w + 1] |= d >> (64 - o);
+        }
+        self.at += self.bits as usize;
+    }
+
+    /// The packed column (of `len` values: all must have been pushed).
+    pub(crate) fn finish(mut self) -> Packed {
+        debug_assert_eq!(self.at, self.len * self.bits as usize);
+        if self.len == 0 {
+            return Packed::default();
+        }
+        self.words.shrink_to_fit();
+        Packed { base: self.base, bits: self.bits, len: self.len, words: self.words }
     }
 }
 

@@ -522,9 +522,8 @@ fn columns(sorted: &[(u64, u64, i64)]) -> Result<(Vec<u64>, DocStore)> {
     if sorted.len() > u32::MAX as usize - 1 {
         return Err(Error::InvalidConfig("a run holds fewer than 2^32 - 1 documents".into()));
     }
-    let mut distinct: Vec<u64> = huge_page_collect(sorted.iter().map(|d| d.0));
-    distinct.dedup();
-    Ok((distinct, DocStore::new(sorted)))
+    let (docs, distinct) = DocStore::with_distinct(sorted);
+    Ok((distinct, docs))
 }
 
 /// Puts the strictly increasing `values` through table `spec`'s permutation, sorted, into
