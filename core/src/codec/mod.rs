@@ -11,9 +11,9 @@
 //! option, the XOR code is the default.
 //!
 //! Each block carries a CRC-32 and the run header a format version; [`HxRun::from_bytes`]
-//! verifies everything and rejects what it does not understand. An in-memory array of block
-//! keys (the first value of each block) is searched to find the one block a lookup decodes,
-//! either through a directory on the top bits or by interpolation ([`BlockSearch`]).
+//! verifies everything and rejects what it does not understand. A block's first value is its
+//! key, read from the block itself; a lookup finds the block it decodes through a directory
+//! on the top bits of the keys, or by interpolation over them ([`BlockSearch`]).
 
 mod aligned;
 mod huffman;
