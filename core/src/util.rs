@@ -62,32 +62,18 @@ pub fn binomial(n: u32, r: u32) -> u64 {
     acc
 }
 
-/// Sorts `v` as `sort_unstable` would, distributing it first on the top 16 bits of `key`
-/// (two counting passes of 8 bits, through `tmp`), then on the next 8 inside every bucket
-/// still large, and sorting the small pieces left by comparison.
+/// Sorts `v` by `key`, stably (elements with equal keys keep their order): distributed
+/// first on the top 16 bits of `key` (two counting passes of 8 bits, through `tmp`), then
+/// on the next 8 inside every bucket still large, and the small pieces left sorted by
+/// comparison. For records that carry more than their key, such as documents in insertion
+/// order.
 ///
 /// Fingerprints spread evenly over the top bits: after two passes a bucket of 10M values
 /// holds about 150 and stays in cache for the third. On clustered data a piece that is
-/// still large is just sorted as a whole. `T`'s order must
-/// agree with `key`: `a < b` whenever `key(a) < key(b)`.
-pub(crate) fn radix_sort<T: Copy + Ord>(v: &mut [T], tmp: &mut Vec<T>, key: impl Fn(&T) -> u64) {
-    radix_sort_with(v, tmp, &key, <[T]>::sort_unstable);
-}
-
-/// Sorts `v` by `key` like [`radix_sort`], but stably: elements with equal keys keep their
-/// order. For records that carry more than their key, such as documents in insertion order.
+/// still large is just sorted as a whole.
 pub(crate) fn radix_sort_stable<T: Copy>(v: &mut [T], tmp: &mut Vec<T>, key: impl Fn(&T) -> u64) {
-    radix_sort_with(v, tmp, &key, |bucket: &mut [T]| bucket.sort_by_key(&key));
-}
-
-/// The two counting passes (both stable), then each bucket finished by [`finish_bucket`].
-fn radix_sort_with<T: Copy>(
-    v: &mut [T],
-    tmp: &mut Vec<T>,
-    key: &impl Fn(&T) -> u64,
-    small: impl Fn(&mut [T]),
-) {
     const SMALL: usize = 1 << 10;
+    let small = |bucket: &mut [T]| bucket.sort_by_key(&key);
     if v.len() <= SMALL {
         small(v);
         return;
@@ -106,7 +92,7 @@ fn radix_sort_with<T: Copy>(
         let sub = scatter(src, dst, |x| (key(x) >> 48) as u8 as usize);
         for s in 0..256 {
             let r = sub[s]..sub[s + 1];
-            finish_bucket(&mut dst[r.clone()], &mut src[r], key, &small);
+            finish_bucket(&mut dst[r.clone()], &mut src[r], &key, &small);
         }
     }
 }
@@ -202,12 +188,7 @@ pub(crate) fn sort_on_top_bits(
     tmp: &mut Vec<u64>,
 ) {
     let bits = bits.min(64);
-    let passes = bits.div_ceil(10) as usize;
-    if passes == 0 {
-        out.clear();
-        out.extend(src.iter().map(|&x| map(x)));
-        return;
-    }
+    let passes = bits.div_ceil(10) as usize; // none for no bits: then only mapped
     // Digit d is `(y >> shift[d]) & mask[d]`, at most 10 bits; its group starts are
     // `starts[d * STRIDE..][..groups + 1]`.
     const STRIDE: usize = (1 << 10) + 1;
@@ -221,10 +202,7 @@ pub(crate) fn sort_on_top_bits(
     // The mapped values are written out once, in order, as they are counted: the passes
     // then move them without mapping again. The last pass must write `out`.
     let (mut a, mut b) = if passes.is_multiple_of(2) { (out, tmp) } else { (tmp, out) };
-    a.clear();
-    if a.capacity() < src.len() {
-        *a = huge_page_vec(src.len());
-    }
+    clear_with_room(a, src.len());
     let mut starts = vec![0usize; passes * STRIDE];
     a.extend(src.iter().map(|&x| {
         let y = map(x);
@@ -247,6 +225,14 @@ pub(crate) fn sort_on_top_bits(
     }
 }
 
+/// Empties `v` and makes room for `n` elements, from [`huge_page_vec`] when it lacks it.
+pub(crate) fn clear_with_room<T>(v: &mut Vec<T>, n: usize) {
+    v.clear();
+    if v.capacity() < n {
+        *v = huge_page_vec(n);
+    }
+}
+
 /// `src` written into `dst` grouped by `digit` (stably), given where each group starts
 /// (`starts`, with `src.len()` last). Every slot of `dst` is written once, so it is not
 /// cleared beforehand.
@@ -257,23 +243,12 @@ fn scatter_into<T: Copy>(
     dst: &mut Vec<T>,
 ) {
     let n = src.len();
-    dst.clear();
-    if dst.capacity() < n {
-        *dst = huge_page_vec(n);
-    }
+    clear_with_room(dst, n);
     let slots = &mut dst.spare_capacity_mut()[..n];
     let mut next = starts[..starts.len() - 1].to_vec();
-    let ahead = (128 / std::mem::size_of::<T>().max(1)).max(1);
-    for x in src {
-        let d = digit(x);
-        let at = next[d];
-        slots[at].write(*x);
-        next[d] = at + 1;
-        // Stores that miss the cache wait in line for their line one at a time; asking
-        // for each group's line two ahead lets those loads overlap (three times faster
-        // here on 10M values in 256 groups).
-        prefetch(slots, at + ahead);
-    }
+    distribute(src, digit, &mut next, slots, |slot, x| {
+        slot.write(x);
+    });
     // Each group filled up to where the next starts: all `n` slots were written.
     assert!(next.iter().zip(&starts[1..]).all(|(a, b)| a == b), "digit counts changed");
     // SAFETY: the assertion above shows slots 0..n were all initialised.
@@ -297,15 +272,31 @@ fn group_starts<T>(src: &[T], digit: impl Fn(&T) -> usize) -> [usize; 257] {
 fn scatter<T: Copy>(src: &[T], dst: &mut [T], digit: impl Fn(&T) -> usize) -> [usize; 257] {
     let starts = group_starts(src, &digit);
     let mut next = starts;
+    distribute(src, digit, &mut next, dst, |slot, x| *slot = x);
+    starts
+}
+
+/// The loop of both scatters: each element of `src` goes to `put(&mut dst[next[d]])` for
+/// its digit `d`, which then advances.
+#[inline(always)]
+fn distribute<T: Copy, S>(
+    src: &[T],
+    digit: impl Fn(&T) -> usize,
+    next: &mut [usize],
+    dst: &mut [S],
+    put: impl Fn(&mut S, T),
+) {
     let ahead = (128 / std::mem::size_of::<T>().max(1)).max(1);
     for x in src {
         let d = digit(x);
         let at = next[d];
-        dst[at] = *x;
+        put(&mut dst[at], *x);
         next[d] = at + 1;
-        prefetch(dst, at + ahead); // see `scatter_into`
+        // Stores that miss the cache wait in line for their line one at a time; asking
+        // for each group's line two ahead lets those loads overlap (three times faster
+        // here on 10M values in 256 groups).
+        prefetch(dst, at + ahead);
     }
-    starts
 }
 
 #[cfg(test)]
@@ -388,14 +379,14 @@ mod tests {
             let mut want = v.clone();
             want.sort_unstable();
             let mut got = v.clone();
-            radix_sort(&mut got, &mut tmp, |&x| x);
+            radix_sort_stable(&mut got, &mut tmp, |&x| x);
             assert_eq!(got, want);
             // Pairs keep ties in their second field's order.
             let mut pairs: Vec<(u64, u32)> =
                 v.iter().enumerate().map(|(i, &x)| (x, i as u32)).collect();
             let mut want: Vec<(u64, u32)> = pairs.clone();
             want.sort_unstable();
-            radix_sort(&mut pairs, &mut Vec::new(), |p| p.0);
+            radix_sort_stable(&mut pairs, &mut Vec::new(), |p| p.0);
             assert_eq!(pairs, want);
             // The stable sort keeps ties in input order, which here is not the order of
             // the second field.

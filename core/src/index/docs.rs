@@ -46,24 +46,21 @@ impl DocStore {
         let mut ids = PackedWriter::new(len, id_min, id_max);
         let mut ts = PackedWriter::new(len, ts_min, ts_max);
         let mut distinct: Vec<u64> = huge_page_vec(len);
-        let mut dups = Vec::new();
-        let (mut extra, mut dup_run) = (0u32, false);
+        let mut dups: Vec<(u32, u32)> = Vec::new();
+        let mut extra = 0u32;
         for d in docs {
             if distinct.last() == Some(&d.0) {
                 extra += 1;
-                dup_run = true;
-            } else {
-                if dup_run {
-                    dups.push(((distinct.len() - 1) as u32, extra));
-                    dup_run = false;
+                let rank = (distinct.len() - 1) as u32;
+                match dups.last_mut() {
+                    Some(last) if last.0 == rank => last.1 = extra,
+                    _ => dups.push((rank, extra)),
                 }
+            } else {
                 distinct.push(d.0);
             }
             ids.push(d.1);
             ts.push(order_i64(d.2));
-        }
-        if dup_run {
-            dups.push(((distinct.len() - 1) as u32, extra));
         }
         dups.shrink_to_fit();
         let store =

@@ -15,9 +15,7 @@ use super::{Doc, Match, QueryScratch};
 use crate::codec::{HxRun, RunOptions, scan_lanes};
 use crate::design::{Design, TableSpec};
 use crate::error::{Error, Result};
-use crate::util::{
-    huge_page_collect, huge_page_vec, radix_sort, radix_sort_stable, sort_on_top_bits,
-};
+use crate::util::{huge_page_collect, radix_sort_stable, sort_on_top_bits};
 
 /// What building a run needs besides its documents.
 #[derive(Debug, Clone)]
@@ -528,19 +526,12 @@ fn columns(sorted: &[(u64, u64, i64)]) -> Result<(Vec<u64>, DocStore)> {
 
 /// Puts the strictly increasing `values` through table `spec`'s permutation, sorted, into
 /// `out` (`tmp` is scratch). Designs keep the bits after a table's prefix in order, so a
-/// sort on the prefix is enough; any other permutation gets a full sort.
+/// stable sort on the prefix is enough; any other permutation is sorted on all 64 bits.
 fn permuted_sorted(values: &[u64], spec: &TableSpec, out: &mut Vec<u64>, tmp: &mut Vec<u64>) {
     let perm = &spec.perm;
-    if perm.width() == 64 && perm.keeps_order_after(spec.prefix_bits) {
-        sort_on_top_bits(values, |x| perm.apply(x), spec.prefix_bits, out, tmp);
-        return;
-    }
-    out.clear();
-    if out.capacity() < values.len() {
-        *out = huge_page_vec(values.len());
-    }
-    out.extend(values.iter().map(|&x| perm.apply(x)));
-    radix_sort(out, tmp, |&x| x);
+    let on_prefix = perm.width() == 64 && perm.keeps_order_after(spec.prefix_bits);
+    let bits = if on_prefix { spec.prefix_bits } else { 64 };
+    sort_on_top_bits(values, |x| perm.apply(x), bits, out, tmp);
 }
 
 /// Merges sorted lists into one sorted list, stably: among equal keys, elements of earlier
