@@ -178,6 +178,12 @@ impl<'a> BitWriter<'a> {
         BitWriter { out, byte: 0, acc: 0, pending: 0 }
     }
 
+    /// A writer whose first bit goes at bit `bit` of `out`. The bits of its first byte
+    /// before that are written as zeros: whatever belongs there must be ORed in afterwards.
+    fn at_bit(out: &'a mut [u8], bit: usize) -> Self {
+        BitWriter { out, byte: bit / 8, acc: 0, pending: (bit % 8) as u32 }
+    }
+
     /// Appends the low `n` bits of `v` (`n <= 64`, `v < 2^n`).
     #[inline(always)]
     fn put(&mut self, v: u64, n: u32) {
@@ -428,7 +434,10 @@ impl HxRun {
         let mut data = AlignedBytes::with_capacity(blocks_bound * bb + SLACK);
         data.resize_zeroed(SLACK);
         let mut ranks = Vec::new();
-        let mut deltas = Vec::new();
+        // The block's values so far: their low bits (the delta without its leading 1) and
+        // their code, as `code << 16 | length << 8 | h`.
+        let mut pending: Vec<(u64, u32)> = Vec::new();
+        let mut code_buf = vec![0u8; bb + 8];
         let mut i = 0;
         while i < values.len() {
             let start = data.len() - SLACK;
@@ -440,30 +449,36 @@ impl HxRun {
             let first = i;
             let (mut used, mut code_bits) = (0usize, 0usize);
             let mut j = i + 1;
-            deltas.clear();
+            pending.clear();
             while j < values.len() && (j - first) < MAX_BLOCK_ENTRIES as usize {
                 let delta = opts.codec.delta(values[j - 1], values[j]);
                 let h = symbol(delta);
-                let len = huffman.code(h).1;
+                let (code, len) = huffman.code(h);
                 if used + (len + h) as usize > cap_bits {
                     break;
                 }
                 used += (len + h) as usize;
                 code_bits += len as usize;
-                deltas.push(delta);
+                pending.push((delta & !(1u64 << h), code << 16 | len << 8 | h));
                 j += 1;
             }
-            // The codes, then the low bits, which start right after them.
-            let mut bits = BitWriter::new(&mut block[BLOCK_HEAD..]);
-            for &delta in &deltas {
-                let (code, len) = huffman.code(symbol(delta));
-                bits.put(code as u64, len);
+            // The codes, then the low bits, which start right after them. One writer for
+            // each stream, so that neither waits on the other's bit count: the low bits go
+            // straight into the block, the codes into a buffer copied in front of them.
+            let out = &mut block[BLOCK_HEAD..];
+            let mut codes = BitWriter::new(&mut code_buf);
+            let mut lows = BitWriter::at_bit(out, code_bits);
+            for &(low, c) in &pending {
+                codes.put((c >> 16) as u64, (c >> 8) & 0xFF);
+                lows.put(low, c & 0xFF);
             }
-            for &delta in &deltas {
-                let h = symbol(delta);
-                bits.put(delta & !(1u64 << h), h);
+            lows.finish();
+            codes.finish();
+            let (whole, part) = (code_bits / 8, code_bits % 8);
+            out[..whole].copy_from_slice(&code_buf[..whole]);
+            if part > 0 {
+                out[whole] |= code_buf[whole];
             }
-            bits.finish();
             let count = (j - first) as u16;
             block[8..10].copy_from_slice(&count.to_le_bytes());
             block[10..12].copy_from_slice(&(code_bits as u16).to_le_bytes());
