@@ -62,38 +62,63 @@ pub fn binomial(n: u32, r: u32) -> u64 {
     acc
 }
 
-/// Sorts `v` by `key`, stably (elements with equal keys keep their order): distributed
-/// first on the top 16 bits of `key` (two counting passes of 8 bits, through `tmp`), then
-/// on the next 8 inside every bucket still large, and the small pieces left sorted by
-/// comparison. For records that carry more than their key, such as documents in insertion
-/// order.
+/// Buckets below this size are sorted by comparison.
+const SMALL: usize = 1 << 10;
+
+/// First half of a stable sort by `key` that never holds the sorted whole: `src` is mapped
+/// into `out`, grouped stably by the top byte of `key` (one counting pass, which `observe`
+/// sees every element in, and one scatter). Returns where each group starts, with
+/// `src.len()` last; [`for_each_sorted_group`] finishes the sort.
 ///
-/// Fingerprints spread evenly over the top bits: after two passes a bucket of 10M values
-/// holds about 150 and stays in cache for the third. On clustered data a piece that is
-/// still large is just sorted as a whole.
-pub(crate) fn radix_sort_stable<T: Copy>(v: &mut [T], tmp: &mut Vec<T>, key: impl Fn(&T) -> u64) {
-    const SMALL: usize = 1 << 10;
-    let small = |bucket: &mut [T]| bucket.sort_by_key(&key);
-    if v.len() <= SMALL {
-        small(v);
-        return;
+/// Fingerprints spread evenly over the top bits, so a group of 10M holds about 40k and
+/// the rest of its sort stays in cache.
+pub(crate) fn group_by_top_byte<S, T: Copy>(
+    src: &[S],
+    map: impl Fn(&S) -> T,
+    key: impl Fn(&T) -> u64,
+    mut observe: impl FnMut(&S),
+    out: &mut Vec<T>,
+) -> [usize; 257] {
+    let digit = |x: &S| (key(&map(x)) >> 56) as usize;
+    let mut starts = [0usize; 257];
+    for x in src {
+        observe(x);
+        starts[digit(x) + 1] += 1;
     }
-    let top_digit = |x: &T| (key(x) >> 56) as usize;
-    let top = group_starts(v, top_digit);
-    scatter_into(v, top_digit, &top, tmp);
+    for i in 0..256 {
+        starts[i + 1] += starts[i];
+    }
+    scatter_into(src, digit, &starts, out, &map);
+    starts
+}
+
+/// Second half of the sort [`group_by_top_byte`] starts: sorts each group of `grouped`
+/// stably by `key` (on the next byte with a counting pass through `scratch`, then on the
+/// one after inside pieces still large, and by comparison below [`SMALL`]) and hands the
+/// groups to `emit` sorted, in order. `grouped` is used as scratch.
+pub(crate) fn for_each_sorted_group<T: Copy>(
+    grouped: &mut [T],
+    starts: &[usize; 257],
+    key: impl Fn(&T) -> u64,
+    scratch: &mut Vec<T>,
+    mut emit: impl FnMut(&[T]),
+) {
+    let small = |piece: &mut [T]| piece.sort_by_key(&key);
     for b in 0..256 {
-        let r = top[b]..top[b + 1];
-        let (src, dst) = (&mut tmp[r.clone()], &mut v[r]);
-        if src.len() <= SMALL {
-            dst.copy_from_slice(src);
-            small(dst);
+        let group = &mut grouped[starts[b]..starts[b + 1]];
+        if group.len() <= SMALL {
+            small(group);
+            emit(group);
             continue;
         }
-        let sub = scatter(src, dst, |x| (key(x) >> 48) as u8 as usize);
+        let second = |x: &T| (key(x) >> 48) as u8 as usize;
+        let sub = group_starts(group, second);
+        scatter_into(group, second, &sub, scratch, &|x: &T| *x);
         for s in 0..256 {
             let r = sub[s]..sub[s + 1];
-            finish_bucket(&mut dst[r.clone()], &mut src[r], &key, &small);
+            finish_bucket(&mut scratch[r.clone()], &mut group[r], &key, &small);
         }
+        emit(scratch);
     }
 }
 
@@ -164,13 +189,6 @@ pub(crate) fn huge_page_vec<T>(capacity: usize) -> Vec<T> {
     v
 }
 
-/// `items` collected into a vector from [`huge_page_vec`].
-pub(crate) fn huge_page_collect<T>(items: impl ExactSizeIterator<Item = T>) -> Vec<T> {
-    let mut v = huge_page_vec(items.len());
-    v.extend(items);
-    v
-}
-
 /// `src` mapped through `map` into `out`, stably sorted on the top `bits` bits of the
 /// mapped values only (`tmp` is scratch): least significant digit first, one counting
 /// pass of at most 10 bits per digit, every digit counted while mapping.
@@ -220,7 +238,7 @@ pub(crate) fn sort_on_top_bits(
     let starts_of = |d: usize| &starts[d * STRIDE..][..mask[d] as usize + 2];
     for d in 0..passes {
         let (sd, md) = (shift[d], mask[d]);
-        scatter_into(a, |&y| ((y >> sd) & md) as usize, starts_of(d), b);
+        scatter_into(a, |&y| ((y >> sd) & md) as usize, starts_of(d), b, &|&y: &u64| y);
         std::mem::swap(&mut a, &mut b);
     }
 }
@@ -233,21 +251,22 @@ pub(crate) fn clear_with_room<T>(v: &mut Vec<T>, n: usize) {
     }
 }
 
-/// `src` written into `dst` grouped by `digit` (stably), given where each group starts
-/// (`starts`, with `src.len()` last). Every slot of `dst` is written once, so it is not
-/// cleared beforehand.
-fn scatter_into<T: Copy>(
-    src: &[T],
-    digit: impl Fn(&T) -> usize,
+/// `src` mapped through `map` and written into `dst` grouped by `digit` (stably), given
+/// where each group starts (`starts`, with `src.len()` last). Every slot of `dst` is
+/// written once, so it is not cleared beforehand.
+fn scatter_into<S, T>(
+    src: &[S],
+    digit: impl Fn(&S) -> usize,
     starts: &[usize],
     dst: &mut Vec<T>,
+    map: &impl Fn(&S) -> T,
 ) {
     let n = src.len();
     clear_with_room(dst, n);
     let slots = &mut dst.spare_capacity_mut()[..n];
     let mut next = starts[..starts.len() - 1].to_vec();
     distribute(src, digit, &mut next, slots, |slot, x| {
-        slot.write(x);
+        slot.write(map(x));
     });
     // Each group filled up to where the next starts: all `n` slots were written.
     assert!(next.iter().zip(&starts[1..]).all(|(a, b)| a == b), "digit counts changed");
@@ -272,25 +291,25 @@ fn group_starts<T>(src: &[T], digit: impl Fn(&T) -> usize) -> [usize; 257] {
 fn scatter<T: Copy>(src: &[T], dst: &mut [T], digit: impl Fn(&T) -> usize) -> [usize; 257] {
     let starts = group_starts(src, &digit);
     let mut next = starts;
-    distribute(src, digit, &mut next, dst, |slot, x| *slot = x);
+    distribute(src, digit, &mut next, dst, |slot, x| *slot = *x);
     starts
 }
 
 /// The loop of both scatters: each element of `src` goes to `put(&mut dst[next[d]])` for
 /// its digit `d`, which then advances.
 #[inline(always)]
-fn distribute<T: Copy, S>(
-    src: &[T],
-    digit: impl Fn(&T) -> usize,
+fn distribute<S, D>(
+    src: &[S],
+    digit: impl Fn(&S) -> usize,
     next: &mut [usize],
-    dst: &mut [S],
-    put: impl Fn(&mut S, T),
+    dst: &mut [D],
+    put: impl Fn(&mut D, &S),
 ) {
-    let ahead = (128 / std::mem::size_of::<T>().max(1)).max(1);
+    let ahead = (128 / std::mem::size_of::<D>().max(1)).max(1);
     for x in src {
         let d = digit(x);
         let at = next[d];
-        put(&mut dst[at], *x);
+        put(&mut dst[at], x);
         next[d] = at + 1;
         // Stores that miss the cache wait in line for their line one at a time; asking
         // for each group's line two ahead lets those loads overlap (three times faster
@@ -358,10 +377,22 @@ mod tests {
         assert_eq!(out, want);
     }
 
+    /// `v` sorted stably by `key` through [`group_by_top_byte`] and
+    /// [`for_each_sorted_group`].
+    fn grouped_sort<T: Copy>(v: &[T], key: impl Fn(&T) -> u64 + Copy) -> Vec<T> {
+        let (mut grouped, mut scratch, mut out) = (Vec::new(), Vec::new(), Vec::new());
+        let mut seen = 0;
+        let starts = group_by_top_byte(v, |x| *x, key, |_| seen += 1, &mut grouped);
+        assert_eq!(seen, v.len(), "every element observed once");
+        for_each_sorted_group(&mut grouped, &starts, key, &mut scratch, |g| {
+            out.extend_from_slice(g)
+        });
+        out
+    }
+
     #[test]
     fn radix_sort_sorts_like_sort_unstable() {
         let mut r = SplitMix64::new(5);
-        let (mut tmp, mut tmp_pairs) = (Vec::new(), Vec::new());
         // Uniform; one crowded top byte; crowded 16-bit prefix; small; two kinds of ties. The
         // crowded shapes and the ties take every pass, down to the third.
         let shapes: Vec<Vec<u64>> = vec![
@@ -378,27 +409,23 @@ mod tests {
         for v in shapes {
             let mut want = v.clone();
             want.sort_unstable();
-            let mut got = v.clone();
-            radix_sort_stable(&mut got, &mut tmp, |&x| x);
-            assert_eq!(got, want);
+            assert_eq!(grouped_sort(&v, |&x| x), want);
             // Pairs keep ties in their second field's order.
-            let mut pairs: Vec<(u64, u32)> =
+            let pairs: Vec<(u64, u32)> =
                 v.iter().enumerate().map(|(i, &x)| (x, i as u32)).collect();
             let mut want: Vec<(u64, u32)> = pairs.clone();
             want.sort_unstable();
-            radix_sort_stable(&mut pairs, &mut Vec::new(), |p| p.0);
-            assert_eq!(pairs, want);
+            assert_eq!(grouped_sort(&pairs, |p| p.0), want);
             // The stable sort keeps ties in input order, which here is not the order of
             // the second field.
-            let mut recs: Vec<(u64, u32)> = v
+            let recs: Vec<(u64, u32)> = v
                 .iter()
                 .enumerate()
                 .map(|(i, &x)| (x, (i as u32).wrapping_mul(2_654_435_761)))
                 .collect();
             let mut want = recs.clone();
             want.sort_by_key(|p| p.0);
-            radix_sort_stable(&mut recs, &mut tmp_pairs, |p| p.0);
-            assert_eq!(recs, want);
+            assert_eq!(grouped_sort(&recs, |p| p.0), want);
         }
     }
 }

@@ -24,6 +24,85 @@ pub(crate) struct DocStore {
     deleted: Deleted,
 }
 
+/// The ranges of ids and timestamps of a set of documents, which fix the widths of their
+/// packed columns.
+#[derive(Debug, Clone)]
+pub(crate) struct ColumnRanges {
+    id: (u64, u64),
+    /// Of the timestamps mapped to `u64` in order.
+    ts: (u64, u64),
+}
+
+impl Default for ColumnRanges {
+    fn default() -> Self {
+        ColumnRanges { id: (u64::MAX, 0), ts: (u64::MAX, 0) }
+    }
+}
+
+impl ColumnRanges {
+    /// Widens the ranges to hold a document's id and timestamp.
+    #[inline(always)]
+    pub(crate) fn see(&mut self, id: u64, ts: i64) {
+        let t = order_i64(ts);
+        self.id = (self.id.0.min(id), self.id.1.max(id));
+        self.ts = (self.ts.0.min(t), self.ts.1.max(t));
+    }
+}
+
+/// A [`DocStore`] and its distinct fingerprints under construction, from documents given in
+/// fingerprint order (ties in insertion order), piece by piece.
+pub(crate) struct Columns {
+    ids: PackedWriter,
+    ts: PackedWriter,
+    distinct: Vec<u64>,
+    dups: Vec<(u32, u32)>,
+    extra: u32,
+}
+
+impl Columns {
+    /// Room for `len` documents whose ids and timestamps lie in `ranges`.
+    pub(crate) fn new(len: usize, ranges: &ColumnRanges) -> Columns {
+        Columns {
+            ids: PackedWriter::new(len, ranges.id.0, ranges.id.1),
+            ts: PackedWriter::new(len, ranges.ts.0, ranges.ts.1),
+            distinct: huge_page_vec(len),
+            dups: Vec::new(),
+            extra: 0,
+        }
+    }
+
+    /// Appends documents `(fp, id, ts)` that follow those already given in fingerprint
+    /// order.
+    pub(crate) fn extend(&mut self, docs: &[(u64, u64, i64)]) {
+        for d in docs {
+            if self.distinct.last() == Some(&d.0) {
+                self.extra += 1;
+                let rank = (self.distinct.len() - 1) as u32;
+                match self.dups.last_mut() {
+                    Some(last) if last.0 == rank => last.1 = self.extra,
+                    _ => self.dups.push((rank, self.extra)),
+                }
+            } else {
+                self.distinct.push(d.0);
+            }
+            self.ids.push(d.1);
+            self.ts.push(order_i64(d.2));
+        }
+    }
+
+    /// The document store and the distinct fingerprints, once every document was given.
+    pub(crate) fn finish(mut self) -> (DocStore, Vec<u64>) {
+        self.dups.shrink_to_fit();
+        let store = DocStore {
+            ids: self.ids.finish(),
+            ts: self.ts.finish(),
+            dups: self.dups,
+            deleted: Deleted::default(),
+        };
+        (store, self.distinct)
+    }
+}
+
 /// A lazily allocated, thread-safe set of deleted document positions.
 #[derive(Debug, Default)]
 struct Deleted {
@@ -34,38 +113,15 @@ struct Deleted {
 impl DocStore {
     /// Builds the columns from documents `(fp, id, ts)` sorted by fingerprint (then
     /// insertion order), and returns the distinct fingerprints in order beside them. Two
-    /// passes over the documents in all: their ranges, then everything else at once.
+    /// passes over the documents: their ranges, then everything else at once.
     pub(crate) fn with_distinct(docs: &[(u64, u64, i64)]) -> (DocStore, Vec<u64>) {
-        let len = docs.len();
-        let (mut id_min, mut id_max, mut ts_min, mut ts_max) = (u64::MAX, 0, u64::MAX, 0);
+        let mut ranges = ColumnRanges::default();
         for d in docs {
-            let t = order_i64(d.2);
-            (id_min, id_max) = (id_min.min(d.1), id_max.max(d.1));
-            (ts_min, ts_max) = (ts_min.min(t), ts_max.max(t));
+            ranges.see(d.1, d.2);
         }
-        let mut ids = PackedWriter::new(len, id_min, id_max);
-        let mut ts = PackedWriter::new(len, ts_min, ts_max);
-        let mut distinct: Vec<u64> = huge_page_vec(len);
-        let mut dups: Vec<(u32, u32)> = Vec::new();
-        let mut extra = 0u32;
-        for d in docs {
-            if distinct.last() == Some(&d.0) {
-                extra += 1;
-                let rank = (distinct.len() - 1) as u32;
-                match dups.last_mut() {
-                    Some(last) if last.0 == rank => last.1 = extra,
-                    _ => dups.push((rank, extra)),
-                }
-            } else {
-                distinct.push(d.0);
-            }
-            ids.push(d.1);
-            ts.push(order_i64(d.2));
-        }
-        dups.shrink_to_fit();
-        let store =
-            DocStore { ids: ids.finish(), ts: ts.finish(), dups, deleted: Deleted::default() };
-        (store, distinct)
+        let mut columns = Columns::new(docs.len(), &ranges);
+        columns.extend(docs);
+        columns.finish()
     }
 
     /// Appends the columns' bytes (deletion marks are not part of them).

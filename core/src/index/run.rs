@@ -9,13 +9,13 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::docs::DocStore;
+use super::docs::{ColumnRanges, Columns, DocStore};
 use super::table::{CrowdPolicy, NO_RANK, TableRun};
 use super::{Doc, Match, QueryScratch};
 use crate::codec::{HxRun, RunOptions, scan_lanes};
 use crate::design::{Design, TableSpec};
 use crate::error::{Error, Result};
-use crate::util::{huge_page_collect, radix_sort_stable, sort_on_top_bits};
+use crate::util::{for_each_sorted_group, group_by_top_byte, sort_on_top_bits};
 
 /// What building a run needs besides its documents.
 #[derive(Debug, Clone)]
@@ -55,11 +55,25 @@ impl Run {
     pub(crate) fn build(id: u64, docs: &[Doc], ctx: &BuildContext) -> Result<Run> {
         // The documents themselves are sorted, stably so that equal fingerprints keep their
         // insertion order: every pass reads and writes in sequence, where sorting positions
-        // and then gathering the documents would miss the cache once per document.
-        let mut sorted = huge_page_collect(docs.iter().map(|d| (d.fp, d.id, d.ts)));
-        radix_sort_stable(&mut sorted, &mut Vec::new(), |d| d.0);
-        let (distinct, docs) = columns(&sorted)?;
-        drop(sorted);
+        // and then gathering the documents would miss the cache once per document. After
+        // one pass over all of them, the sort goes on group by group in cache, and each
+        // group sorted goes straight into the columns: the sorted whole is never held.
+        check_run_size(docs.len())?;
+        let mut ranges = ColumnRanges::default();
+        let mut grouped = Vec::new();
+        let record = |d: &Doc| (d.fp, d.id, d.ts);
+        let starts =
+            group_by_top_byte(docs, record, |r| r.0, |d| ranges.see(d.id, d.ts), &mut grouped);
+        let mut columns = Columns::new(docs.len(), &ranges);
+        for_each_sorted_group(
+            &mut grouped,
+            &starts,
+            |r| r.0,
+            &mut Vec::new(),
+            |g| columns.extend(g),
+        );
+        drop(grouped);
+        let (docs, distinct) = columns.finish();
         Self::assemble(id, docs, distinct, ctx, |_, spec, distinct, v, tmp| {
             permuted_sorted(distinct, spec, v, tmp)
         })
@@ -517,11 +531,17 @@ pub(crate) struct RunMemory {
 /// The distinct fingerprints and the document columns of documents `(fp, id, ts)` in
 /// fingerprint order (ties in insertion order).
 fn columns(sorted: &[(u64, u64, i64)]) -> Result<(Vec<u64>, DocStore)> {
-    if sorted.len() > u32::MAX as usize - 1 {
-        return Err(Error::InvalidConfig("a run holds fewer than 2^32 - 1 documents".into()));
-    }
+    check_run_size(sorted.len())?;
     let (docs, distinct) = DocStore::with_distinct(sorted);
     Ok((distinct, docs))
+}
+
+/// Ranks and positions are `u32`: a run holds fewer than `2^32 - 1` documents.
+fn check_run_size(docs: usize) -> Result<()> {
+    if docs > u32::MAX as usize - 1 {
+        return Err(Error::InvalidConfig("a run holds fewer than 2^32 - 1 documents".into()));
+    }
+    Ok(())
 }
 
 /// Puts the strictly increasing `values` through table `spec`'s permutation, sorted, into
