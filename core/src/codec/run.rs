@@ -158,18 +158,19 @@ impl RunOptions {
     }
 }
 
-/// Writes bits most-significant first into a byte buffer, eight bytes at a time.
+/// Writes bits most-significant first into a byte buffer.
 ///
-/// Pending bits wait in a register and go out as whole big-endian words: no byte is read
-/// back, so consecutive writes do not wait on each other's stores. The buffer must have 8
-/// bytes of room past the last bit written, and [`finish`](Self::finish) must be called.
+/// Pending bits wait left-aligned in a register. Every write stores the whole register and
+/// moves on by the bytes it completed, with no branch on how full it is (a branch that the
+/// lengths of the low bits make unpredictable); no byte is read back. The buffer must have
+/// 8 bytes of room past the last bit written, and [`finish`](Self::finish) must be called.
 struct BitWriter<'a> {
     out: &'a mut [u8],
-    /// Byte offset of the next word.
+    /// Byte offset of the first pending bit.
     byte: usize,
     /// Pending bits, left-aligned.
-    acc: u128,
-    /// Number of pending bits (below 64 between calls).
+    acc: u64,
+    /// Number of pending bits (below 8 between calls).
     pending: u32,
 }
 
@@ -187,25 +188,31 @@ impl<'a> BitWriter<'a> {
     /// Appends the low `n` bits of `v` (`n <= 64`, `v < 2^n`).
     #[inline(always)]
     fn put(&mut self, v: u64, n: u32) {
-        if n == 0 {
-            return;
-        }
-        self.acc |= (v as u128) << (128 - self.pending - n);
-        self.pending += n;
-        if self.pending >= 64 {
-            let word = (self.acc >> 64) as u64;
-            self.out[self.byte..self.byte + 8].copy_from_slice(&word.to_be_bytes());
-            self.byte += 8;
-            self.acc <<= 64;
-            self.pending -= 64;
+        if n > 56 {
+            self.put_short(v >> 32, n - 32);
+            self.put_short(v & 0xFFFF_FFFF, 32);
+        } else {
+            self.put_short(v, n);
         }
     }
 
-    /// Writes the pending bits (as one word, zero-padded).
+    /// [`put`](Self::put) for `n <= 56`, which fits beside the at most 7 pending bits.
+    #[inline(always)]
+    fn put_short(&mut self, v: u64, n: u32) {
+        // A shift of 64 happens only for n = 0, when v is 0 and wraps to a shift of 0.
+        self.acc |= v.wrapping_shl(64 - self.pending - n);
+        self.pending += n;
+        self.out[self.byte..self.byte + 8].copy_from_slice(&self.acc.to_be_bytes());
+        let done = self.pending / 8;
+        self.byte += done as usize;
+        self.acc <<= done * 8;
+        self.pending %= 8;
+    }
+
+    /// Writes the pending bits (zero-padded).
     fn finish(self) {
         if self.pending > 0 {
-            let word = (self.acc >> 64) as u64;
-            self.out[self.byte..self.byte + 8].copy_from_slice(&word.to_be_bytes());
+            self.out[self.byte..self.byte + 8].copy_from_slice(&self.acc.to_be_bytes());
         }
     }
 }
