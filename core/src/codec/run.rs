@@ -53,16 +53,7 @@ impl Codec {
         }
     }
 
-    /// The word whose leading bit and lower bits are coded for `next` after `prev`.
-    #[inline(always)]
-    fn delta(self, prev: u64, next: u64) -> u64 {
-        match self {
-            Codec::Xor => prev ^ next,
-            Codec::Gap => next.wrapping_sub(prev),
-        }
-    }
-
-    /// Inverse of [`delta`](Self::delta).
+    /// The value after `prev` from its delta word (see [`Code::delta`]).
     #[inline(always)]
     fn apply(self, prev: u64, delta: u64) -> u64 {
         match self {
@@ -83,13 +74,21 @@ impl std::str::FromStr for Codec {
     }
 }
 
-/// A codec fixed at compile time, so the decode loop has no per-value branch on it.
+/// A codec fixed at compile time, so the encode and decode loops have no per-value branch
+/// on it.
 trait Code {
+    /// The word whose leading bit and lower bits are coded for `next` after `prev`.
+    fn delta(prev: u64, next: u64) -> u64;
+    /// Inverse of [`delta`](Self::delta).
     fn apply(prev: u64, delta: u64) -> u64;
 }
 
 struct XorCode;
 impl Code for XorCode {
+    #[inline(always)]
+    fn delta(prev: u64, next: u64) -> u64 {
+        prev ^ next
+    }
     #[inline(always)]
     fn apply(prev: u64, delta: u64) -> u64 {
         prev ^ delta
@@ -98,6 +97,10 @@ impl Code for XorCode {
 
 struct GapCode;
 impl Code for GapCode {
+    #[inline(always)]
+    fn delta(prev: u64, next: u64) -> u64 {
+        next.wrapping_sub(prev)
+    }
     #[inline(always)]
     fn apply(prev: u64, delta: u64) -> u64 {
         prev.wrapping_add(delta)
@@ -202,7 +205,8 @@ impl<'a> BitWriter<'a> {
         // A shift of 64 happens only for n = 0, when v is 0 and wraps to a shift of 0.
         self.acc |= v.wrapping_shl(64 - self.pending - n);
         self.pending += n;
-        self.out[self.byte..self.byte + 8].copy_from_slice(&self.acc.to_be_bytes());
+        let word = self.out[self.byte..].first_chunk_mut::<8>().expect("8 bytes of room");
+        *word = self.acc.to_be_bytes();
         let done = self.pending / 8;
         self.byte += done as usize;
         self.acc <<= done * 8;
@@ -233,7 +237,9 @@ fn read_bits(data: &[u8], pos: usize, n: u32) -> u64 {
 /// The symbol `h` for a non-zero delta word.
 #[inline(always)]
 fn symbol(delta: u64) -> u32 {
-    63 - delta.leading_zeros()
+    // Masked so that the result is visibly below 64 (indexing by it needs no check); for a
+    // non-zero word the mask changes nothing.
+    (63 - (delta.leading_zeros() & 63)) & 63
 }
 
 /// Decoding state inside one block: a bit buffer over the code stream and the position in
@@ -425,14 +431,27 @@ impl HxRun {
         if values.len() > u32::MAX as usize {
             return Err(Error::InvalidConfig("a run holds at most 2^32 - 1 values".into()));
         }
+        match opts.codec {
+            Codec::Xor => Self::encode_with::<XorCode>(values, opts),
+            Codec::Gap => Self::encode_with::<GapCode>(values, opts),
+        }
+    }
+
+    /// [`encode`](Self::encode) with the codec fixed at compile time.
+    fn encode_with<C: Code>(values: &[u64], opts: RunOptions) -> Result<HxRun> {
         let mut counts = [0u64; SYMBOLS];
-        for w in values.windows(2) {
-            if w[1] <= w[0] {
+        for (&prev, &next) in values.iter().zip(values.iter().skip(1)) {
+            if next <= prev {
                 return Err(Error::InvalidConfig("run values must be strictly increasing".into()));
             }
-            counts[symbol(opts.codec.delta(w[0], w[1])) as usize] += 1;
+            counts[symbol(C::delta(prev, next)) as usize] += 1;
         }
         let huffman = Huffman::from_counts(&counts);
+        // Each symbol's code and its length, as `code << 8 | length`: one load a value.
+        let table: [u32; SYMBOLS] = std::array::from_fn(|h| {
+            let (code, len) = huffman.code(h as u32);
+            code << 8 | len
+        });
         let bb = opts.block_bytes;
         let cap_bits = (bb - BLOCK_HEAD - BLOCK_TAIL) * 8;
         // Room for the worst case (a value never takes more than 9 bytes); pages never
@@ -457,16 +476,19 @@ impl HxRun {
             let (mut used, mut code_bits) = (0usize, 0usize);
             let mut j = i + 1;
             pending.clear();
-            while j < values.len() && (j - first) < MAX_BLOCK_ENTRIES as usize {
-                let delta = opts.codec.delta(values[j - 1], values[j]);
+            let end = values.len().min(first + MAX_BLOCK_ENTRIES as usize);
+            let span = &values[first..end];
+            for (&prev, &next) in span.iter().zip(span.iter().skip(1)) {
+                let delta = C::delta(prev, next);
                 let h = symbol(delta);
-                let (code, len) = huffman.code(h);
+                let e = table[h as usize];
+                let len = e & 0xFF;
                 if used + (len + h) as usize > cap_bits {
                     break;
                 }
                 used += (len + h) as usize;
                 code_bits += len as usize;
-                pending.push((delta & !(1u64 << h), code << 16 | len << 8 | h));
+                pending.push((delta & !(1u64 << h), e << 8 | h));
                 j += 1;
             }
             // The codes, then the low bits, which start right after them. One writer for
