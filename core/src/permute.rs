@@ -50,6 +50,14 @@ fn apply_moves(moves: &[Move], x: u64) -> u64 {
     }
 }
 
+/// Work that takes a permutation as a closure: see [`Permutation::with_apply`].
+pub(crate) trait VisitMap {
+    /// What the work gives back.
+    type Output;
+    /// Does the work with `map`, the permutation.
+    fn call(self, map: impl Fn(u64) -> u64 + Copy) -> Self::Output;
+}
+
 /// A bijection on `f`-bit values that reorders blocks of bits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Permutation {
@@ -164,6 +172,23 @@ impl Permutation {
     #[inline]
     pub fn apply(&self, x: u64) -> u64 {
         apply_moves(&self.forward, x)
+    }
+
+    /// Calls `visit` with [`apply`](Self::apply) as a closure that holds the block moves
+    /// themselves, their number fixed at compile time. A loop that maps many values through
+    /// `apply` reloads the moves for every value (its stores might alias them) and branches
+    /// on their number; through this closure it does neither.
+    pub(crate) fn with_apply<V: VisitMap>(&self, visit: V) -> V::Output {
+        match *self.forward.as_slice() {
+            [a] => visit.call(move |x| a.apply(x)),
+            [a, b] => visit.call(move |x| a.apply(x) | b.apply(x)),
+            [a, b, c] => visit.call(move |x| a.apply(x) | b.apply(x) | c.apply(x)),
+            [a, b, c, d] => visit.call(move |x| a.apply(x) | b.apply(x) | c.apply(x) | d.apply(x)),
+            [a, b, c, d, e] => {
+                visit.call(move |x| a.apply(x) | b.apply(x) | c.apply(x) | d.apply(x) | e.apply(x))
+            }
+            _ => visit.call(|x| self.apply(x)),
+        }
     }
 
     /// Undoes [`apply`](Self::apply): `invert(apply(x)) == x` for every `width`-bit `x`.

@@ -209,7 +209,6 @@ pub(crate) fn sort_on_top_bits(
     let passes = bits.div_ceil(10) as usize; // none for no bits: then only mapped
     // Digit d is `(y >> shift[d]) & mask[d]`, at most 10 bits; its group starts are
     // `starts[d * STRIDE..][..groups + 1]`.
-    const STRIDE: usize = (1 << 10) + 1;
     let (mut shift, mut mask) = ([0u32; 7], [0u64; 7]);
     let mut at = 64 - bits;
     for d in 0..passes {
@@ -221,14 +220,14 @@ pub(crate) fn sort_on_top_bits(
     // then move them without mapping again. The last pass must write `out`.
     let (mut a, mut b) = if passes.is_multiple_of(2) { (out, tmp) } else { (tmp, out) };
     clear_with_room(a, src.len());
-    let mut starts = vec![0usize; passes * STRIDE];
-    a.extend(src.iter().map(|&x| {
-        let y = map(x);
-        for d in 0..passes {
-            starts[d * STRIDE + ((y >> shift[d]) & mask[d]) as usize + 1] += 1;
-        }
-        y
-    }));
+    let mut starts = match passes {
+        0 => map_and_count::<0>(src, map, &shift, &mask, a),
+        1 => map_and_count::<1>(src, map, &shift, &mask, a),
+        2 => map_and_count::<2>(src, map, &shift, &mask, a),
+        3 => map_and_count::<3>(src, map, &shift, &mask, a),
+        4 => map_and_count::<4>(src, map, &shift, &mask, a),
+        _ => map_and_count::<7>(src, map, &shift, &mask, a),
+    };
     for d in 0..passes {
         let s = &mut starts[d * STRIDE..][..mask[d] as usize + 2];
         for i in 1..s.len() {
@@ -241,6 +240,36 @@ pub(crate) fn sort_on_top_bits(
         scatter_into(a, |&y| ((y >> sd) & md) as usize, starts_of(d), b, &|&y: &u64| y);
         std::mem::swap(&mut a, &mut b);
     }
+}
+
+/// Groups of a counting pass of at most 10 bits, plus one.
+const STRIDE: usize = (1 << 10) + 1;
+
+/// `src` mapped through `map` into `out`, counting digit `d` of every mapped value
+/// (`(y >> shift[d]) & mask[d]`) for `d < P`: returns the counts, digit `d`'s value `g`
+/// at `d * STRIDE + g + 1`. With `P` fixed the digit loop unrolls, and the masked digit
+/// indexes its row with no bounds check. Digits at `P` and above are zero-width when
+/// fewer are used (`P = 7` stands for any number above four).
+#[inline(always)]
+fn map_and_count<const P: usize>(
+    src: &[u64],
+    map: impl Fn(u64) -> u64,
+    shift: &[u32; 7],
+    mask: &[u64; 7],
+    out: &mut Vec<u64>,
+) -> Vec<usize> {
+    let shift: [u32; P] = std::array::from_fn(|d| shift[d]);
+    let mask: [u64; P] = std::array::from_fn(|d| mask[d] & (STRIDE as u64 - 2));
+    let mut counts = vec![[0usize; STRIDE]; P];
+    let rows: &mut [[usize; STRIDE]; P] = (&mut counts[..]).try_into().expect("P rows");
+    out.extend(src.iter().map(|&x| {
+        let y = map(x);
+        for d in 0..P {
+            rows[d][((y >> shift[d]) & mask[d]) as usize + 1] += 1;
+        }
+        y
+    }));
+    counts.into_iter().flatten().collect()
 }
 
 /// Empties `v` and makes room for `n` elements, from [`huge_page_vec`] when it lacks it.

@@ -15,6 +15,7 @@ use super::{Doc, Match, QueryScratch};
 use crate::codec::{HxRun, RunOptions, scan_lanes};
 use crate::design::{Design, TableSpec};
 use crate::error::{Error, Result};
+use crate::permute::VisitMap;
 use crate::util::{for_each_sorted_group, group_by_top_byte, sort_on_top_bits};
 
 /// What building a run needs besides its documents.
@@ -551,7 +552,19 @@ fn permuted_sorted(values: &[u64], spec: &TableSpec, out: &mut Vec<u64>, tmp: &m
     let perm = &spec.perm;
     let on_prefix = perm.width() == 64 && perm.keeps_order_after(spec.prefix_bits);
     let bits = if on_prefix { spec.prefix_bits } else { 64 };
-    sort_on_top_bits(values, |x| perm.apply(x), bits, out, tmp);
+    struct Sort<'a> {
+        values: &'a [u64],
+        bits: u32,
+        out: &'a mut Vec<u64>,
+        tmp: &'a mut Vec<u64>,
+    }
+    impl VisitMap for Sort<'_> {
+        type Output = ();
+        fn call(self, map: impl Fn(u64) -> u64 + Copy) {
+            sort_on_top_bits(self.values, map, self.bits, self.out, self.tmp);
+        }
+    }
+    perm.with_apply(Sort { values, bits, out, tmp });
 }
 
 /// Merges sorted lists into one sorted list, stably: among equal keys, elements of earlier
