@@ -144,19 +144,20 @@ fn finish_bucket<T: Copy>(
     v.copy_from_slice(scratch);
 }
 
-/// Asks the CPU to start loading the cache line holding `items[at]` (a hint; out of range
-/// is ignored).
+/// Asks the CPU to start loading the cache line holding `items[at]` (a hint; an index out
+/// of range is harmless).
 #[inline(always)]
 pub(crate) fn prefetch<T>(items: &[T], at: usize) {
+    // No bounds check: the address is only computed (wrapping, so never undefined) and
+    // handed to the hint, which reads nothing and never faults.
     #[cfg(target_arch = "x86_64")]
-    if at < items.len() {
-        // SAFETY: prefetching is a hint that never faults; the pointer is in bounds anyway.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                items.as_ptr().add(at) as *const i8,
-            )
-        };
-    }
+    // SAFETY: a prefetch is a hint: it does not access memory as far as the program is
+    // concerned, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+            items.as_ptr().wrapping_add(at) as *const i8,
+        )
+    };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (items, at);
 }
@@ -293,12 +294,14 @@ fn scatter_into<S, T>(
     let n = src.len();
     clear_with_room(dst, n);
     let slots = &mut dst.spare_capacity_mut()[..n];
-    let mut next = starts[..starts.len() - 1].to_vec();
+    let groups = starts.len() - 1;
+    let mut next = [0usize; MAX_GROUPS];
+    next[..groups].copy_from_slice(&starts[..groups]);
     distribute(src, digit, &mut next, slots, |slot, x| {
         slot.write(map(x));
     });
     // Each group filled up to where the next starts: all `n` slots were written.
-    assert!(next.iter().zip(&starts[1..]).all(|(a, b)| a == b), "digit counts changed");
+    assert!(next[..groups] == starts[1..], "digit counts changed");
     // SAFETY: the assertion above shows slots 0..n were all initialised.
     unsafe { dst.set_len(n) };
 }
@@ -319,24 +322,29 @@ fn group_starts<T>(src: &[T], digit: impl Fn(&T) -> usize) -> [usize; 257] {
 /// (and `src.len()` at index 256).
 fn scatter<T: Copy>(src: &[T], dst: &mut [T], digit: impl Fn(&T) -> usize) -> [usize; 257] {
     let starts = group_starts(src, &digit);
-    let mut next = starts;
+    let mut next = [0usize; MAX_GROUPS];
+    next[..256].copy_from_slice(&starts[..256]);
     distribute(src, digit, &mut next, dst, |slot, x| *slot = *x);
     starts
 }
 
+/// Most groups a scatter pass distributes into: digits have at most 10 bits.
+const MAX_GROUPS: usize = 1 << 10;
+
 /// The loop of both scatters: each element of `src` goes to `put(&mut dst[next[d]])` for
-/// its digit `d`, which then advances.
+/// its digit `d` (below [`MAX_GROUPS`]), which then advances.
 #[inline(always)]
 fn distribute<S, D>(
     src: &[S],
     digit: impl Fn(&S) -> usize,
-    next: &mut [usize],
+    next: &mut [usize; MAX_GROUPS],
     dst: &mut [D],
     put: impl Fn(&mut D, &S),
 ) {
     let ahead = (128 / std::mem::size_of::<D>().max(1)).max(1);
     for x in src {
-        let d = digit(x);
+        // Masked so that indexing `next` needs no check; digits are below it anyway.
+        let d = digit(x) & (MAX_GROUPS - 1);
         let at = next[d];
         put(&mut dst[at], x);
         next[d] = at + 1;
