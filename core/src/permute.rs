@@ -276,6 +276,35 @@ mod tests {
     }
 
     #[test]
+    fn with_apply_maps_as_apply_for_every_move_count() {
+        struct Collect(Vec<u64>);
+        impl VisitMap for Collect {
+            type Output = Vec<u64>;
+            fn call(self, map: impl Fn(u64) -> u64 + Copy) -> Vec<u64> {
+                self.0.iter().map(|&x| map(x)).collect()
+            }
+        }
+        let mut r = crate::util::SplitMix64::new(4);
+        let xs: Vec<u64> = (0..200).map(|_| r.next_u64()).collect();
+        // One to five moves (the unrolled closures) and seven (the general one).
+        let shapes: [&[(u32, u32)]; 7] = [
+            &[(0, 64)],
+            &[(32, 32), (0, 32)],
+            &[(16, 16), (0, 16), (32, 32)],
+            &[(16, 16), (48, 16), (0, 16), (32, 16)],
+            &[(8, 8), (24, 8), (0, 8), (16, 8), (32, 32)],
+            &[(8, 8), (24, 8), (40, 8), (0, 8), (16, 8), (32, 8), (48, 16)],
+            &[(56, 8), (48, 8), (40, 8), (32, 8), (24, 8), (16, 8), (0, 16)],
+        ];
+        for (i, shape) in shapes.iter().enumerate() {
+            let p = blocks(64, shape);
+            assert_eq!(p.moves(), [1, 2, 3, 4, 5, 7, 7][i], "shape {i}");
+            let want: Vec<u64> = xs.iter().map(|&x| p.apply(x)).collect();
+            assert_eq!(p.with_apply(Collect(xs.clone())), want, "shape {i}");
+        }
+    }
+
+    #[test]
     fn merges_adjacent_ranges() {
         let p = blocks(64, &[(0, 10), (10, 20), (30, 34)]);
         assert!(p.is_identity());
