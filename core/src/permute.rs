@@ -179,14 +179,18 @@ impl Permutation {
     /// `apply` reloads the moves for every value (its stores might alias them) and branches
     /// on their number; through this closure it does neither.
     pub(crate) fn with_apply<V: VisitMap>(&self, visit: V) -> V::Output {
-        match *self.forward.as_slice() {
-            [a] => visit.call(move |x| a.apply(x)),
-            [a, b] => visit.call(move |x| a.apply(x) | b.apply(x)),
-            [a, b, c] => visit.call(move |x| a.apply(x) | b.apply(x) | c.apply(x)),
-            [a, b, c, d] => visit.call(move |x| a.apply(x) | b.apply(x) | c.apply(x) | d.apply(x)),
-            [a, b, c, d, e] => {
-                visit.call(move |x| a.apply(x) | b.apply(x) | c.apply(x) | d.apply(x) | e.apply(x))
-            }
+        /// The moves copied into an array of `N`, which [`apply_moves`] unrolls.
+        fn fixed<const N: usize, V: VisitMap>(moves: &[Move], visit: V) -> V::Output {
+            let moves: [Move; N] = moves.try_into().expect("N moves");
+            visit.call(move |x| apply_moves(&moves, x))
+        }
+        let moves = self.forward.as_slice();
+        match moves.len() {
+            1 => fixed::<1, V>(moves, visit),
+            2 => fixed::<2, V>(moves, visit),
+            3 => fixed::<3, V>(moves, visit),
+            4 => fixed::<4, V>(moves, visit),
+            5 => fixed::<5, V>(moves, visit),
             _ => visit.call(|x| self.apply(x)),
         }
     }

@@ -80,14 +80,10 @@ pub(crate) fn group_by_top_byte<S, T: Copy>(
     out: &mut Vec<T>,
 ) -> [usize; 257] {
     let digit = |x: &S| (key(&map(x)) >> 56) as usize;
-    let mut starts = [0usize; 257];
-    for x in src {
+    let starts = group_starts(src, |x| {
         observe(x);
-        starts[digit(x) + 1] += 1;
-    }
-    for i in 0..256 {
-        starts[i + 1] += starts[i];
-    }
+        digit(x)
+    });
     scatter_into(src, digit, &starts, out, &map);
     starts
 }
@@ -294,20 +290,17 @@ fn scatter_into<S, T>(
     let n = src.len();
     clear_with_room(dst, n);
     let slots = &mut dst.spare_capacity_mut()[..n];
-    let groups = starts.len() - 1;
-    let mut next = [0usize; MAX_GROUPS];
-    next[..groups].copy_from_slice(&starts[..groups]);
-    distribute(src, digit, &mut next, slots, |slot, x| {
+    let next = distribute(src, digit, starts, slots, |slot, x| {
         slot.write(map(x));
     });
     // Each group filled up to where the next starts: all `n` slots were written.
-    assert!(next[..groups] == starts[1..], "digit counts changed");
+    assert!(next[..starts.len() - 1] == starts[1..], "digit counts changed");
     // SAFETY: the assertion above shows slots 0..n were all initialised.
     unsafe { dst.set_len(n) };
 }
 
 /// Where each of 256 groups by `digit` starts in `src` grouped (and `src.len()` last).
-fn group_starts<T>(src: &[T], digit: impl Fn(&T) -> usize) -> [usize; 257] {
+fn group_starts<T>(src: &[T], mut digit: impl FnMut(&T) -> usize) -> [usize; 257] {
     let mut starts = [0usize; 257];
     for x in src {
         starts[digit(x) + 1] += 1;
@@ -322,9 +315,7 @@ fn group_starts<T>(src: &[T], digit: impl Fn(&T) -> usize) -> [usize; 257] {
 /// (and `src.len()` at index 256).
 fn scatter<T: Copy>(src: &[T], dst: &mut [T], digit: impl Fn(&T) -> usize) -> [usize; 257] {
     let starts = group_starts(src, &digit);
-    let mut next = [0usize; MAX_GROUPS];
-    next[..256].copy_from_slice(&starts[..256]);
-    distribute(src, digit, &mut next, dst, |slot, x| *slot = *x);
+    distribute(src, digit, &starts, dst, |slot, x| *slot = *x);
     starts
 }
 
@@ -332,15 +323,19 @@ fn scatter<T: Copy>(src: &[T], dst: &mut [T], digit: impl Fn(&T) -> usize) -> [u
 const MAX_GROUPS: usize = 1 << 10;
 
 /// The loop of both scatters: each element of `src` goes to `put(&mut dst[next[d]])` for
-/// its digit `d` (below [`MAX_GROUPS`]), which then advances.
+/// its digit `d` (below [`MAX_GROUPS`]), which then advances; the cursors start at
+/// `starts` (one per group, and the end last). Returns the cursors where they stopped.
 #[inline(always)]
 fn distribute<S, D>(
     src: &[S],
     digit: impl Fn(&S) -> usize,
-    next: &mut [usize; MAX_GROUPS],
+    starts: &[usize],
     dst: &mut [D],
     put: impl Fn(&mut D, &S),
-) {
+) -> [usize; MAX_GROUPS] {
+    let mut next = [0usize; MAX_GROUPS];
+    let groups = starts.len() - 1;
+    next[..groups].copy_from_slice(&starts[..groups]);
     let ahead = (128 / std::mem::size_of::<D>().max(1)).max(1);
     for x in src {
         // Masked so that indexing `next` needs no check; digits are below it anyway.
@@ -353,6 +348,7 @@ fn distribute<S, D>(
         // here on 10M values in 256 groups).
         prefetch(dst, at + ahead);
     }
+    next
 }
 
 #[cfg(test)]

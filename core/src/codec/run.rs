@@ -165,8 +165,9 @@ impl RunOptions {
 ///
 /// Pending bits wait left-aligned in a register. Every write stores the whole register and
 /// moves on by the bytes it completed, with no branch on how full it is (a branch that the
-/// lengths of the low bits make unpredictable); no byte is read back. The buffer must have
-/// 8 bytes of room past the last bit written, and [`finish`](Self::finish) must be called.
+/// lengths of the low bits make unpredictable); no byte is read back. So every bit is in
+/// the buffer as soon as it is written, and there is nothing to flush at the end. The
+/// buffer must have 8 bytes of room past the last bit written.
 struct BitWriter<'a> {
     out: &'a mut [u8],
     /// Byte offset of the first pending bit.
@@ -211,13 +212,6 @@ impl<'a> BitWriter<'a> {
         self.byte += done as usize;
         self.acc <<= done * 8;
         self.pending %= 8;
-    }
-
-    /// Writes the pending bits (zero-padded).
-    fn finish(self) {
-        if self.pending > 0 {
-            self.out[self.byte..self.byte + 8].copy_from_slice(&self.acc.to_be_bytes());
-        }
     }
 }
 
@@ -501,8 +495,6 @@ impl HxRun {
                 codes.put((c >> 16) as u64, (c >> 8) & 0xFF);
                 lows.put(low, c & 0xFF);
             }
-            lows.finish();
-            codes.finish();
             let (whole, part) = (code_bits / 8, code_bits % 8);
             out[..whole].copy_from_slice(&code_buf[..whole]);
             if part > 0 {

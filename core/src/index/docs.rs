@@ -10,8 +10,9 @@ use std::ops::Range;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
+use super::Doc;
 use super::packed::{Packed, PackedWriter, order_i64, unorder_i64};
-use crate::util::huge_page_vec;
+use crate::util::{for_each_sorted_group, group_by_top_byte, huge_page_vec};
 
 /// Document columns of one run.
 #[derive(Debug)]
@@ -27,7 +28,7 @@ pub(crate) struct DocStore {
 /// The ranges of ids and timestamps of a set of documents, which fix the widths of their
 /// packed columns.
 #[derive(Debug, Clone)]
-pub(crate) struct ColumnRanges {
+struct ColumnRanges {
     id: (u64, u64),
     /// Of the timestamps mapped to `u64` in order.
     ts: (u64, u64),
@@ -42,7 +43,7 @@ impl Default for ColumnRanges {
 impl ColumnRanges {
     /// Widens the ranges to hold a document's id and timestamp.
     #[inline(always)]
-    pub(crate) fn see(&mut self, id: u64, ts: i64) {
+    fn see(&mut self, id: u64, ts: i64) {
         let t = order_i64(ts);
         self.id = (self.id.0.min(id), self.id.1.max(id));
         self.ts = (self.ts.0.min(t), self.ts.1.max(t));
@@ -51,7 +52,7 @@ impl ColumnRanges {
 
 /// A [`DocStore`] and its distinct fingerprints under construction, from documents given in
 /// fingerprint order (ties in insertion order), piece by piece.
-pub(crate) struct Columns {
+struct Columns {
     ids: PackedWriter,
     ts: PackedWriter,
     distinct: Vec<u64>,
@@ -61,7 +62,7 @@ pub(crate) struct Columns {
 
 impl Columns {
     /// Room for `len` documents whose ids and timestamps lie in `ranges`.
-    pub(crate) fn new(len: usize, ranges: &ColumnRanges) -> Columns {
+    fn new(len: usize, ranges: &ColumnRanges) -> Columns {
         Columns {
             ids: PackedWriter::new(len, ranges.id.0, ranges.id.1),
             ts: PackedWriter::new(len, ranges.ts.0, ranges.ts.1),
@@ -73,7 +74,7 @@ impl Columns {
 
     /// Appends documents `(fp, id, ts)` that follow those already given in fingerprint
     /// order.
-    pub(crate) fn extend(&mut self, docs: &[(u64, u64, i64)]) {
+    fn extend(&mut self, docs: &[(u64, u64, i64)]) {
         for d in docs {
             if self.distinct.last() == Some(&d.0) {
                 self.extra += 1;
@@ -91,7 +92,7 @@ impl Columns {
     }
 
     /// The document store and the distinct fingerprints, once every document was given.
-    pub(crate) fn finish(mut self) -> (DocStore, Vec<u64>) {
+    fn finish(mut self) -> (DocStore, Vec<u64>) {
         self.dups.shrink_to_fit();
         let store = DocStore {
             ids: self.ids.finish(),
@@ -111,6 +112,32 @@ struct Deleted {
 }
 
 impl DocStore {
+    /// Builds the columns from documents in insertion order, and returns the distinct
+    /// fingerprints in order beside them.
+    ///
+    /// The documents themselves are sorted, stably so that equal fingerprints keep their
+    /// insertion order: every pass reads and writes in sequence, where sorting positions
+    /// and then gathering the documents would miss the cache once per document. After one
+    /// pass over all of them (which also takes the column ranges) and one scatter, the sort
+    /// goes on group by group in cache, and each group sorted goes straight into the
+    /// columns: the sorted whole is never held.
+    pub(crate) fn from_docs(docs: &[Doc]) -> (DocStore, Vec<u64>) {
+        let mut ranges = ColumnRanges::default();
+        let mut grouped = Vec::new();
+        let record = |d: &Doc| (d.fp, d.id, d.ts);
+        let starts =
+            group_by_top_byte(docs, record, |r| r.0, |d| ranges.see(d.id, d.ts), &mut grouped);
+        let mut columns = Columns::new(docs.len(), &ranges);
+        for_each_sorted_group(
+            &mut grouped,
+            &starts,
+            |r| r.0,
+            &mut Vec::new(),
+            |g| columns.extend(g),
+        );
+        columns.finish()
+    }
+
     /// Builds the columns from documents `(fp, id, ts)` sorted by fingerprint (then
     /// insertion order), and returns the distinct fingerprints in order beside them. Two
     /// passes over the documents: their ranges, then everything else at once.

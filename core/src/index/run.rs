@@ -9,14 +9,14 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::docs::{ColumnRanges, Columns, DocStore};
+use super::docs::DocStore;
 use super::table::{CrowdPolicy, NO_RANK, TableRun};
 use super::{Doc, Match, QueryScratch};
 use crate::codec::{HxRun, RunOptions, scan_lanes};
 use crate::design::{Design, TableSpec};
 use crate::error::{Error, Result};
 use crate::permute::VisitMap;
-use crate::util::{for_each_sorted_group, group_by_top_byte, sort_on_top_bits};
+use crate::util::sort_on_top_bits;
 
 /// What building a run needs besides its documents.
 #[derive(Debug, Clone)]
@@ -54,27 +54,8 @@ pub struct Run {
 impl Run {
     /// Builds a run from documents in insertion order.
     pub(crate) fn build(id: u64, docs: &[Doc], ctx: &BuildContext) -> Result<Run> {
-        // The documents themselves are sorted, stably so that equal fingerprints keep their
-        // insertion order: every pass reads and writes in sequence, where sorting positions
-        // and then gathering the documents would miss the cache once per document. After
-        // one pass over all of them, the sort goes on group by group in cache, and each
-        // group sorted goes straight into the columns: the sorted whole is never held.
         check_run_size(docs.len())?;
-        let mut ranges = ColumnRanges::default();
-        let mut grouped = Vec::new();
-        let record = |d: &Doc| (d.fp, d.id, d.ts);
-        let starts =
-            group_by_top_byte(docs, record, |r| r.0, |d| ranges.see(d.id, d.ts), &mut grouped);
-        let mut columns = Columns::new(docs.len(), &ranges);
-        for_each_sorted_group(
-            &mut grouped,
-            &starts,
-            |r| r.0,
-            &mut Vec::new(),
-            |g| columns.extend(g),
-        );
-        drop(grouped);
-        let (docs, distinct) = columns.finish();
+        let (docs, distinct) = DocStore::from_docs(docs);
         Self::assemble(id, docs, distinct, ctx, |_, spec, distinct, v, tmp| {
             permuted_sorted(distinct, spec, v, tmp)
         })
@@ -135,7 +116,8 @@ impl Run {
             .collect();
         // Stable: among equal fingerprints, older runs' documents stay first.
         let all = merge_sorted(lists, |d| d.0);
-        let (distinct, docs) = columns(&all)?;
+        check_run_size(all.len())?;
+        let (docs, distinct) = DocStore::with_distinct(&all);
         drop(all);
         // Fingerprints some source holds whose documents are all deleted: the merged tables
         // must not keep them.
@@ -527,14 +509,6 @@ pub(crate) struct RunMemory {
     pub tables: Vec<TableBytes>,
     pub doc_bytes: usize,
     pub column_bits: (u32, u32),
-}
-
-/// The distinct fingerprints and the document columns of documents `(fp, id, ts)` in
-/// fingerprint order (ties in insertion order).
-fn columns(sorted: &[(u64, u64, i64)]) -> Result<(Vec<u64>, DocStore)> {
-    check_run_size(sorted.len())?;
-    let (docs, distinct) = DocStore::with_distinct(sorted);
-    Ok((distinct, docs))
 }
 
 /// Ranks and positions are `u32`: a run holds fewer than `2^32 - 1` documents.
