@@ -313,6 +313,16 @@ pub struct Lane<'a> {
     done: bool,
 }
 
+/// Starts loading the cache lines of `data[at..at + len]`, one hint a line.
+#[inline(always)]
+fn prefetch_lines(data: &[u8], at: usize, len: usize) {
+    let mut line = 0;
+    while line < len {
+        prefetch(data, at + line);
+        line += 64;
+    }
+}
+
 /// The value count a block's header holds.
 #[inline(always)]
 fn block_count(block: &[u8]) -> u32 {
@@ -735,9 +745,7 @@ impl HxRun {
     pub fn prefetch_blocks(&self, candidates: (usize, usize)) {
         let bb = self.opts.block_bytes;
         let first = candidates.0 * bb;
-        for line in (0..bb).step_by(64) {
-            prefetch(&self.data, first + line);
-        }
+        prefetch_lines(&self.data, first, bb);
         if candidates.1 > candidates.0 {
             prefetch(&self.data, first + bb);
         }
@@ -763,11 +771,29 @@ impl HxRun {
         };
         let bb = self.opts.block_bytes;
         if b != candidates.0 {
-            for line in (64..bb).step_by(64) {
-                prefetch(&self.data, b * bb + line);
-            }
+            prefetch_lines(&self.data, b * bb + 64, bb.saturating_sub(64));
         }
         self.lane_at(b, lo, hi, pq, tag)
+    }
+
+    /// Stage 3 of a staged lookup, after [`prefetch_blocks`](Self::prefetch_blocks): appends
+    /// `(value, rank, tag)` for every value in `lo..=hi` within `k` of `pq`. The same as
+    /// running the [`lane_in`](Self::lane_in) lane, which here never leaves the stack.
+    #[inline(always)]
+    pub(crate) fn probe(
+        &self,
+        candidates: (usize, usize),
+        (lo, hi): (u64, u64),
+        pq: u64,
+        k: u32,
+        tag: u32,
+        out: &mut Vec<(u64, u32, u32)>,
+    ) {
+        let mut lane = self.lane_in(candidates, lo, hi, pq, tag);
+        match self.opts.codec {
+            Codec::Xor => lane.run::<XorCode>(k, out),
+            Codec::Gap => lane.run::<GapCode>(k, out),
+        }
     }
 
     /// Calls `visit(value, rank)` for every value in `lo..=hi`, in increasing order.
@@ -873,14 +899,41 @@ impl HxRun {
         self.opts.codec
     }
 
-    /// The rank (position in sorted order) of `value`, if present (`None` without ranks).
-    pub fn rank_of(&self, value: u64) -> Option<usize> {
-        if self.ranks.is_empty() {
+    /// Stage 2 of a staged [`rank_of`](Self::rank_of) (after [`prefetch_directory`] and
+    /// [`candidates`]): starts loading the candidate blocks and the ranks of the first.
+    ///
+    /// [`prefetch_directory`]: Self::prefetch_directory
+    /// [`candidates`]: Self::candidates
+    #[inline(always)]
+    pub fn prefetch_rank(&self, candidates: (usize, usize)) {
+        self.prefetch_blocks(candidates);
+        prefetch(&self.ranks, candidates.0);
+    }
+
+    /// Stage 3 of a staged [`rank_of`](Self::rank_of): the rank of `value`, searching the
+    /// blocks from [`candidates`](Self::candidates).
+    pub fn rank_in(&self, candidates: (usize, usize), value: u64) -> Option<usize> {
+        if self.len == 0 || self.ranks.is_empty() {
             return None;
         }
-        let mut found = None;
-        self.scan_range(value, value, |_, r| found = Some(r));
-        found
+        let b = match self.opts.search {
+            BlockSearch::Directory => self.search_from(candidates.0, candidates.1, value),
+            BlockSearch::Interpolation => self.block_for(value),
+        };
+        let block = &self.data[b * self.opts.block_bytes..];
+        let mut v = u64::from_le_bytes(block[..8].try_into().expect("8 bytes"));
+        let mut cur = Cursor::new(block);
+        let mut at = 0;
+        while v < value && at + 1 < block_count(block) {
+            v = self.opts.codec.apply(v, cur.next(block, self.huffman.lut()));
+            at += 1;
+        }
+        (v == value).then(|| self.ranks[b] as usize + at as usize)
+    }
+
+    /// The rank (position in sorted order) of `value`, if present (`None` without ranks).
+    pub fn rank_of(&self, value: u64) -> Option<usize> {
+        self.rank_in(self.candidates(value), value)
     }
 
     /// Decodes every value, in order.

@@ -212,6 +212,20 @@ impl DocStore {
         }
     }
 
+    /// Starts loading what [`range_of_rank`](Self::range_of_rank) and the columns will read
+    /// for the documents of rank `rank`, when that does not need a load first (no
+    /// fingerprint has several documents).
+    #[inline]
+    pub(crate) fn prefetch_rank(&self, rank: usize) {
+        if self.dups.is_empty() {
+            self.ids.prefetch(rank);
+            self.ts.prefetch(rank);
+            if let Some(bits) = self.deleted.bits.get() {
+                crate::util::prefetch(bits, rank / 64);
+            }
+        }
+    }
+
     /// Id of the document at `pos`.
     #[inline]
     pub(crate) fn id(&self, pos: usize) -> u64 {

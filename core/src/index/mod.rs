@@ -186,9 +186,7 @@ impl IndexConfig {
 /// Reusable buffers for queries, so a hot loop allocates nothing.
 #[derive(Debug, Default)]
 pub struct QueryScratch {
-    hits: Vec<(u64, u32, u32)>,
-    pqs: Vec<u64>,
-    cands: Vec<(usize, usize)>,
+    slot: run::Slot,
 }
 
 /// A merge the owner runs off the write path: see [`Index::next_merge`].

@@ -40,6 +40,12 @@ impl Packed {
         self.base + ((lo | hi) & mask)
     }
 
+    /// Starts loading the word that holds value `i`.
+    #[inline(always)]
+    pub(crate) fn prefetch(&self, i: usize) {
+        crate::util::prefetch(&self.words, i * self.bits as usize / 64);
+    }
+
     /// Number of values.
     pub(crate) fn len(&self) -> usize {
         self.len

@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use crate::codec::{HxRun, Lane, RunOptions, scan_lanes};
+use crate::codec::{HxRun, RunOptions};
 use crate::design::{Design, Level};
 use crate::error::Result;
 use crate::permute::{BitRange, Permutation};
@@ -186,18 +186,17 @@ impl TableRun {
         c
     }
 
-    /// Stage 3: prepares the probe of this table for the permuted query `pq`: adds a
-    /// [`Lane`] for the prefix bucket to `lanes`, or, when the bucket is crowded, probes its
-    /// sub-index at once. Hits are `(value in this table's space, rank, tag)`; the rank is the
-    /// value's rank in the main run, or [`NO_RANK`] for hits from a sub-index.
+    /// Stage 3: probes this table for the permuted query `pq`: scans its prefix bucket, or,
+    /// when the bucket is crowded, probes its sub-index. Hits are `(value in this table's
+    /// space, rank, tag)`; the rank is the value's rank in the main run, or [`NO_RANK`] for
+    /// hits from a sub-index.
     #[inline]
-    pub(crate) fn plan<'a>(
-        &'a self,
+    pub(crate) fn probe(
+        &self,
         pq: u64,
         candidates: (usize, usize),
         k: u32,
         tag: u32,
-        lanes: &mut Vec<Lane<'a>>,
         hits: &mut Vec<(u64, u32, u32)>,
     ) {
         let p = self.prefix_bits;
@@ -208,8 +207,7 @@ impl TableRun {
                 return;
             }
         }
-        let (lo, hi) = prefix_range(pq, p);
-        lanes.push(self.hx.lane_in(candidates, lo, hi, pq, tag));
+        self.hx.probe(candidates, prefix_range(pq, p), pq, k, tag, hits);
     }
 
     /// Probes a crowded bucket's sub-tables one after the other.
@@ -224,10 +222,8 @@ impl TableRun {
         for &s in &c.for_k[k.min(c.for_k.len() as u32 - 1) as usize] {
             let sub = &c.subs[s];
             let start = hits.len();
-            let mut lanes = Vec::with_capacity(1);
             let spq = sub.perm.apply(pq);
-            sub.table.plan(spq, sub.table.candidates(spq), k, tag, &mut lanes, hits);
-            scan_lanes(self.hx.codec(), &mut lanes, k, hits);
+            sub.table.probe(spq, sub.table.candidates(spq), k, tag, hits);
             for hit in &mut hits[start..] {
                 *hit = (sub.perm.invert(hit.0), NO_RANK, tag);
             }
