@@ -16,6 +16,7 @@
 //! on the top bits of the keys, or by interpolation over them ([`BlockSearch`]).
 
 mod aligned;
+mod directory;
 mod huffman;
 mod run;
 

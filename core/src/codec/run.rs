@@ -1,9 +1,10 @@
 //! [`HxRun`]: one sorted run of distinct `u64` values in Huffman-XOR blocks.
 
 use crate::codec::aligned::AlignedBytes;
+use crate::codec::directory::Directory;
 use crate::codec::huffman::{Huffman, MAX_CODE_LEN, SYMBOLS};
 use crate::error::{Error, Result};
-use crate::util::{huge_page_vec, prefetch};
+use crate::util::prefetch;
 
 /// The rank reported for values of a run without ranks (see [`HxRun::drop_ranks`]).
 pub const NO_RANK: u32 = u32::MAX;
@@ -423,9 +424,8 @@ pub struct HxRun {
     /// Values before each block, and `len` at the end; empty after
     /// [`drop_ranks`](HxRun::drop_ranks).
     ranks: Vec<u32>,
-    dir_shift: u32,
-    /// `dir[t]` = index of the first block whose key has top bits `>= t`.
-    dir: Vec<u32>,
+    /// Entry `t`: the block where a scan for keys with top bits `t` starts.
+    dir: Directory,
 }
 
 impl HxRun {
@@ -539,8 +539,7 @@ impl HxRun {
             data,
             nblocks: ranks.len() - 1,
             ranks,
-            dir_shift: 64,
-            dir: Vec::new(),
+            dir: Directory::default(),
         };
         run.build_directory();
         run
@@ -559,25 +558,22 @@ impl HxRun {
     fn build_directory(&mut self) {
         let blocks = self.blocks();
         let bits = if blocks <= 1 { 0 } else { (usize::BITS - 1 - blocks.leading_zeros()).min(24) };
-        self.dir_shift = 64 - bits;
+        let shift = 64 - bits;
         let buckets = 1usize << bits;
-        let mut dir = huge_page_vec(buckets + 1);
-        dir.resize(buckets + 1, 0u32);
+        let mut dir = Vec::with_capacity(buckets + 1);
         let mut b = 0usize; // first block whose key has top bits >= t
-        for (t, d) in dir.iter_mut().enumerate() {
-            while b < blocks
-                && ((self.key(b).checked_shr(self.dir_shift).unwrap_or(0)) as usize) < t
-            {
+        for t in 0..buckets {
+            while b < blocks && ((self.key(b).checked_shr(shift).unwrap_or(0)) as usize) < t {
                 b += 1;
             }
             // The bucket's smallest key is t << shift: it starts in block b if that block's
             // key is exactly there, else in the block before.
             let starts_here =
-                b < blocks && self.key(b) == (t as u64).checked_shl(self.dir_shift).unwrap_or(0);
-            *d = if starts_here || b == 0 { b as u32 } else { (b - 1) as u32 };
+                b < blocks && self.key(b) == (t as u64).checked_shl(shift).unwrap_or(0);
+            dir.push(if starts_here || b == 0 { b as u32 } else { (b - 1) as u32 });
         }
-        dir[buckets] = blocks.saturating_sub(1) as u32;
-        self.dir = dir;
+        dir.push(blocks.saturating_sub(1) as u32);
+        self.dir = Directory::new(shift, &dir);
     }
 
     /// Frees the per-block ranks, which only [`get`](Self::get), [`rank_of`](Self::rank_of)
@@ -626,7 +622,7 @@ impl HxRun {
     pub fn heap_bytes(&self) -> usize {
         self.data.capacity()
             + self.ranks.capacity() * 4
-            + self.dir.capacity() * 4
+            + self.dir.heap_bytes()
             + self.huffman.lut().len() * 2
             + std::mem::size_of::<Self>()
     }
@@ -643,8 +639,8 @@ impl HxRun {
 
     #[inline]
     fn block_by_directory(&self, key: u64) -> usize {
-        let t = key.checked_shr(self.dir_shift).unwrap_or(0) as usize;
-        self.search_from(self.dir[t] as usize, self.dir[t + 1] as usize, key)
+        let (first, last) = self.candidates(key);
+        self.search_from(first, last, key)
     }
 
     /// The last block in `first..=last` whose first value is `<= key`, given that block
@@ -716,13 +712,7 @@ impl HxRun {
     #[inline(always)]
     pub fn candidates(&self, key: u64) -> (usize, usize) {
         match self.opts.search {
-            BlockSearch::Directory => {
-                let t = key.checked_shr(self.dir_shift).unwrap_or(0) as usize;
-                match (self.dir.get(t), self.dir.get(t + 1)) {
-                    (Some(&a), Some(&b)) => (a as usize, b as usize),
-                    _ => (0, 0),
-                }
-            }
+            BlockSearch::Directory => self.dir.pair(self.dir.bucket(key)).unwrap_or((0, 0)),
             BlockSearch::Interpolation => {
                 let g = ((key as u128 * self.blocks() as u128) >> 64) as usize;
                 (g, g + 1)
@@ -735,7 +725,7 @@ impl HxRun {
     #[inline(always)]
     pub fn prefetch_directory(&self, key: u64) {
         if self.opts.search == BlockSearch::Directory {
-            prefetch(&self.dir, key.checked_shr(self.dir_shift).unwrap_or(0) as usize);
+            self.dir.prefetch(self.dir.bucket(key));
         }
     }
 
