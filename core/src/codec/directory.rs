@@ -56,13 +56,13 @@ impl Directory {
 
     /// The bucket of `key`.
     #[inline(always)]
-    pub(crate) fn bucket(&self, key: u64) -> usize {
+    fn bucket(&self, key: u64) -> usize {
         key.checked_shr(self.shift).unwrap_or(0) as usize
     }
 
     /// Entry `t`, if there is one.
     #[inline(always)]
-    pub(crate) fn get(&self, t: usize) -> Option<usize> {
+    fn get(&self, t: usize) -> Option<usize> {
         let off = *self.off.get(t)?;
         let base = *self.base.get(t / GROUP)?;
         if base & WIDE == 0 {
@@ -75,7 +75,7 @@ impl Directory {
     /// Entries `t` and `t + 1`, if there are both: the blocks a scan of bucket `t` may
     /// start in.
     #[inline(always)]
-    pub(crate) fn pair(&self, t: usize) -> Option<(usize, usize)> {
+    fn pair(&self, t: usize) -> Option<(usize, usize)> {
         let (a, b) = (*self.off.get(t)?, *self.off.get(t + 1)?);
         let base = *self.base.get(t / GROUP)?;
         if base & WIDE == 0 && !(t + 1).is_multiple_of(GROUP) {
@@ -85,9 +85,17 @@ impl Directory {
         }
     }
 
-    /// Starts loading entry `t`.
+    /// The blocks a scan for `key` may start in: the entries of its bucket and the next
+    /// (`(0, 0)` for an empty directory).
     #[inline(always)]
-    pub(crate) fn prefetch(&self, t: usize) {
+    pub(crate) fn blocks_for(&self, key: u64) -> (usize, usize) {
+        self.pair(self.bucket(key)).unwrap_or((0, 0))
+    }
+
+    /// Starts loading what [`blocks_for`](Self::blocks_for) `key` reads.
+    #[inline(always)]
+    pub(crate) fn prefetch(&self, key: u64) {
+        let t = self.bucket(key);
         prefetch(&self.base, t / GROUP);
         prefetch(&self.off, t);
     }

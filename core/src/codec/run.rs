@@ -639,7 +639,7 @@ impl HxRun {
 
     #[inline]
     fn block_by_directory(&self, key: u64) -> usize {
-        let (first, last) = self.candidates(key);
+        let (first, last) = self.dir.blocks_for(key);
         self.search_from(first, last, key)
     }
 
@@ -712,7 +712,7 @@ impl HxRun {
     #[inline(always)]
     pub fn candidates(&self, key: u64) -> (usize, usize) {
         match self.opts.search {
-            BlockSearch::Directory => self.dir.pair(self.dir.bucket(key)).unwrap_or((0, 0)),
+            BlockSearch::Directory => self.dir.blocks_for(key),
             BlockSearch::Interpolation => {
                 let g = ((key as u128 * self.blocks() as u128) >> 64) as usize;
                 (g, g + 1)
@@ -725,7 +725,7 @@ impl HxRun {
     #[inline(always)]
     pub fn prefetch_directory(&self, key: u64) {
         if self.opts.search == BlockSearch::Directory {
-            self.dir.prefetch(self.dir.bucket(key));
+            self.dir.prefetch(key);
         }
     }
 
@@ -741,6 +741,18 @@ impl HxRun {
         }
     }
 
+    /// [`block_for`](Self::block_for) `key`, searching only the blocks from
+    /// [`candidates`](Self::candidates) when the directory gave them.
+    #[inline(always)]
+    fn block_in(&self, candidates: (usize, usize), key: u64) -> usize {
+        match self.opts.search {
+            BlockSearch::Directory if self.len > 0 => {
+                self.search_from(candidates.0, candidates.1, key)
+            }
+            _ => self.block_for(key),
+        }
+    }
+
     /// Like [`lane`](Self::lane), searching the blocks from [`candidates`](Self::candidates)
     /// (after [`prefetch_blocks`](Self::prefetch_blocks)); prefetches the rest of the block
     /// it starts in when that is not the first candidate, which is already on its way.
@@ -753,12 +765,7 @@ impl HxRun {
         pq: u64,
         tag: u32,
     ) -> Lane<'_> {
-        let b = match self.opts.search {
-            BlockSearch::Directory if self.len > 0 => {
-                self.search_from(candidates.0, candidates.1, lo)
-            }
-            _ => self.block_for(lo),
-        };
+        let b = self.block_in(candidates, lo);
         let bb = self.opts.block_bytes;
         if b != candidates.0 {
             prefetch_lines(&self.data, b * bb + 64, bb.saturating_sub(64));
@@ -792,18 +799,30 @@ impl HxRun {
         if self.len == 0 || lo > hi {
             return;
         }
+        self.scan_from(self.block_for(lo), lo, hi, visit);
+    }
+
+    /// [`scan_range`](Self::scan_range) from block `b`, which must be where a scan for `lo`
+    /// starts.
+    #[inline]
+    fn scan_from(&self, b: usize, lo: u64, hi: u64, visit: impl FnMut(u64, usize)) {
         match self.opts.codec {
-            Codec::Xor => self.scan_with::<XorCode>(lo, hi, visit),
-            Codec::Gap => self.scan_with::<GapCode>(lo, hi, visit),
+            Codec::Xor => self.scan_with::<XorCode>(b, lo, hi, visit),
+            Codec::Gap => self.scan_with::<GapCode>(b, lo, hi, visit),
         }
     }
 
-    /// [`scan_range`](Self::scan_range) with the codec fixed at compile time.
+    /// [`scan_from`](Self::scan_from) with the codec fixed at compile time.
     #[inline(always)]
-    fn scan_with<C: Code>(&self, lo: u64, hi: u64, mut visit: impl FnMut(u64, usize)) {
+    fn scan_with<C: Code>(
+        &self,
+        mut b: usize,
+        lo: u64,
+        hi: u64,
+        mut visit: impl FnMut(u64, usize),
+    ) {
         let bb = self.opts.block_bytes;
         let lut = self.huffman.lut();
-        let mut b = self.block_for(lo);
         while b < self.blocks() {
             let block = &self.data[b * bb..];
             let count = block_count(block);
@@ -906,19 +925,9 @@ impl HxRun {
         if self.len == 0 || self.ranks.is_empty() {
             return None;
         }
-        let b = match self.opts.search {
-            BlockSearch::Directory => self.search_from(candidates.0, candidates.1, value),
-            BlockSearch::Interpolation => self.block_for(value),
-        };
-        let block = &self.data[b * self.opts.block_bytes..];
-        let mut v = u64::from_le_bytes(block[..8].try_into().expect("8 bytes"));
-        let mut cur = Cursor::new(block);
-        let mut at = 0;
-        while v < value && at + 1 < block_count(block) {
-            v = self.opts.codec.apply(v, cur.next(block, self.huffman.lut()));
-            at += 1;
-        }
-        (v == value).then(|| self.ranks[b] as usize + at as usize)
+        let mut found = None;
+        self.scan_from(self.block_in(candidates, value), value, value, |_, r| found = Some(r));
+        found
     }
 
     /// The rank (position in sorted order) of `value`, if present (`None` without ranks).

@@ -186,7 +186,15 @@ impl IndexConfig {
 /// Reusable buffers for queries, so a hot loop allocates nothing.
 #[derive(Debug, Default)]
 pub struct QueryScratch {
-    slot: run::Slot,
+    /// The query, permuted for each table.
+    pqs: Vec<u64>,
+    /// Each table's candidate blocks.
+    cands: Vec<(usize, usize)>,
+    /// `(value in its table's space, rank, index into the probed tables)`.
+    hits: Vec<(u64, u32, u32)>,
+    /// `(fingerprint, rank or NO_RANK, candidate blocks of the document store for its
+    /// rank)`, one per fingerprint hit.
+    found: Vec<(u64, u32, (usize, usize))>,
 }
 
 /// A merge the owner runs off the write path: see [`Index::next_merge`].

@@ -18,132 +18,6 @@ use crate::error::{Error, Result};
 use crate::permute::VisitMap;
 use crate::util::sort_on_top_bits;
 
-/// The stages of a lookup in one run. Each starts the memory loads the next one reads, and
-/// none branches on data between its loads, so that the loads of all tables overlap.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stage {
-    /// Permute the query for every table and start loading the directory entries.
-    Permute,
-    /// Read the directory entries and start loading the first candidate blocks.
-    Locate,
-    /// Search and decode the blocks; turn the hits back into fingerprints, one each, and
-    /// start loading the document store's directory entry for those without a rank.
-    Probe,
-    /// For hits without a rank: read that entry, start loading its block and rank.
-    RankBlock,
-    /// For hits without a rank: find it; for every hit, start loading its documents.
-    Rank,
-    /// Append the live documents of every hit.
-    Emit,
-}
-
-impl Stage {
-    /// In order.
-    const ALL: [Stage; 6] =
-        [Stage::Permute, Stage::Locate, Stage::Probe, Stage::RankBlock, Stage::Rank, Stage::Emit];
-}
-
-/// One query's state between [stages](Stage).
-#[derive(Debug, Default)]
-pub(crate) struct Slot {
-    /// The query, permuted for each table.
-    pqs: Vec<u64>,
-    /// Each table's candidate blocks.
-    cands: Vec<(usize, usize)>,
-    /// `(value in its table's space, rank, index into the probed tables)`.
-    hits: Vec<(u64, u32, u32)>,
-    /// `(fingerprint, rank or NO_RANK, candidate blocks of the document store for its
-    /// rank)`, one per fingerprint.
-    found: Vec<(u64, u32, (usize, usize))>,
-}
-
-/// What every stage of one run's lookup reads.
-struct StageContext<'a> {
-    run: &'a Run,
-    k: u32,
-    design: &'a Design,
-    tables: &'a [usize],
-}
-
-impl StageContext<'_> {
-    /// Takes query `q`, whose state is `slot`, through `stage`.
-    #[inline]
-    fn advance(&self, stage: Stage, q: u64, slot: &mut Slot, out: &mut Vec<Match>) {
-        let Slot { pqs, cands, hits, found } = slot;
-        let (run, specs) = (self.run, self.design.tables());
-        match stage {
-            Stage::Permute => {
-                pqs.clear();
-                for &t in self.tables {
-                    let pq = specs[t].perm.apply(q);
-                    run.tables[t].prefetch_directory(pq);
-                    pqs.push(pq);
-                }
-            }
-            Stage::Locate => {
-                cands.clear();
-                for (&t, &pq) in self.tables.iter().zip(pqs.iter()) {
-                    cands.push(run.tables[t].candidates(pq));
-                }
-            }
-            Stage::Probe => {
-                hits.clear();
-                found.clear();
-                for (i, (&t, (&pq, &c))) in
-                    self.tables.iter().zip(pqs.iter().zip(cands.iter())).enumerate()
-                {
-                    run.tables[t].probe(pq, c, self.k, i as u32, hits);
-                }
-                if hits.is_empty() {
-                    return;
-                }
-                // Back to fingerprints; one entry per fingerprint, preferring one with its
-                // rank (from the identity table).
-                for &(v, rank, tag) in hits.iter() {
-                    let perm = &specs[self.tables[tag as usize]].perm;
-                    let hit =
-                        if perm.is_identity() { (v, rank) } else { (perm.invert(v), NO_RANK) };
-                    found.push((hit.0, hit.1, (0, 0)));
-                }
-                found.sort_unstable_by_key(|f| (f.0, f.1));
-                found.dedup_by_key(|f| f.0);
-                for f in found.iter().filter(|f| f.1 == NO_RANK) {
-                    run.fps.prefetch_directory(f.0);
-                }
-            }
-            Stage::RankBlock => {
-                for f in found.iter_mut().filter(|f| f.1 == NO_RANK) {
-                    f.2 = run.fps.candidates(f.0);
-                    run.fps.prefetch_rank(f.2);
-                }
-            }
-            Stage::Rank => {
-                for f in found.iter_mut() {
-                    if f.1 == NO_RANK {
-                        // Every table holds the same values, so the rank is there; a miss
-                        // would only skip the hit.
-                        f.1 = run.fps.rank_in(f.2, f.0).map_or(NO_RANK, |r| r as u32);
-                    }
-                    if f.1 != NO_RANK {
-                        run.docs.prefetch_rank(f.1 as usize);
-                    }
-                }
-            }
-            Stage::Emit => {
-                for &(fp, rank, _) in found.iter().filter(|f| f.1 != NO_RANK) {
-                    let distance = (fp ^ q).count_ones();
-                    for pos in run.docs.range_of_rank(rank as usize) {
-                        if !run.docs.is_deleted(pos) {
-                            let (id, ts) = (run.docs.id(pos), run.docs.ts(pos));
-                            out.push(Match { id, fp, distance, ts });
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// What building a run needs besides its documents.
 #[derive(Debug, Clone)]
 pub(crate) struct BuildContext {
@@ -353,8 +227,18 @@ impl Run {
             .count()
     }
 
-    /// Appends every live document within `k` of `q`, probing the tables `tables`: the
-    /// [stages](Stage) of a lookup one after the other.
+    /// Appends every live document within `k` of `q`, probing the tables `tables`.
+    ///
+    /// Memory first, in stages without data-dependent branches between their loads, so that
+    /// the cache misses of all tables overlap. Each stage reads what the one before started
+    /// loading:
+    /// 1. permute the query for every table and start loading the directory entries;
+    /// 2. read them and start loading the first candidate blocks;
+    /// 3. search and decode the blocks, turn the hits back into fingerprints (one each), and
+    ///    for those without a rank start loading the document store's directory entry;
+    /// 4. for those, read it and start loading the block and its rank;
+    /// 5. find those ranks, and start loading every hit's documents;
+    /// 6. append the live documents.
     pub(crate) fn query(
         &self,
         q: u64,
@@ -364,10 +248,58 @@ impl Run {
         scratch: &mut QueryScratch,
         out: &mut Vec<Match>,
     ) {
-        let slot = &mut scratch.slot;
-        let ctx = StageContext { run: self, k, design, tables };
-        for stage in Stage::ALL {
-            ctx.advance(stage, q, slot, out);
+        let QueryScratch { pqs, cands, hits, found } = scratch;
+        let specs = design.tables();
+        pqs.clear();
+        for &t in tables {
+            let pq = specs[t].perm.apply(q);
+            self.tables[t].prefetch_directory(pq);
+            pqs.push(pq);
+        }
+        cands.clear();
+        for (&t, &pq) in tables.iter().zip(pqs.iter()) {
+            cands.push(self.tables[t].candidates(pq));
+        }
+        hits.clear();
+        for (i, (&t, (&pq, &c))) in tables.iter().zip(pqs.iter().zip(cands.iter())).enumerate() {
+            self.tables[t].probe(pq, c, k, i as u32, hits);
+        }
+        if hits.is_empty() {
+            return;
+        }
+        // One entry per fingerprint, preferring one with its rank (from the identity table).
+        found.clear();
+        for &(v, rank, tag) in hits.iter() {
+            let perm = &specs[tables[tag as usize]].perm;
+            let hit = if perm.is_identity() { (v, rank) } else { (perm.invert(v), NO_RANK) };
+            found.push((hit.0, hit.1, (0, 0)));
+        }
+        found.sort_unstable_by_key(|f| (f.0, f.1));
+        found.dedup_by_key(|f| f.0);
+        for f in found.iter().filter(|f| f.1 == NO_RANK) {
+            self.fps.prefetch_directory(f.0);
+        }
+        for f in found.iter_mut().filter(|f| f.1 == NO_RANK) {
+            f.2 = self.fps.candidates(f.0);
+            self.fps.prefetch_rank(f.2);
+        }
+        for f in found.iter_mut() {
+            if f.1 == NO_RANK {
+                // Every table holds the same values, so the rank is there; a miss would only
+                // skip the hit.
+                f.1 = self.fps.rank_in(f.2, f.0).map_or(NO_RANK, |r| r as u32);
+            }
+            if f.1 != NO_RANK {
+                self.docs.prefetch_rank(f.1 as usize);
+            }
+        }
+        for &(fp, rank, _) in found.iter().filter(|f| f.1 != NO_RANK) {
+            let distance = (fp ^ q).count_ones();
+            for pos in self.docs.range_of_rank(rank as usize) {
+                if !self.docs.is_deleted(pos) {
+                    out.push(Match { id: self.docs.id(pos), fp, distance, ts: self.docs.ts(pos) });
+                }
+            }
         }
     }
 
