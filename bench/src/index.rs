@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use neardup_core::codec::{BlockSearch, Codec, RunOptions};
+use neardup_core::codec::{BlockSearch, Codec, Layout, RunOptions};
 use neardup_core::index::QueryScratch;
 use neardup_core::util::SplitMix64;
 use neardup_core::{Design, Doc, Index, IndexConfig, Match};
@@ -55,6 +55,10 @@ pub struct IndexArgs {
     /// Block lookup: directory or interpolation.
     #[arg(long, default_value = "directory")]
     search: String,
+    /// In-memory layout of the tables: blocks (Huffman-coded, with --codec) or packed
+    /// (fixed-width low bits under a top-bits directory; no block options apply).
+    #[arg(long, default_value = "blocks")]
+    layout: String,
     /// Write sorted (u32 query, u32 id) little-endian pairs here (all queries).
     #[arg(long)]
     pairs: Option<PathBuf>,
@@ -136,16 +140,18 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
     let codec: Codec = args.codec.parse().map_err(|e: neardup_core::Error| e.to_string())?;
     let search: BlockSearch =
         args.search.parse().map_err(|e: neardup_core::Error| e.to_string())?;
+    let layout: Layout = args.layout.parse().map_err(|e: neardup_core::Error| e.to_string())?;
     let config = if args.design == "auto" {
         let mut c = IndexConfig::auto(n as u64, args.k, args.budget_mb * 1_000_000)
             .map_err(|e| e.to_string())?;
         c.run.search = search;
+        c.run.layout = layout;
         c
     } else {
         let design = Design::parse(&args.design).map_err(|e| e.to_string())?;
         IndexConfig {
             design,
-            run: RunOptions { codec, block_bytes: args.block_bytes, search },
+            run: RunOptions { codec, block_bytes: args.block_bytes, search, layout },
             ..IndexConfig::default()
         }
     };
@@ -368,6 +374,7 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
         "design": design.to_string(),
         "tables": design.tables().len(),
         "codec": format!("{codec:?}").to_lowercase(),
+        "layout": format!("{:?}", config.run.layout).to_lowercase(),
         "block_bytes": block_bytes,
         "search": format!("{search:?}").to_lowercase(),
         "build_seconds": build_seconds,

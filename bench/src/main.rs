@@ -1,6 +1,9 @@
 //! `neardup-bench`: benchmark programs that print figures, each with a baseline measured in
 //! the same run. See the README for the commands.
 
+// The index report is one large `json!` object.
+#![recursion_limit = "256"]
+
 mod bruteforce;
 mod designs;
 mod fingerprint;

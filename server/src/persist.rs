@@ -86,12 +86,13 @@ fn check_crc<'a>(v: &'a [u8], what: &str) -> Result<&'a [u8]> {
 pub fn write_run(s: &Spaces, sid: u64, run: &Run, design: &Design) -> Result<u64> {
     let mut bytes = 0u64;
     for t in 0..run.tables() {
-        let header = run.table_header(t);
+        let hx = run.stored_table(t)?;
+        let header = hx.header_bytes();
         let mut bb = 0usize;
         let mut chunk = 0u32;
         let mut buf: Vec<u8> = Vec::new();
         let mut in_chunk = 0;
-        for block in run.table_blocks(t) {
+        for block in (0..hx.blocks()).map(|b| hx.block_bytes(b)) {
             bb = block.len();
             buf.extend_from_slice(block);
             in_chunk += 1;
@@ -203,13 +204,14 @@ pub fn rewrite_tables(s: &Spaces, sid: u64, run: &Run, tables: &[usize]) -> Resu
         let mut to = from.clone();
         to.extend_from_slice(&[0xFF; 5]);
         s.run_blocks.remove_range(&from, &to)?;
-        let blocks: Vec<&[u8]> = run.table_blocks(t).collect();
+        let hx = run.stored_table(t)?;
+        let blocks: Vec<&[u8]> = (0..hx.blocks()).map(|b| hx.block_bytes(b)).collect();
         let bb = blocks.first().map_or(0, |b| b.len());
         for (chunk, group) in blocks.chunks(BLOCKS_PER_CHUNK).enumerate() {
             s.run_blocks.put(&chunk_key(sid, t, chunk as u32), &group.concat())?;
         }
         let mut v = (bb as u32).to_le_bytes().to_vec();
-        v.extend_from_slice(&run.table_header(t));
+        v.extend_from_slice(&hx.header_bytes());
         s.run_tables.put(&table_key(sid, t), &v)?;
     }
     Ok(())

@@ -61,6 +61,9 @@ pub struct IndexSection {
     pub block_bytes: usize,
     /// Block coding: `xor` (the paper's) or `gap` (about two bits a fingerprint smaller).
     pub codec: String,
+    /// Tables in memory: `blocks` (Huffman-XOR) or `packed` (fixed-width low bits under a
+    /// top-bits directory: faster lookups; stored on disk as blocks all the same).
+    pub layout: String,
 }
 
 /// The service's block size. Small blocks: a query decodes a few values per table instead
@@ -121,6 +124,7 @@ impl Default for IndexSection {
             max_runs: c.max_runs,
             block_bytes: SERVICE_BLOCK_BYTES,
             codec: "xor".into(),
+            layout: "blocks".into(),
         }
     }
 }
@@ -265,9 +269,15 @@ impl Config {
         let design = Design::parse(&self.index.design)
             .map_err(|e| format!("[index] design {:?}: {e}", self.index.design))?;
         let codec = self.index.codec.parse().map_err(|e| format!("[index] codec: {e}"))?;
+        let layout = self.index.layout.parse().map_err(|e| format!("[index] layout: {e}"))?;
         Ok(IndexConfig {
             design,
-            run: RunOptions { block_bytes: self.index.block_bytes, codec, ..RunOptions::default() },
+            run: RunOptions {
+                block_bytes: self.index.block_bytes,
+                codec,
+                layout,
+                ..RunOptions::default()
+            },
             buffer_docs: self.index.buffer_docs,
             merge_fanout: self.index.merge_fanout,
             max_runs: self.index.max_runs,

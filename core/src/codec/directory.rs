@@ -92,6 +92,19 @@ impl Directory {
         self.pair(self.bucket(key)).unwrap_or((0, 0))
     }
 
+    /// The entries of `lo`'s bucket and of the bucket after `hi`'s (`lo <= hi`); for a
+    /// directory of value positions, where the values with top bits from `lo`'s to `hi`'s
+    /// lie. One load when both are in one bucket.
+    #[inline(always)]
+    pub(crate) fn span(&self, lo: u64, hi: u64) -> (usize, usize) {
+        let (a, b) = (self.bucket(lo), self.bucket(hi));
+        if a == b {
+            self.pair(a).unwrap_or((0, 0))
+        } else {
+            (self.get(a).unwrap_or(0), self.get(b + 1).unwrap_or(0))
+        }
+    }
+
     /// Starts loading what [`blocks_for`](Self::blocks_for) `key` reads.
     #[inline(always)]
     pub(crate) fn prefetch(&self, key: u64) {

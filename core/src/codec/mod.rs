@@ -14,13 +14,21 @@
 //! verifies everything and rejects what it does not understand. A block's first value is its
 //! key, read from the block itself; a lookup finds the block it decodes through a directory
 //! on the top bits of the keys, or by interpolation over them ([`BlockSearch`]).
+//!
+//! In memory, a table may instead be a [`PackedRun`] ([`Layout::Packed`]): the bits below a
+//! top-bits directory, fixed-width, for lookups that decode nothing. [`SortedRun`] is either.
 
 mod aligned;
 mod directory;
 mod huffman;
+mod packed;
 mod run;
+mod sorted;
 
 pub use huffman::{Huffman, MAX_CODE_LEN};
+pub use packed::PackedRun;
 pub use run::{
-    BlockSearch, Codec, FORMAT_VERSION, HEADER_BYTES, HxRun, Lane, NO_RANK, RunOptions, scan_lanes,
+    BlockSearch, Codec, FORMAT_VERSION, HEADER_BYTES, HxRun, Lane, Layout, NO_RANK, RunOptions,
+    scan_lanes,
 };
+pub use sorted::SortedRun;

@@ -132,20 +132,53 @@ impl std::str::FromStr for BlockSearch {
     }
 }
 
+/// How a run is laid out in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Layout {
+    /// Huffman-XOR blocks ([`HxRun`]), coded with [`RunOptions::codec`]. The default.
+    #[default]
+    Blocks,
+    /// Fixed-width low bits under a top-bits directory
+    /// ([`PackedRun`](crate::codec::PackedRun)): a few bits a value larger than the
+    /// blocks with the gap code, and several times fewer instructions a lookup. Stored on
+    /// disk as blocks all the same.
+    Packed,
+}
+
+impl std::str::FromStr for Layout {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Layout> {
+        match s {
+            "blocks" => Ok(Layout::Blocks),
+            "packed" => Ok(Layout::Packed),
+            _ => Err(Error::InvalidConfig(format!(
+                "unknown layout {s:?}: expected blocks or packed"
+            ))),
+        }
+    }
+}
+
 /// Options for encoding a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RunOptions {
-    /// Value coding.
+    /// Value coding of the blocks (stored runs, and in memory with [`Layout::Blocks`]).
     pub codec: Codec,
     /// Block size in bytes (32 ..= 8192).
     pub block_bytes: usize,
     /// Block lookup method.
     pub search: BlockSearch,
+    /// In-memory layout of an index's tables.
+    pub layout: Layout,
 }
 
 impl Default for RunOptions {
     fn default() -> Self {
-        RunOptions { codec: Codec::Xor, block_bytes: 1024, search: BlockSearch::Directory }
+        RunOptions {
+            codec: Codec::Xor,
+            block_bytes: 1024,
+            search: BlockSearch::Directory,
+            layout: Layout::Blocks,
+        }
     }
 }
 
@@ -1076,7 +1109,7 @@ impl HxRun {
         let mut lengths = [0u8; SYMBOLS];
         lengths.copy_from_slice(&h[24..24 + SYMBOLS]);
         let huffman = Huffman::from_lengths(&lengths)?;
-        let opts = RunOptions { codec, block_bytes, search: BlockSearch::Directory };
+        let opts = RunOptions { codec, block_bytes, ..RunOptions::default() };
         opts.validate().map_err(|e| Error::corrupt(format!("run header: {e}")))?;
         if len > u32::MAX as usize || blocks > len {
             return Err(Error::corrupt("run header counts are impossible"));
@@ -1172,7 +1205,7 @@ mod tests {
         for codec in [Codec::Xor, Codec::Gap] {
             for block_bytes in [32, 100, 1024, 4096] {
                 for search in [BlockSearch::Directory, BlockSearch::Interpolation] {
-                    out.push(RunOptions { codec, block_bytes, search });
+                    out.push(RunOptions { codec, block_bytes, search, ..RunOptions::default() });
                 }
             }
         }

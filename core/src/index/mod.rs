@@ -29,7 +29,7 @@ use run::BuildContext;
 pub use run::{Run, StoredTable};
 use table::CrowdPolicy;
 
-use crate::codec::{BlockSearch, Codec, RunOptions};
+use crate::codec::{Codec, RunOptions};
 use crate::design::{Design, Layout};
 use crate::error::{Error, Result};
 
@@ -163,7 +163,7 @@ impl IndexConfig {
         };
         Ok(IndexConfig {
             design,
-            run: RunOptions { codec, block_bytes, search: BlockSearch::Directory },
+            run: RunOptions { codec, block_bytes, ..RunOptions::default() },
             ..IndexConfig::default()
         })
     }

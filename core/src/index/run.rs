@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use super::docs::DocStore;
 use super::table::{CrowdPolicy, NO_RANK, TableRun};
 use super::{Doc, Match, QueryScratch};
-use crate::codec::{HxRun, RunOptions};
+use crate::codec::{HxRun, Layout, RunOptions, SortedRun};
 use crate::design::{Design, TableSpec};
 use crate::error::{Error, Result};
 use crate::permute::VisitMap;
@@ -35,9 +35,9 @@ const META_VERSION: u16 = 1;
 /// One table of a stored run: its compressed run's header and blocks, as stored.
 #[derive(Debug, Clone, Copy)]
 pub struct StoredTable<'a> {
-    /// The header from [`Run::table_header`].
+    /// The header of the run from [`Run::stored_table`].
     pub header: &'a [u8],
-    /// The blocks from [`Run::table_blocks`], in order.
+    /// Its blocks, in order.
     pub blocks: &'a [&'a [u8]],
 }
 
@@ -46,9 +46,11 @@ pub struct StoredTable<'a> {
 pub struct Run {
     id: u64,
     /// Distinct fingerprints in identity order; shared with the identity table.
-    fps: Arc<HxRun>,
+    fps: Arc<SortedRun>,
     docs: DocStore,
     tables: Vec<TableRun>,
+    /// How the tables are laid out in memory, and how they are stored.
+    opts: RunOptions,
 }
 
 impl Run {
@@ -71,7 +73,7 @@ impl Run {
         ctx: &BuildContext,
         fill: impl Fn(usize, &TableSpec, &[u64], &mut Vec<u64>, &mut Vec<u64>) + Sync,
     ) -> Result<Run> {
-        let fps = Arc::new(HxRun::encode(&distinct, ctx.opts)?);
+        let fps = Arc::new(SortedRun::encode(&distinct, ctx.opts)?);
         let build = |t: usize, v: &mut Vec<u64>, tmp: &mut Vec<u64>| -> Result<TableRun> {
             let spec = &ctx.design.tables()[t];
             if spec.perm.is_identity() {
@@ -99,7 +101,7 @@ impl Run {
             let (mut values, mut tmp) = (Vec::new(), Vec::new());
             (0..n).map(|t| build(t, &mut values, &mut tmp)).collect::<Result<Vec<_>>>()?
         };
-        Ok(Run { id, fps, docs, tables })
+        Ok(Run { id, fps, docs, tables, opts: ctx.opts })
     }
 
     /// Merges runs (oldest first) into one, dropping deleted documents. Every source is
@@ -280,8 +282,7 @@ impl Run {
             self.fps.prefetch_directory(f.0);
         }
         for f in found.iter_mut().filter(|f| f.1 == NO_RANK) {
-            f.2 = self.fps.candidates(f.0);
-            self.fps.prefetch_rank(f.2);
+            f.2 = self.fps.rank_candidates(f.0);
         }
         for f in found.iter_mut() {
             if f.1 == NO_RANK {
@@ -304,8 +305,8 @@ impl Run {
     }
 
     /// The run's metadata record: ids, counts, the design it was built for, the document
-    /// columns, and a CRC-32. Together with every table's [`table_header`](Self::table_header)
-    /// and [`table_blocks`](Self::table_blocks) it is everything [`Run::load`] needs.
+    /// columns, and a CRC-32. Together with every table's
+    /// [`stored_table`](Self::stored_table) it is everything [`Run::load`] needs.
     /// Deletion marks are not included: see [`deleted_positions`](Self::deleted_positions).
     pub fn meta_bytes(&self, design: &Design) -> Vec<u8> {
         let text = design.to_string();
@@ -330,15 +331,11 @@ impl Run {
         self.tables.len()
     }
 
-    /// The header of table `t`'s compressed run.
-    pub fn table_header(&self, t: usize) -> [u8; crate::codec::HEADER_BYTES] {
-        self.tables[t].hx.header_bytes()
-    }
-
-    /// The blocks of table `t`'s compressed run, in order.
-    pub fn table_blocks(&self, t: usize) -> impl ExactSizeIterator<Item = &[u8]> {
-        let hx = &self.tables[t].hx;
-        (0..hx.blocks()).map(move |b| hx.block_bytes(b))
+    /// Table `t` as it is stored: its Huffman-XOR run, whose
+    /// [`header_bytes`](HxRun::header_bytes) and [`block_bytes`](HxRun::block_bytes) go to
+    /// disk. Tables laid out in blocks are stored as they are; packed ones are encoded here.
+    pub fn stored_table(&self, t: usize) -> Result<std::borrow::Cow<'_, HxRun>> {
+        self.tables[t].hx.stored(self.opts)
     }
 
     /// Marks documents deleted by position (as returned by
@@ -407,11 +404,13 @@ impl Run {
         let mut decoded: Vec<Option<HxRun>> =
             decoded.into_iter().map(|d| d.filter(|hx| usable(hx))).collect();
         let mut rebuilt = Vec::new();
+        let packed = ctx.opts.layout == Layout::Packed;
         let fps = Arc::new(match decoded.first_mut().and_then(Option::take) {
-            Some(hx) => hx,
+            Some(hx) if !packed => SortedRun::Blocks(hx),
+            Some(_) => SortedRun::encode(&fps_sorted, ctx.opts)?,
             None => {
                 rebuilt.push(0);
-                HxRun::encode(&fps_sorted, ctx.opts)?
+                SortedRun::encode(&fps_sorted, ctx.opts)?
             }
         });
         let mut built = Vec::with_capacity(ctx.design.tables().len());
@@ -432,14 +431,9 @@ impl Run {
                     Some(mut hx) => {
                         hx.drop_ranks();
                         let v = hx.to_vec();
-                        TableRun::build(
-                            &v,
-                            Some(Arc::new(hx)),
-                            spec.prefix_bits,
-                            ctx.opts,
-                            &ctx.policy,
-                            0,
-                        )?
+                        // Kept as it is, or packed from its values.
+                        let run = (!packed).then(|| Arc::new(SortedRun::Blocks(hx)));
+                        TableRun::build(&v, run, spec.prefix_bits, ctx.opts, &ctx.policy, 0)?
                     }
                     None => {
                         rebuilt.push(t);
@@ -451,7 +445,7 @@ impl Run {
             };
             built.push(table);
         }
-        Ok((Run { id, fps, docs, tables: built }, rebuilt))
+        Ok((Run { id, fps, docs, tables: built, opts: ctx.opts }, rebuilt))
     }
 
     fn parse_meta(meta: &[u8]) -> Result<(u64, usize, usize, String, DocStore)> {

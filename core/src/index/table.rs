@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use crate::codec::{HxRun, RunOptions};
+use crate::codec::{RunOptions, SortedRun};
 use crate::design::{Design, Level};
 use crate::error::Result;
 use crate::permute::{BitRange, Permutation};
@@ -35,7 +35,7 @@ pub(crate) struct CrowdPolicy {
 /// A sorted, compressed table of permuted fingerprints.
 #[derive(Debug)]
 pub(crate) struct TableRun {
-    pub(crate) hx: Arc<HxRun>,
+    pub(crate) hx: Arc<SortedRun>,
     prefix_bits: u32,
     /// Sub-indexes of crowded buckets, by prefix.
     crowded: Vec<Crowded>,
@@ -73,7 +73,7 @@ impl TableRun {
     /// document store's).
     pub(crate) fn build(
         sorted: &[u64],
-        hx: Option<Arc<HxRun>>,
+        hx: Option<Arc<SortedRun>>,
         prefix_bits: u32,
         opts: RunOptions,
         policy: &CrowdPolicy,
@@ -83,7 +83,7 @@ impl TableRun {
             Some(hx) => hx,
             None => {
                 // Only the document store's key column (passed in) needs ranks.
-                let mut hx = HxRun::encode(sorted, opts)?;
+                let mut hx = SortedRun::encode(sorted, opts)?;
                 hx.drop_ranks();
                 Arc::new(hx)
             }
@@ -178,12 +178,11 @@ impl TableRun {
         self.hx.prefetch_directory(prefix_range(pq, self.prefix_bits).0)
     }
 
-    /// Stage 2: the candidate blocks for `pq` (one directory load), whose loading it starts.
+    /// Stage 2: where `pq`'s bucket lies (one directory load), whose loading it starts.
     #[inline(always)]
     pub(crate) fn candidates(&self, pq: u64) -> (usize, usize) {
-        let c = self.hx.candidates(prefix_range(pq, self.prefix_bits).0);
-        self.hx.prefetch_blocks(c);
-        c
+        let (lo, hi) = prefix_range(pq, self.prefix_bits);
+        self.hx.candidates(lo, hi)
     }
 
     /// Stage 3: probes this table for the permuted query `pq`: scans its prefix bucket, or,

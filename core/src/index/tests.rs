@@ -2,7 +2,7 @@
 //! data, for every k up to the design's, with inserts, deletes and merges interleaved.
 
 use super::*;
-use crate::codec::{BlockSearch, Codec};
+use crate::codec::{BlockSearch, Codec, Layout};
 use crate::util::SplitMix64;
 
 /// Ground truth: a plain list of live documents.
@@ -163,7 +163,7 @@ fn exercise(config: IndexConfig, shape: Shape, seed: u64, steps: usize) -> Index
 fn small_config(design: &str) -> IndexConfig {
     IndexConfig {
         design: Design::parse(design).unwrap(),
-        run: RunOptions { codec: Codec::Xor, block_bytes: 64, search: BlockSearch::Directory },
+        run: RunOptions { codec: Codec::Xor, block_bytes: 64, ..RunOptions::default() },
         buffer_docs: 32,
         merge_fanout: 3,
         max_runs: 5,
@@ -186,6 +186,21 @@ fn exact_under_interleaved_writes_every_design_and_shape() {
     }
 }
 
+/// The packed layout, on the designs and shapes above, with the merges of both kinds.
+#[test]
+fn exact_with_the_packed_layout() {
+    for (i, design) in ["paper-4", "paper-10", "paper-16", "8c2"].iter().enumerate() {
+        for (j, shape) in
+            [Shape::Uniform, Shape::Clustered, Shape::CrowdedPrefix].into_iter().enumerate()
+        {
+            let mut c = small_config(design);
+            c.run.layout = Layout::Packed;
+            c.auto_merge = j != 1;
+            exercise(c, shape, (i * 10 + j) as u64 + 500, 250);
+        }
+    }
+}
+
 #[test]
 fn exact_with_background_merges_and_other_codecs() {
     for (codec, search, bb) in [
@@ -195,7 +210,7 @@ fn exact_with_background_merges_and_other_codecs() {
     ] {
         for shape in [Shape::Uniform, Shape::Clustered, Shape::CrowdedPrefix] {
             let mut c = small_config("paper-10");
-            c.run = RunOptions { codec, block_bytes: bb, search };
+            c.run = RunOptions { codec, block_bytes: bb, search, ..RunOptions::default() };
             c.auto_merge = false;
             exercise(c, shape, 99, 300);
         }
@@ -213,24 +228,27 @@ fn crowded_prefixes_get_sub_indexes_and_stay_exact() {
             Doc { id, fp, ts: 0 }
         })
         .collect();
-    let mut config = IndexConfig { parallel_build: false, ..IndexConfig::default() };
-    config.design = Design::parse("paper-4").unwrap();
-    let index = Index::build(config, &docs).unwrap();
-    let mem = index.memory();
-    // Table 0 leads with bits 0..16, inside the shared 30: one huge bucket.
-    assert!(mem.tables[0].crowded_buckets >= 1, "{mem:?}");
-    assert!(mem.tables[0].crowded_entries >= 4000);
     let model = Model { docs };
-    let mut g2 = Gen::new(6, Shape::Uniform);
-    for k in 0..=3 {
-        for i in 0..300 {
-            let q = if i % 2 == 0 {
-                base | (g2.rng.next_u64() >> 30)
-            } else {
-                let d = model.docs[(i * 37) % model.docs.len()];
-                g2.rng.flip_bits(d.fp, k)
-            };
-            assert_eq!(index.query(q, k).unwrap(), model.query(q, k), "k={k}");
+    for layout in [Layout::Blocks, Layout::Packed] {
+        let mut config = IndexConfig { parallel_build: false, ..IndexConfig::default() };
+        config.design = Design::parse("paper-4").unwrap();
+        config.run.layout = layout;
+        let index = Index::build(config, &model.docs).unwrap();
+        let mem = index.memory();
+        // Table 0 leads with bits 0..16, inside the shared 30: one huge bucket.
+        assert!(mem.tables[0].crowded_buckets >= 1, "{mem:?}");
+        assert!(mem.tables[0].crowded_entries >= 4000);
+        let mut g2 = Gen::new(6, Shape::Uniform);
+        for k in 0..=3 {
+            for i in 0..300 {
+                let q = if i % 2 == 0 {
+                    base | (g2.rng.next_u64() >> 30)
+                } else {
+                    let d = model.docs[(i * 37) % model.docs.len()];
+                    g2.rng.flip_bits(d.fp, k)
+                };
+                assert_eq!(index.query(q, k).unwrap(), model.query(q, k), "k={k} {layout:?}");
+            }
         }
     }
 }
@@ -280,15 +298,21 @@ fn bad_config_is_rejected() {
 fn memory_report_counts_every_table() {
     let mut g = Gen::new(3, Shape::Uniform);
     let docs: Vec<Doc> = (0..50_000).map(|_| g.doc()).collect();
-    let index = Index::build(IndexConfig::default(), &docs).unwrap();
-    let m = index.memory();
-    assert_eq!(m.tables.len(), 10);
     let floor = 64.0 - (50_000f64).log2() + 1.44;
-    for t in &m.tables {
-        assert_eq!(t.entries, 50_000);
-        assert!(t.bits_per_fp > floor && t.bits_per_fp < floor + 4.0, "{t:?}");
+    // Blocks land within 4 bits of the floor; the packed layout within 6 (49 bits stored a
+    // value at 50,000, and a directory of 2^15 entries).
+    for (layout, over) in [(Layout::Blocks, 4.0), (Layout::Packed, 6.0)] {
+        let mut config = IndexConfig::default();
+        config.run.layout = layout;
+        let index = Index::build(config, &docs).unwrap();
+        let m = index.memory();
+        assert_eq!(m.tables.len(), 10);
+        for t in &m.tables {
+            assert_eq!(t.entries, 50_000);
+            assert!(t.bits_per_fp > floor && t.bits_per_fp < floor + over, "{layout:?} {t:?}");
+        }
+        assert!(m.total_bytes > m.tables.iter().map(|t| t.bytes).sum::<usize>() + m.doc_bytes - 1);
     }
-    assert!(m.total_bytes > m.tables.iter().map(|t| t.bytes).sum::<usize>() + m.doc_bytes - 1);
 }
 
 /// Stores every run of an index as bytes, damages some, and loads them into a new index.
@@ -303,7 +327,11 @@ fn save_and_load(
         let meta = run.meta_bytes(index.design());
         let mut tables: Vec<(Vec<u8>, Vec<Vec<u8>>)> = (0..run.tables())
             .map(|t| {
-                (run.table_header(t).to_vec(), run.table_blocks(t).map(<[u8]>::to_vec).collect())
+                let hx = run.stored_table(t).unwrap();
+                (
+                    hx.header_bytes().to_vec(),
+                    (0..hx.blocks()).map(|b| hx.block_bytes(b).to_vec()).collect(),
+                )
             })
             .collect();
         for (t, (_, blocks)) in tables.iter_mut().enumerate() {
@@ -330,9 +358,14 @@ fn save_and_load(
 
 #[test]
 fn runs_survive_storage_and_damaged_tables_are_rebuilt() {
-    for shape in [Shape::Uniform, Shape::CrowdedPrefix] {
+    for (shape, layout) in [
+        (Shape::Uniform, Layout::Blocks),
+        (Shape::CrowdedPrefix, Layout::Blocks),
+        (Shape::CrowdedPrefix, Layout::Packed),
+    ] {
         let mut c = small_config("paper-10");
         c.auto_merge = true;
+        c.run.layout = layout;
         let index = exercise(c, shape, 17, 150);
         assert!(!index.runs().is_empty());
         let mut g = Gen::new(4, shape);
@@ -364,9 +397,10 @@ fn damaged_metadata_or_every_table_is_an_error() {
     let docs: Vec<Doc> = (0..3000).map(|_| g.doc()).collect();
     let index = Index::build(small_config("paper-4"), &docs).unwrap();
     let run = &index.runs()[0];
-    let headers: Vec<Vec<u8>> = (0..run.tables()).map(|t| run.table_header(t).to_vec()).collect();
+    let hx: Vec<_> = (0..run.tables()).map(|t| run.stored_table(t).unwrap()).collect();
+    let headers: Vec<Vec<u8>> = hx.iter().map(|h| h.header_bytes().to_vec()).collect();
     let blocks: Vec<Vec<&[u8]>> =
-        (0..run.tables()).map(|t| run.table_blocks(t).collect()).collect();
+        hx.iter().map(|h| (0..h.blocks()).map(|b| h.block_bytes(b)).collect()).collect();
     let stored: Vec<StoredTable<'_>> =
         headers.iter().zip(&blocks).map(|(h, b)| StoredTable { header: h, blocks: b }).collect();
     let meta = run.meta_bytes(index.design());
