@@ -92,7 +92,7 @@ pub fn write_run(s: &Spaces, sid: u64, run: &Run, design: &Design) -> Result<u64
         let mut chunk = 0u32;
         let mut buf: Vec<u8> = Vec::new();
         let mut in_chunk = 0;
-        for block in (0..hx.blocks()).map(|b| hx.block_bytes(b)) {
+        for block in hx.block_slices() {
             bb = block.len();
             buf.extend_from_slice(block);
             in_chunk += 1;
@@ -205,7 +205,7 @@ pub fn rewrite_tables(s: &Spaces, sid: u64, run: &Run, tables: &[usize]) -> Resu
         to.extend_from_slice(&[0xFF; 5]);
         s.run_blocks.remove_range(&from, &to)?;
         let hx = run.stored_table(t)?;
-        let blocks: Vec<&[u8]> = (0..hx.blocks()).map(|b| hx.block_bytes(b)).collect();
+        let blocks: Vec<&[u8]> = hx.block_slices().collect();
         let bb = blocks.first().map_or(0, |b| b.len());
         for (chunk, group) in blocks.chunks(BLOCKS_PER_CHUNK).enumerate() {
             s.run_blocks.put(&chunk_key(sid, t, chunk as u32), &group.concat())?;

@@ -62,7 +62,7 @@ impl Directory {
 
     /// Entry `t`, if there is one.
     #[inline(always)]
-    fn get(&self, t: usize) -> Option<usize> {
+    pub(crate) fn get(&self, t: usize) -> Option<usize> {
         let off = *self.off.get(t)?;
         let base = *self.base.get(t / GROUP)?;
         if base & WIDE == 0 {

@@ -105,11 +105,6 @@ impl PackedRun {
         self.len == 0
     }
 
-    /// Bits stored per value, not counting the directory.
-    pub fn width(&self) -> u32 {
-        self.width
-    }
-
     /// Bytes of memory this run holds (values and directory).
     pub fn heap_bytes(&self) -> usize {
         self.data.capacity() + self.dir.heap_bytes() + std::mem::size_of::<Self>()
@@ -227,7 +222,7 @@ impl PackedRun {
                 if t > last {
                     return;
                 }
-                next = self.dir.span(self.top(t), self.top(t)).1;
+                next = self.dir.get(t + 1).unwrap_or(self.len);
             }
             let v = self.top(t) | self.low(i);
             if v > hi {
@@ -236,12 +231,6 @@ impl PackedRun {
             visit(v, i);
             i += 1;
         }
-    }
-
-    /// Starts loading what [`rank_in`](Self::rank_in) reads at `candidates`.
-    #[inline(always)]
-    pub fn prefetch_rank(&self, candidates: (usize, usize)) {
-        self.prefetch_candidates(candidates);
     }
 
     /// The rank (position in sorted order) of `value`, searching the positions
@@ -270,11 +259,7 @@ impl PackedRun {
         let (mut a, mut b) = (0usize, self.bucket(u64::MAX));
         while a < b {
             let mid = (a + b).div_ceil(2);
-            if self.dir.span(self.top(mid), self.top(mid)).0 <= rank {
-                a = mid
-            } else {
-                b = mid - 1
-            }
+            if self.dir.get(mid).is_some_and(|e| e <= rank) { a = mid } else { b = mid - 1 }
         }
         Some(self.top(a) | self.low(rank))
     }

@@ -941,14 +941,14 @@ impl HxRun {
         self.opts.codec
     }
 
-    /// Stage 2 of a staged [`rank_of`](Self::rank_of) (after [`prefetch_directory`] and
-    /// [`candidates`]): starts loading the candidate blocks and the ranks of the first.
+    /// Stage 2 of a staged [`rank_of`](Self::rank_of), beside
+    /// [`prefetch_blocks`](Self::prefetch_blocks) (after [`prefetch_directory`] and
+    /// [`candidates`]): starts loading the rank of the first candidate block.
     ///
     /// [`prefetch_directory`]: Self::prefetch_directory
     /// [`candidates`]: Self::candidates
     #[inline(always)]
     pub fn prefetch_rank(&self, candidates: (usize, usize)) {
-        self.prefetch_blocks(candidates);
         prefetch(&self.ranks, candidates.0);
     }
 
@@ -1055,10 +1055,9 @@ impl HxRun {
         h
     }
 
-    /// The bytes of block `b` (exactly the block size).
-    pub fn block_bytes(&self, b: usize) -> &[u8] {
-        let bb = self.opts.block_bytes;
-        &self.data[b * bb..(b + 1) * bb]
+    /// The bytes of every block, in order (each exactly the block size).
+    pub fn block_slices(&self) -> impl ExactSizeIterator<Item = &[u8]> {
+        self.data[..self.data.len() - SLACK].chunks_exact(self.opts.block_bytes)
     }
 
     /// The whole run as bytes: header, then every block.

@@ -23,10 +23,13 @@ pub enum SortedRun {
 impl SortedRun {
     /// Lays out strictly increasing `values` as `opts` says.
     pub fn encode(values: &[u64], opts: RunOptions) -> Result<SortedRun> {
-        opts.validate()?;
         Ok(match opts.layout {
             Layout::Blocks => SortedRun::Blocks(HxRun::encode(values, opts)?),
-            Layout::Packed => SortedRun::Packed(PackedRun::encode(values)?),
+            Layout::Packed => {
+                // The block options still say how the run is stored.
+                opts.validate()?;
+                SortedRun::Packed(PackedRun::encode(values)?)
+            }
         })
     }
 
@@ -108,18 +111,12 @@ impl SortedRun {
     /// where the rank of `value` is searched, whose loading it starts.
     #[inline(always)]
     pub fn rank_candidates(&self, value: u64) -> (usize, usize) {
-        match self {
-            SortedRun::Blocks(hx) => {
-                let c = hx.candidates(value);
-                hx.prefetch_rank(c);
-                c
-            }
-            SortedRun::Packed(p) => {
-                let c = p.candidates(value, value);
-                p.prefetch_rank(c);
-                c
-            }
+        let c = self.candidates(value, value);
+        // A packed run's ranks are its positions; blocks keep theirs apart.
+        if let SortedRun::Blocks(hx) = self {
+            hx.prefetch_rank(c);
         }
+        c
     }
 
     /// Stage 3 of a staged [`rank_of`](Self::rank_of): the rank of `value`, searching where

@@ -188,12 +188,12 @@ impl IndexConfig {
 pub struct QueryScratch {
     /// The query, permuted for each table.
     pqs: Vec<u64>,
-    /// Each table's candidate blocks.
+    /// Where each table searches: candidate blocks, or a bucket's positions when packed.
     cands: Vec<(usize, usize)>,
     /// `(value in its table's space, rank, index into the probed tables)`.
     hits: Vec<(u64, u32, u32)>,
-    /// `(fingerprint, rank or NO_RANK, candidate blocks of the document store for its
-    /// rank)`, one per fingerprint hit.
+    /// `(fingerprint, rank or NO_RANK, where the key column searches for its rank)`, one
+    /// per fingerprint hit.
     found: Vec<(u64, u32, (usize, usize))>,
 }
 

@@ -235,10 +235,11 @@ impl Run {
     /// the cache misses of all tables overlap. Each stage reads what the one before started
     /// loading:
     /// 1. permute the query for every table and start loading the directory entries;
-    /// 2. read them and start loading the first candidate blocks;
-    /// 3. search and decode the blocks, turn the hits back into fingerprints (one each), and
-    ///    for those without a rank start loading the document store's directory entry;
-    /// 4. for those, read it and start loading the block and its rank;
+    /// 2. read them and start loading the candidates (the first blocks, or the bucket's
+    ///    values when packed);
+    /// 3. search the candidates, turn the hits back into fingerprints (one each), and for
+    ///    those without a rank start loading the key column's directory entry;
+    /// 4. for those, read it and start loading their candidates in the key column;
     /// 5. find those ranks, and start loading every hit's documents;
     /// 6. append the live documents.
     pub(crate) fn query(
@@ -332,7 +333,7 @@ impl Run {
     }
 
     /// Table `t` as it is stored: its Huffman-XOR run, whose
-    /// [`header_bytes`](HxRun::header_bytes) and [`block_bytes`](HxRun::block_bytes) go to
+    /// [`header_bytes`](HxRun::header_bytes) and [`block_slices`](HxRun::block_slices) go to
     /// disk. Tables laid out in blocks are stored as they are; packed ones are encoded here.
     pub fn stored_table(&self, t: usize) -> Result<std::borrow::Cow<'_, HxRun>> {
         self.tables[t].hx.stored(self.opts)
@@ -407,9 +408,10 @@ impl Run {
         let packed = ctx.opts.layout == Layout::Packed;
         let fps = Arc::new(match decoded.first_mut().and_then(Option::take) {
             Some(hx) if !packed => SortedRun::Blocks(hx),
-            Some(_) => SortedRun::encode(&fps_sorted, ctx.opts)?,
-            None => {
-                rebuilt.push(0);
+            intact => {
+                if intact.is_none() {
+                    rebuilt.push(0);
+                }
                 SortedRun::encode(&fps_sorted, ctx.opts)?
             }
         });

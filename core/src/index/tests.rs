@@ -328,10 +328,7 @@ fn save_and_load(
         let mut tables: Vec<(Vec<u8>, Vec<Vec<u8>>)> = (0..run.tables())
             .map(|t| {
                 let hx = run.stored_table(t).unwrap();
-                (
-                    hx.header_bytes().to_vec(),
-                    (0..hx.blocks()).map(|b| hx.block_bytes(b).to_vec()).collect(),
-                )
+                (hx.header_bytes().to_vec(), hx.block_slices().map(<[u8]>::to_vec).collect())
             })
             .collect();
         for (t, (_, blocks)) in tables.iter_mut().enumerate() {
@@ -399,8 +396,7 @@ fn damaged_metadata_or_every_table_is_an_error() {
     let run = &index.runs()[0];
     let hx: Vec<_> = (0..run.tables()).map(|t| run.stored_table(t).unwrap()).collect();
     let headers: Vec<Vec<u8>> = hx.iter().map(|h| h.header_bytes().to_vec()).collect();
-    let blocks: Vec<Vec<&[u8]>> =
-        hx.iter().map(|h| (0..h.blocks()).map(|b| h.block_bytes(b)).collect()).collect();
+    let blocks: Vec<Vec<&[u8]>> = hx.iter().map(|h| h.block_slices().collect()).collect();
     let stored: Vec<StoredTable<'_>> =
         headers.iter().zip(&blocks).map(|(h, b)| StoredTable { header: h, blocks: b }).collect();
     let meta = run.meta_bytes(index.design());
