@@ -186,10 +186,9 @@ impl IndexConfig {
 /// Reusable buffers for queries, so a hot loop allocates nothing.
 #[derive(Debug, Default)]
 pub struct QueryScratch {
-    /// The query, permuted for each table.
-    pqs: Vec<u64>,
-    /// Where each table searches: candidate blocks, or a bucket's positions when packed.
-    cands: Vec<(usize, usize)>,
+    /// Per probed table: the query permuted for it, and where the table searches for it
+    /// (candidate blocks, or a bucket's positions when packed).
+    probes: Vec<(u64, (usize, usize))>,
     /// `(value in its table's space, rank, index into the probed tables)`.
     hits: Vec<(u64, u32, u32)>,
     /// `(fingerprint, rank or NO_RANK, where the key column searches for its rank)`, one

@@ -53,6 +53,10 @@ pub struct Run {
     opts: RunOptions,
 }
 
+/// Up to this many hits in a query's tables are merged per fingerprint one by one, more
+/// by sorting.
+const FEW_HITS: usize = 16;
+
 impl Run {
     /// Builds a run from documents in insertion order.
     pub(crate) fn build(id: u64, docs: &[Doc], ctx: &BuildContext) -> Result<Run> {
@@ -251,34 +255,42 @@ impl Run {
         scratch: &mut QueryScratch,
         out: &mut Vec<Match>,
     ) {
-        let QueryScratch { pqs, cands, hits, found } = scratch;
+        let QueryScratch { probes, hits, found } = scratch;
         let specs = design.tables();
-        pqs.clear();
+        probes.clear();
         for &t in tables {
             let pq = specs[t].perm.apply(q);
             self.tables[t].prefetch_directory(pq);
-            pqs.push(pq);
+            probes.push((pq, (0, 0)));
         }
-        cands.clear();
-        for (&t, &pq) in tables.iter().zip(pqs.iter()) {
-            cands.push(self.tables[t].candidates(pq));
+        for (&t, (pq, c)) in tables.iter().zip(probes.iter_mut()) {
+            *c = self.tables[t].candidates(*pq);
         }
         hits.clear();
-        for (i, (&t, (&pq, &c))) in tables.iter().zip(pqs.iter().zip(cands.iter())).enumerate() {
+        for (i, (&t, &(pq, c))) in tables.iter().zip(probes.iter()).enumerate() {
             self.tables[t].probe(pq, c, k, i as u32, hits);
         }
         if hits.is_empty() {
             return;
         }
-        // One entry per fingerprint, preferring one with its rank (from the identity table).
+        // One entry per fingerprint, preferring one with its rank (from the identity table;
+        // NO_RANK is the largest). A fingerprint is usually hit in several tables, by one
+        // fingerprint or a few: merging them as they come beats sorting, up to a handful.
         found.clear();
+        let few = hits.len() <= FEW_HITS;
         for &(v, rank, tag) in hits.iter() {
             let perm = &specs[tables[tag as usize]].perm;
             let hit = if perm.is_identity() { (v, rank) } else { (perm.invert(v), NO_RANK) };
-            found.push((hit.0, hit.1, (0, 0)));
+            let seen = if few { found.iter_mut().find(|f| f.0 == hit.0) } else { None };
+            match seen {
+                Some(f) => f.1 = f.1.min(hit.1),
+                None => found.push((hit.0, hit.1, (0, 0))),
+            }
         }
-        found.sort_unstable_by_key(|f| (f.0, f.1));
-        found.dedup_by_key(|f| f.0);
+        if !few {
+            found.sort_unstable_by_key(|f| (f.0, f.1));
+            found.dedup_by_key(|f| f.0);
+        }
         for f in found.iter().filter(|f| f.1 == NO_RANK) {
             self.fps.prefetch_directory(f.0);
         }

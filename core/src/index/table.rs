@@ -37,6 +37,8 @@ pub(crate) struct CrowdPolicy {
 pub(crate) struct TableRun {
     pub(crate) hx: Arc<SortedRun>,
     prefix_bits: u32,
+    /// The bits below the prefix: a query's bucket is `[pq & !low, pq | low]`.
+    low: u64,
     /// Sub-indexes of crowded buckets, by prefix.
     crowded: Vec<Crowded>,
 }
@@ -134,7 +136,8 @@ impl TableRun {
                 }
             }
         }
-        Ok(TableRun { hx, prefix_bits, crowded })
+        let low = prefix_range(0, prefix_bits).1;
+        Ok(TableRun { hx, prefix_bits, low, crowded })
     }
 
     fn sub_index(
@@ -175,14 +178,13 @@ impl TableRun {
     /// Stage 1 of a probe: starts loading the directory entry for `pq`.
     #[inline(always)]
     pub(crate) fn prefetch_directory(&self, pq: u64) {
-        self.hx.prefetch_directory(prefix_range(pq, self.prefix_bits).0)
+        self.hx.prefetch_directory(pq & !self.low)
     }
 
     /// Stage 2: where `pq`'s bucket lies (one directory load), whose loading it starts.
     #[inline(always)]
     pub(crate) fn candidates(&self, pq: u64) -> (usize, usize) {
-        let (lo, hi) = prefix_range(pq, self.prefix_bits);
-        self.hx.candidates(lo, hi)
+        self.hx.candidates(pq & !self.low, pq | self.low)
     }
 
     /// Stage 3: probes this table for the permuted query `pq`: scans its prefix bucket, or,
@@ -198,15 +200,14 @@ impl TableRun {
         tag: u32,
         hits: &mut Vec<(u64, u32, u32)>,
     ) {
-        let p = self.prefix_bits;
         if !self.crowded.is_empty() {
-            let prefix = pq >> (64 - p);
+            let prefix = pq >> (64 - self.prefix_bits);
             if let Ok(i) = self.crowded.binary_search_by_key(&prefix, |c| c.prefix) {
                 self.probe_crowded(&self.crowded[i], pq, k, tag, hits);
                 return;
             }
         }
-        self.hx.probe(candidates, prefix_range(pq, p), pq, k, tag, hits);
+        self.hx.probe(candidates, (pq & !self.low, pq | self.low), pq, k, tag, hits);
     }
 
     /// Probes a crowded bucket's sub-tables one after the other.
