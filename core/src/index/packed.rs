@@ -86,7 +86,10 @@ impl PackedWriter {
             return PackedWriter { base: 0, bits: 0, len: 0, words: Vec::new(), at: 0 };
         }
         let bits = 64 - (max - min).leading_zeros();
-        let words = vec![0u64; (len * bits as usize).div_ceil(64) + 1];
+        // Read at random by every hit of a query: in huge pages, as the tables are.
+        let n = (len * bits as usize).div_ceil(64) + 1;
+        let mut words = crate::util::huge_page_vec(n);
+        words.resize(n, 0);
         PackedWriter { base: min, bits, len, words, at: 0 }
     }
 
@@ -143,8 +146,8 @@ impl Packed {
             return None;
         }
         let (body, rest) = rest.split_at(nwords * 8);
-        let words =
-            body.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8"))).collect();
+        let mut words = crate::util::huge_page_vec(nwords);
+        words.extend(body.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8"))));
         Some((Packed { base, bits, len, words }, rest))
     }
 }
