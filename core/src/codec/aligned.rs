@@ -102,7 +102,7 @@ impl Deref for AlignedBytes {
         debug_assert!(self.off + self.len <= self.buf.len());
         // SAFETY: every method leaves `off + len <= buf.len()` (the vector is resized or
         // truncated to exactly `off + len` whenever either changes). Packed lookups read
-        // through here for every value, where the checks cost a tenth of a query.
+        // through here for every value; the checks were 2.5% of a query's instructions.
         unsafe { self.buf.get_unchecked(self.off..self.off + self.len) }
     }
 }
