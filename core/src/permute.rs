@@ -6,7 +6,8 @@
 //! compiled once into a few shift-and-mask moves (adjacent ranges that stay adjacent are
 //! merged), applied and inverted without any per-bit work. Where the CPU has BMI2 (the
 //! project's builds for x86-64 enable it), a permutation of up to [`GATHERS`] runs of ranges in
-//! source order is applied with one `PEXT` a run instead, and inverted with one `PDEP`.
+//! source order is applied with one `PEXT` a run instead, and inverted with one `PDEP` (AMD
+//! CPUs before Zen 3 run those in microcode: see `.cargo/config.toml`).
 //!
 //! Bit positions count from the most significant end of an `f`-bit value: position 0 is bit
 //! `f - 1`. Values use the low `f` bits of a `u64`; `f` is 64 for real fingerprints and smaller
@@ -142,6 +143,7 @@ pub struct Permutation {
     forward: Vec<Move>,
     inverse: Vec<Move>,
     /// The same permutation as PEXT/PDEP gathers, when it has few enough runs.
+    #[cfg_attr(not(all(target_arch = "x86_64", target_feature = "bmi2")), allow(dead_code))]
     gathers: Option<Gathers>,
 }
 
