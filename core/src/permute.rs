@@ -62,23 +62,20 @@ impl Gathers {
     fn of(width: u32, ranges: &[BitRange]) -> Option<Gathers> {
         let mut g = [Gather::default(); GATHERS];
         let (mut n, mut out_pos, mut last_end) = (0usize, 0u32, 0u32);
-        for (i, r) in ranges.iter().enumerate() {
-            if i == 0 || r.start < last_end {
-                // A new run: close the one before.
-                if i > 0 {
-                    g[n - 1].shift = width - out_pos;
-                }
+        for r in ranges {
+            // A range that starts before the last one ended begins a new run.
+            if n == 0 || r.start < last_end {
                 if n == GATHERS {
                     return None;
                 }
                 n += 1;
             }
-            g[n - 1].mask |= low_mask(r.len) << (width - r.start - r.len);
             out_pos += r.len;
             last_end = r.start + r.len;
-        }
-        if n > 0 {
-            g[n - 1].shift = width - out_pos;
+            let run = &mut g[n - 1];
+            run.mask |= low_mask(r.len) << (width - last_end);
+            // The run's bits end at `out_pos` so far, counted from the top.
+            run.shift = width - out_pos;
         }
         Some(Gathers(g))
     }

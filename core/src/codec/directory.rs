@@ -56,7 +56,7 @@ impl Directory {
 
     /// The bucket of `key`.
     #[inline(always)]
-    fn bucket(&self, key: u64) -> usize {
+    pub(crate) fn bucket(&self, key: u64) -> usize {
         key.checked_shr(self.shift).unwrap_or(0) as usize
     }
 

@@ -133,12 +133,6 @@ impl PackedRun {
         (t as u64).checked_shl(self.width).unwrap_or(0)
     }
 
-    /// The bucket of `key`.
-    #[inline(always)]
-    fn bucket(&self, key: u64) -> usize {
-        key.checked_shr(self.width).unwrap_or(0) as usize
-    }
-
     /// The first position in `from..to` whose low bits are at least `low` (or `to`).
     #[inline]
     fn lower_bound(&self, mut from: usize, mut to: usize, low: u64) -> usize {
@@ -193,7 +187,7 @@ impl PackedRun {
         tag: u32,
         out: &mut Vec<(u64, u32, u32)>,
     ) {
-        if self.bucket(lo) != self.bucket(hi) {
+        if self.dir.bucket(lo) != self.dir.bucket(hi) {
             self.scan_range(lo, hi, |v, i| {
                 if (v ^ pq).count_ones() <= k {
                     out.push((v, i as u32, tag));
@@ -221,7 +215,7 @@ impl PackedRun {
         if self.len == 0 || lo > hi {
             return;
         }
-        let (mut t, last) = (self.bucket(lo), self.bucket(hi));
+        let (mut t, last) = (self.dir.bucket(lo), self.dir.bucket(hi));
         let (start, mut next) = self.dir.span(lo, lo);
         let mut i = self.lower_bound(start, next, lo & self.mask);
         while i < self.len {
@@ -264,7 +258,7 @@ impl PackedRun {
             return None;
         }
         // The last bucket whose first position is at most `rank`.
-        let (mut a, mut b) = (0usize, self.bucket(u64::MAX));
+        let (mut a, mut b) = (0usize, self.dir.bucket(u64::MAX));
         while a < b {
             let mid = (a + b).div_ceil(2);
             if self.dir.get(mid).is_some_and(|e| e <= rank) { a = mid } else { b = mid - 1 }

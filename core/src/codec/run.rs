@@ -64,14 +64,21 @@ impl Codec {
     }
 }
 
+/// The option named `s` among `choices`, or an error naming `what` and the two choices.
+fn parse_choice<T: Copy>(what: &str, s: &str, choices: [(&str, T); 2]) -> Result<T> {
+    match choices.iter().find(|c| c.0 == s) {
+        Some(&(_, v)) => Ok(v),
+        None => Err(Error::InvalidConfig(format!(
+            "unknown {what} {s:?}: expected {} or {}",
+            choices[0].0, choices[1].0
+        ))),
+    }
+}
+
 impl std::str::FromStr for Codec {
     type Err = Error;
     fn from_str(s: &str) -> Result<Codec> {
-        match s {
-            "xor" => Ok(Codec::Xor),
-            "gap" => Ok(Codec::Gap),
-            _ => Err(Error::InvalidConfig(format!("unknown codec {s:?}: expected xor or gap"))),
-        }
+        parse_choice("codec", s, [("xor", Codec::Xor), ("gap", Codec::Gap)])
     }
 }
 
@@ -122,13 +129,11 @@ pub enum BlockSearch {
 impl std::str::FromStr for BlockSearch {
     type Err = Error;
     fn from_str(s: &str) -> Result<BlockSearch> {
-        match s {
-            "directory" => Ok(BlockSearch::Directory),
-            "interpolation" => Ok(BlockSearch::Interpolation),
-            _ => Err(Error::InvalidConfig(format!(
-                "unknown block search {s:?}: expected directory or interpolation"
-            ))),
-        }
+        parse_choice(
+            "block search",
+            s,
+            [("directory", BlockSearch::Directory), ("interpolation", BlockSearch::Interpolation)],
+        )
     }
 }
 
@@ -148,13 +153,7 @@ pub enum Layout {
 impl std::str::FromStr for Layout {
     type Err = Error;
     fn from_str(s: &str) -> Result<Layout> {
-        match s {
-            "blocks" => Ok(Layout::Blocks),
-            "packed" => Ok(Layout::Packed),
-            _ => Err(Error::InvalidConfig(format!(
-                "unknown layout {s:?}: expected blocks or packed"
-            ))),
-        }
+        parse_choice("layout", s, [("blocks", Layout::Blocks), ("packed", Layout::Packed)])
     }
 }
 
