@@ -194,15 +194,17 @@ impl RunOptions {
     }
 }
 
-/// Writes bits most-significant first into a byte buffer.
+/// Bytes of a buffer for one of a block's two streams: the largest block, and a word.
+const STREAM: usize = MAX_BLOCK + 8;
+
+/// Writes one of a block's streams, bits most-significant first, into a buffer.
 ///
 /// Pending bits wait left-aligned in a register. Every write stores the whole register and
 /// moves on by the bytes it completed, with no branch on how full it is (a branch that the
 /// lengths of the low bits make unpredictable); no byte is read back. So every bit is in
-/// the buffer as soon as it is written, and there is nothing to flush at the end. The
-/// buffer must have 8 bytes of room past the last bit written.
+/// the buffer as soon as it is written, and there is nothing to flush at the end.
 struct BitWriter<'a> {
-    out: &'a mut [u8],
+    out: &'a mut [u8; STREAM],
     /// Byte offset of the first pending bit.
     byte: usize,
     /// Pending bits, left-aligned.
@@ -212,14 +214,8 @@ struct BitWriter<'a> {
 }
 
 impl<'a> BitWriter<'a> {
-    fn new(out: &'a mut [u8]) -> Self {
+    fn new(out: &'a mut [u8; STREAM]) -> Self {
         BitWriter { out, byte: 0, acc: 0, pending: 0 }
-    }
-
-    /// A writer whose first bit goes at bit `bit` of `out`. The bits of its first byte
-    /// before that are written as zeros: whatever belongs there must be ORed in afterwards.
-    fn at_bit(out: &'a mut [u8], bit: usize) -> Self {
-        BitWriter { out, byte: bit / 8, acc: 0, pending: (bit % 8) as u32 }
     }
 
     /// Appends the low `n` bits of `v` (`n <= 64`, `v < 2^n`).
@@ -233,19 +229,49 @@ impl<'a> BitWriter<'a> {
         }
     }
 
+    /// Bits written so far.
+    fn bits(&self) -> usize {
+        self.byte * 8 + self.pending as usize
+    }
+
     /// [`put`](Self::put) for `n <= 56`, which fits beside the at most 7 pending bits.
     #[inline(always)]
     fn put_short(&mut self, v: u64, n: u32) {
         // A shift of 64 happens only for n = 0, when v is 0 and wraps to a shift of 0.
         self.acc |= v.wrapping_shl(64 - self.pending - n);
         self.pending += n;
-        let word = self.out[self.byte..].first_chunk_mut::<8>().expect("8 bytes of room");
+        // A stream never outgrows a block: the offset, taken modulo the largest block,
+        // is unchanged and visibly leaves room for the store.
+        debug_assert!(self.byte < MAX_BLOCK);
+        let at = self.byte % MAX_BLOCK;
+        let word = self.out[at..].first_chunk_mut::<8>().expect("8 bytes of room");
         *word = self.acc.to_be_bytes();
         let done = self.pending / 8;
         self.byte += done as usize;
         self.acc <<= done * 8;
         self.pending %= 8;
     }
+}
+
+/// Copies the first `len` bits of `src` to `out` from bit `at` on, a word at a time. The
+/// bits of `out` before `at` in its byte are written as zeros, and so are those after the
+/// last one copied up to the end of the last word written (8 bytes of room are needed
+/// past it). `src` must have room for whole words over its `len` bits.
+fn append_bits(out: &mut [u8], at: usize, src: &[u8], len: usize) {
+    let (first, r) = (at / 8, (at % 8) as u32);
+    let words = len.div_ceil(64);
+    let mut carry = 0u64; // bits of the last word read that went past the last word written
+    for k in 0..words {
+        let mut w = load_be64(src, 8 * k);
+        if k + 1 == words && !len.is_multiple_of(64) {
+            w &= !(u64::MAX >> (len % 64)); // only the `len` bits; whatever follows is stale
+        }
+        let dst = out[first + 8 * k..].first_chunk_mut::<8>().expect("room for a word");
+        *dst = (carry | w >> r).to_be_bytes();
+        carry = w.checked_shl(64 - r).unwrap_or(0);
+    }
+    let dst = out[first + 8 * words..].first_chunk_mut::<8>().expect("room for a word");
+    *dst = carry.to_be_bytes();
 }
 
 #[inline(always)]
@@ -496,10 +522,10 @@ impl HxRun {
         let mut data = AlignedBytes::with_capacity(blocks_bound * bb + SLACK);
         data.resize_zeroed(SLACK);
         let mut ranks = Vec::new();
-        // The block's values so far: their low bits (the delta without its leading 1) and
-        // their code, as `code << 16 | length << 8 | h`.
-        let mut pending: Vec<(u64, u32)> = Vec::new();
-        let mut code_buf = vec![0u8; bb + 8];
+        // A block holds its codes, then its low bits (each delta without its leading 1),
+        // and where the low bits start is known only once the block is full. Both streams
+        // are written as the values come, into buffers of their own, and copied in.
+        let (mut code_buf, mut low_buf) = ([0u8; STREAM], [0u8; STREAM]);
         let mut i = 0;
         while i < values.len() {
             let start = data.len() - SLACK;
@@ -507,11 +533,11 @@ impl HxRun {
             let block = &mut data[start..];
             block[..8].copy_from_slice(&values[i].to_le_bytes());
             ranks.push(i as u32);
-            // How many values fit: codes and low bits together within the capacity.
             let first = i;
-            let (mut used, mut code_bits) = (0usize, 0usize);
+            let mut used = 0usize;
             let mut j = i + 1;
-            pending.clear();
+            let mut codes = BitWriter::new(&mut code_buf);
+            let mut lows = BitWriter::new(&mut low_buf);
             let end = values.len().min(first + MAX_BLOCK_ENTRIES as usize);
             let span = &values[first..end];
             for (&prev, &next) in span.iter().zip(span.iter().skip(1)) {
@@ -519,24 +545,20 @@ impl HxRun {
                 let h = symbol(delta);
                 let e = table[h as usize];
                 let len = e & 0xFF;
+                // Stop at the first value whose code and low bits do not both fit.
                 if used + (len + h) as usize > cap_bits {
                     break;
                 }
                 used += (len + h) as usize;
-                code_bits += len as usize;
-                pending.push((delta & !(1u64 << h), e << 8 | h));
+                codes.put_short((e >> 8) as u64, len);
+                lows.put(delta & !(1u64 << h), h);
                 j += 1;
             }
-            // The codes, then the low bits, which start right after them. One writer for
-            // each stream, so that neither waits on the other's bit count: the low bits go
-            // straight into the block, the codes into a buffer copied in front of them.
+            let code_bits = codes.bits();
             let out = &mut block[BLOCK_HEAD..];
-            let mut codes = BitWriter::new(&mut code_buf);
-            let mut lows = BitWriter::at_bit(out, code_bits);
-            for &(low, c) in &pending {
-                codes.put((c >> 16) as u64, (c >> 8) & 0xFF);
-                lows.put(low, c & 0xFF);
-            }
+            // The low bits go in first, from bit `code_bits` on; the codes' whole bytes are
+            // copied in after, and their last bits ORed into the byte both share.
+            append_bits(out, code_bits, &low_buf, used - code_bits);
             let (whole, part) = (code_bits / 8, code_bits % 8);
             out[..whole].copy_from_slice(&code_buf[..whole]);
             if part > 0 {
@@ -1179,6 +1201,35 @@ mod tests {
         v.sort_unstable();
         v.dedup();
         v
+    }
+
+    #[test]
+    fn appended_bits_land_where_asked_with_zeros_around() {
+        let bit = |b: &[u8], i: usize| b[i / 8] >> (7 - i % 8) & 1;
+        let mut r = SplitMix64::new(31);
+        for at in 0..20 {
+            for len in [0usize, 1, 7, 8, 9, 56, 63, 64, 65, 127, 128, 300] {
+                // The source has stale bits past `len`, which must not be copied.
+                let src: Vec<u8> =
+                    (0..len.div_ceil(64) * 8 + 8).map(|_| r.next_u64() as u8).collect();
+                let mut out = vec![0xFFu8; 80];
+                append_bits(&mut out, at, &src, len);
+                for i in 0..at {
+                    if i >= at / 8 * 8 {
+                        assert_eq!(bit(&out, i), 0, "at {at} len {len}: bit {i} before");
+                    } else {
+                        assert_eq!(bit(&out, i), 1, "at {at} len {len}: byte before touched");
+                    }
+                }
+                for i in 0..len {
+                    assert_eq!(bit(&out, at + i), bit(&src, i), "at {at} len {len}: bit {i}");
+                }
+                let written_end = (at / 8 + len.div_ceil(64) * 8 + 8) * 8;
+                for i in at + len..written_end {
+                    assert_eq!(bit(&out, i), 0, "at {at} len {len}: bit {i} after");
+                }
+            }
+        }
     }
 
     fn clustered(n: usize, seed: u64) -> Vec<u64> {
