@@ -95,7 +95,9 @@ impl Run {
             }
         };
         let n = ctx.design.tables().len();
-        let tables = if ctx.parallel {
+        // In a pool of one thread, the tables are built one after the other anyway: then
+        // they share their two buffers, as in a sequential build.
+        let tables = if ctx.parallel && rayon::current_num_threads() > 1 {
             (0..n)
                 .into_par_iter()
                 .map(|t| build(t, &mut Vec::new(), &mut Vec::new()))
