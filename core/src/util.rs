@@ -290,7 +290,7 @@ fn scatter_into<S, T>(
     let n = src.len();
     clear_with_room(dst, n);
     let slots = &mut dst.spare_capacity_mut()[..n];
-    let next = distribute(src, digit, starts, slots, |slot, x| {
+    let next = distribute::<_, _, MAX_GROUPS>(src, digit, starts, slots, |slot, x| {
         slot.write(map(x));
     });
     // Each group filled up to where the next starts: all `n` slots were written.
@@ -315,7 +315,8 @@ fn group_starts<T>(src: &[T], mut digit: impl FnMut(&T) -> usize) -> [usize; 257
 /// (and `src.len()` at index 256).
 fn scatter<T: Copy>(src: &[T], dst: &mut [T], digit: impl Fn(&T) -> usize) -> [usize; 257] {
     let starts = group_starts(src, &digit);
-    distribute(src, digit, &starts, dst, |slot, x| *slot = *x);
+    // Called once per crowded bucket: cursors for just its 256 groups.
+    distribute::<_, _, 256>(src, digit, &starts, dst, |slot, x| *slot = *x);
     starts
 }
 
@@ -323,23 +324,24 @@ fn scatter<T: Copy>(src: &[T], dst: &mut [T], digit: impl Fn(&T) -> usize) -> [u
 const MAX_GROUPS: usize = 1 << 10;
 
 /// The loop of both scatters: each element of `src` goes to `put(&mut dst[next[d]])` for
-/// its digit `d` (below [`MAX_GROUPS`]), which then advances; the cursors start at
-/// `starts` (one per group, and the end last). Returns the cursors where they stopped.
+/// its digit `d` (below `G`, a power of two at most [`MAX_GROUPS`]), which then advances;
+/// the cursors start at `starts` (one per group, and the end last). Returns the cursors
+/// where they stopped.
 #[inline(always)]
-fn distribute<S, D>(
+fn distribute<S, D, const G: usize>(
     src: &[S],
     digit: impl Fn(&S) -> usize,
     starts: &[usize],
     dst: &mut [D],
     put: impl Fn(&mut D, &S),
-) -> [usize; MAX_GROUPS] {
-    let mut next = [0usize; MAX_GROUPS];
+) -> [usize; G] {
+    let mut next = [0usize; G];
     let groups = starts.len() - 1;
     next[..groups].copy_from_slice(&starts[..groups]);
     let ahead = (128 / std::mem::size_of::<D>().max(1)).max(1);
     for x in src {
         // Masked so that indexing `next` needs no check; digits are below it anyway.
-        let d = digit(x) & (MAX_GROUPS - 1);
+        let d = digit(x) & (G - 1);
         let at = next[d];
         put(&mut dst[at], x);
         next[d] = at + 1;
