@@ -164,9 +164,14 @@ pub(crate) fn prefetch<T>(items: &[T], at: usize) {
 /// A query touches a few random places in each of several large tables; with 4 KiB pages
 /// nearly every touch is also a TLB miss, and under virtualisation a page walk costs about
 /// as much as the memory access itself. With 2 MiB pages, random reads over a 512 MiB
-/// buffer measured twice as fast here. Building an index also writes several large
-/// temporary arrays once each; in huge pages they take one page fault per 2 MiB instead of
-/// one per 4 KiB. A hint only: elsewhere, or refused, nothing changes.
+/// buffer measured twice as fast here. A hint only: elsewhere, or refused, nothing changes.
+///
+/// Only what queries read is asked for in huge pages. On a VM with free page reporting
+/// (this one hands free memory back to the host in 8 MiB blocks), a huge page tends to come
+/// from memory the host has taken back and must supply again, where plain pages come from
+/// small, recently freed pieces first: building 10M documents right after another process had run spent 0.6-1.0 s in
+/// the kernel with the sorts' temporary arrays in plain pages, against 1.0-1.5 s in huge
+/// pages.
 pub(crate) fn huge_page_vec<T>(capacity: usize) -> Vec<T> {
     let v: Vec<T> = Vec::with_capacity(capacity);
     let bytes = capacity * std::mem::size_of::<T>();
@@ -269,12 +274,13 @@ fn map_and_count<const P: usize>(
     counts.into_iter().flatten().collect()
 }
 
-/// Empties `v` and makes room for `n` elements, from [`huge_page_vec`] when it lacks it.
+/// Empties `v` and makes room for `n` elements, in plain pages when it lacks it: the
+/// buffers of a build's sorts are written and read once, in order, where huge pages buy
+/// nothing, and they cost more to fault in than plain ones when memory comes back from the
+/// host (see [`huge_page_vec`]).
 pub(crate) fn clear_with_room<T>(v: &mut Vec<T>, n: usize) {
     v.clear();
-    if v.capacity() < n {
-        *v = huge_page_vec(n);
-    }
+    v.reserve_exact(n);
 }
 
 /// `src` mapped through `map` and written into `dst` grouped by `digit` (stably), given

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::Doc;
 use super::packed::{Packed, PackedWriter, order_i64, unorder_i64};
-use crate::util::{for_each_sorted_group, group_by_top_byte, huge_page_vec};
+use crate::util::{for_each_sorted_group, group_by_top_byte};
 
 /// Document columns of one run.
 #[derive(Debug)]
@@ -66,7 +66,8 @@ impl Columns {
         Columns {
             ids: PackedWriter::new(len, ranges.id.0, ranges.id.1),
             ts: PackedWriter::new(len, ranges.ts.0, ranges.ts.1),
-            distinct: huge_page_vec(len),
+            // Scanned in order, and dropped once the run's tables are built.
+            distinct: Vec::with_capacity(len),
             dups: Vec::new(),
             extra: 0,
         }
