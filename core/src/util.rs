@@ -169,9 +169,9 @@ pub(crate) fn prefetch<T>(items: &[T], at: usize) {
 /// Only what queries read is asked for in huge pages. On a VM with free page reporting
 /// (this one hands free memory back to the host in 8 MiB blocks), a huge page tends to come
 /// from memory the host has taken back and must supply again, where plain pages come from
-/// small, recently freed pieces first: building 10M documents right after another process had run spent 0.6-1.0 s in
-/// the kernel with the sorts' temporary arrays in plain pages, against 1.0-1.5 s in huge
-/// pages.
+/// small, recently freed pieces first. Building 10M documents right after another process
+/// had run spent 0.6-1.0 s in the kernel with the sorts' temporary arrays in plain pages,
+/// against 1.0-1.5 s in huge pages.
 pub(crate) fn huge_page_vec<T>(capacity: usize) -> Vec<T> {
     let v: Vec<T> = Vec::with_capacity(capacity);
     let bytes = capacity * std::mem::size_of::<T>();
@@ -321,7 +321,8 @@ fn group_starts<T>(src: &[T], mut digit: impl FnMut(&T) -> usize) -> [usize; 257
 /// (and `src.len()` at index 256).
 fn scatter<T: Copy>(src: &[T], dst: &mut [T], digit: impl Fn(&T) -> usize) -> [usize; 257] {
     let starts = group_starts(src, &digit);
-    // Called once per crowded bucket: cursors for just its 256 groups.
+    // Called for every bucket that is still large after two bytes (65k of them at 10M):
+    // cursors for just its 256 groups.
     distribute::<_, _, 256>(src, digit, &starts, dst, |slot, x| *slot = *x);
     starts
 }
