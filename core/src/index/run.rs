@@ -95,15 +95,14 @@ impl Run {
             }
         };
         let n = ctx.design.tables().len();
-        // In a pool of one thread, the tables are built one after the other anyway: then
-        // they share their two buffers, as in a sequential build.
-        let tables = if ctx.parallel && rayon::current_num_threads() > 1 {
+        // Each worker keeps two buffers for the values of the tables it builds, as a
+        // sequential build does for all of them: no fresh pages per table.
+        let tables = if ctx.parallel {
             (0..n)
                 .into_par_iter()
-                .map(|t| build(t, &mut Vec::new(), &mut Vec::new()))
+                .map_init(|| (Vec::new(), Vec::new()), |(v, tmp), t| build(t, v, tmp))
                 .collect::<Result<Vec<_>>>()?
         } else {
-            // The same two buffers for every table's values: no fresh pages per table.
             let (mut values, mut tmp) = (Vec::new(), Vec::new());
             (0..n).map(|t| build(t, &mut values, &mut tmp)).collect::<Result<Vec<_>>>()?
         };

@@ -37,7 +37,7 @@ pub(crate) struct CrowdPolicy {
 pub(crate) struct TableRun {
     pub(crate) hx: Arc<SortedRun>,
     prefix_bits: u32,
-    /// The bits below the prefix: a query's bucket is `[pq & !low, pq | low]`.
+    /// The bits below the prefix (see [`bucket`](Self::bucket)).
     low: u64,
     /// Sub-indexes of crowded buckets, by prefix.
     crowded: Vec<Crowded>,
@@ -175,16 +175,23 @@ impl TableRun {
         Ok(Crowded { prefix: bucket[0] >> (64 - prefix_bits), for_k: for_k.clone(), subs })
     }
 
+    /// `[lo, hi]`: the values sharing the permuted query `pq`'s prefix.
+    #[inline(always)]
+    fn bucket(&self, pq: u64) -> (u64, u64) {
+        (pq & !self.low, pq | self.low)
+    }
+
     /// Stage 1 of a probe: starts loading the directory entry for `pq`.
     #[inline(always)]
     pub(crate) fn prefetch_directory(&self, pq: u64) {
-        self.hx.prefetch_directory(pq & !self.low)
+        self.hx.prefetch_directory(self.bucket(pq).0)
     }
 
     /// Stage 2: where `pq`'s bucket lies (one directory load), whose loading it starts.
     #[inline(always)]
     pub(crate) fn candidates(&self, pq: u64) -> (usize, usize) {
-        self.hx.candidates(pq & !self.low, pq | self.low)
+        let (lo, hi) = self.bucket(pq);
+        self.hx.candidates(lo, hi)
     }
 
     /// Stage 3: probes this table for the permuted query `pq`: scans its prefix bucket, or,
@@ -207,7 +214,7 @@ impl TableRun {
                 return;
             }
         }
-        self.hx.probe(candidates, (pq & !self.low, pq | self.low), pq, k, tag, hits);
+        self.hx.probe(candidates, self.bucket(pq), pq, k, tag, hits);
     }
 
     /// Probes a crowded bucket's sub-tables one after the other.
