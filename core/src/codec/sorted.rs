@@ -89,6 +89,13 @@ impl SortedRun {
         }
     }
 
+    /// Whether `candidates` shows by itself that the run holds nothing there: an empty
+    /// bucket of a packed run. (Candidate blocks always hold something to search.)
+    #[inline(always)]
+    pub fn holds_none(&self, (from, to): (usize, usize)) -> bool {
+        matches!(self, SortedRun::Packed(_)) && from == to
+    }
+
     /// Stage 3: appends `(value, rank, tag)` for every value in `lo..=hi` within `k` of
     /// `pq`; the rank is [`NO_RANK`](crate::codec::NO_RANK) for blocks without ranks.
     #[inline(always)]

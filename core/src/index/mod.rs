@@ -187,8 +187,9 @@ impl IndexConfig {
 #[derive(Debug, Default)]
 pub struct QueryScratch {
     /// Per probed table: the query permuted for it, and where the table searches for it
-    /// (candidate blocks, or a bucket's positions when packed).
-    probes: Vec<(u64, (usize, usize))>,
+    /// (candidate blocks, or a bucket's positions when packed; `None` when there is nothing
+    /// to search).
+    probes: Vec<(u64, Option<(usize, usize)>)>,
     /// `(value in its table's space, rank, index into the probed tables)`.
     hits: Vec<(u64, u32, u32)>,
     /// `(fingerprint, rank or NO_RANK, where the key column searches for its rank)`, one

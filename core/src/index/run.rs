@@ -262,14 +262,16 @@ impl Run {
         for &t in tables {
             let pq = specs[t].perm.apply(q);
             self.tables[t].prefetch_directory(pq);
-            probes.push((pq, (0, 0)));
+            probes.push((pq, None));
         }
         for (&t, (pq, c)) in tables.iter().zip(probes.iter_mut()) {
             *c = self.tables[t].candidates(*pq);
         }
         hits.clear();
         for (i, (&t, &(pq, c))) in tables.iter().zip(probes.iter()).enumerate() {
-            self.tables[t].probe(pq, c, k, i as u32, hits);
+            if let Some(c) = c {
+                self.tables[t].probe(pq, c, k, i as u32, hits);
+            }
         }
         if hits.is_empty() {
             return;

@@ -187,11 +187,14 @@ impl TableRun {
         self.hx.prefetch_directory(self.bucket(pq).0)
     }
 
-    /// Stage 2: where `pq`'s bucket lies (one directory load), whose loading it starts.
+    /// Stage 2: where `pq`'s bucket lies (one directory load), whose loading it starts;
+    /// `None` when the directory entry alone shows that the probe would find nothing (an
+    /// empty bucket of a packed table without crowded prefixes).
     #[inline(always)]
-    pub(crate) fn candidates(&self, pq: u64) -> (usize, usize) {
+    pub(crate) fn candidates(&self, pq: u64) -> Option<(usize, usize)> {
         let (lo, hi) = self.bucket(pq);
-        self.hx.candidates(lo, hi)
+        let c = self.hx.candidates(lo, hi);
+        (!self.hx.holds_none(c) || !self.crowded.is_empty()).then_some(c)
     }
 
     /// Stage 3: probes this table for the permuted query `pq`: scans its prefix bucket, or,
@@ -230,7 +233,9 @@ impl TableRun {
             let sub = &c.subs[s];
             let start = hits.len();
             let spq = sub.perm.apply(pq);
-            sub.table.probe(spq, sub.table.candidates(spq), k, tag, hits);
+            if let Some(c) = sub.table.candidates(spq) {
+                sub.table.probe(spq, c, k, tag, hits);
+            }
             for hit in &mut hits[start..] {
                 *hit = (sub.perm.invert(hit.0), NO_RANK, tag);
             }
