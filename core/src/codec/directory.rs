@@ -15,9 +15,9 @@ const GROUP: usize = 64;
 const WIDE: u32 = 1 << 31;
 
 /// The compact directory: see the module documentation.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct Directory {
-    /// A key's bucket is its top `64 - shift` bits.
+    /// A key's bucket is its top `64 - shift` bits (`1 <= shift <= 64`).
     shift: u32,
     /// Per group: the group's first entry, or [`WIDE`] and where the group sits in `wide`.
     base: Vec<u32>,
@@ -27,9 +27,18 @@ pub(crate) struct Directory {
     wide: Vec<u32>,
 }
 
+impl Default for Directory {
+    /// An empty directory over no bits.
+    fn default() -> Directory {
+        Directory { shift: 64, base: Vec::new(), off: Vec::new(), wide: Vec::new() }
+    }
+}
+
 impl Directory {
-    /// A directory with the given entries (non-decreasing) over the top `64 - shift` bits.
+    /// A directory with the given entries (non-decreasing) over the top `64 - shift` bits
+    /// (`1 <= shift <= 64`: at most 63 bits).
     pub(crate) fn new(shift: u32, entries: &[u32]) -> Directory {
+        assert!((1..=64).contains(&shift), "a directory spans 0 to 63 top bits");
         let mut d = Directory {
             shift,
             base: Vec::with_capacity(entries.len().div_ceil(GROUP)),
@@ -57,7 +66,8 @@ impl Directory {
     /// The bucket of `key`.
     #[inline(always)]
     pub(crate) fn bucket(&self, key: u64) -> usize {
-        key.checked_shr(self.shift).unwrap_or(0) as usize
+        // Two shifts, so that a shift of 64 (no directory bits) needs no branch.
+        ((key >> 1) >> (self.shift - 1)) as usize
     }
 
     /// Entry `t`, if there is one.
@@ -76,7 +86,7 @@ impl Directory {
     /// start in.
     #[inline(always)]
     fn pair(&self, t: usize) -> Option<(usize, usize)> {
-        let (a, b) = (*self.off.get(t)?, *self.off.get(t + 1)?);
+        let &[a, b] = self.off.get(t..t + 2)? else { return None };
         let base = *self.base.get(t / GROUP)?;
         if base & WIDE == 0 && !(t + 1).is_multiple_of(GROUP) {
             Some((base as usize + a as usize, base as usize + b as usize))
@@ -154,7 +164,7 @@ mod tests {
                 assert_eq!(d.wide.is_empty(), !crowded || len <= 7, "len {len}");
             }
         }
-        let d = Directory::new(0, &[WIDE + 1, WIDE + 2]);
+        let d = Directory::new(64, &[WIDE + 1, WIDE + 2]);
         assert_eq!((d.get(0), d.get(1)), (Some(WIDE as usize + 1), Some(WIDE as usize + 2)));
     }
 
