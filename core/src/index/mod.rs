@@ -186,10 +186,10 @@ impl IndexConfig {
 /// Reusable buffers for queries, so a hot loop allocates nothing.
 #[derive(Debug, Default)]
 pub struct QueryScratch {
-    /// Per probed table: the query permuted for it, and where the table searches for it
-    /// (candidate blocks, or a bucket's positions when packed; `None` when there is nothing
-    /// to search).
-    probes: Vec<(u64, Option<(usize, usize)>)>,
+    /// Per probed table: the query permuted for it.
+    pqs: Vec<u64>,
+    /// Per run and probed table: where the table searches for the query.
+    cands: Vec<table::Candidates>,
     /// `(value in its table's space, rank, index into the probed tables)`.
     hits: Vec<(u64, u32, u32)>,
     /// `(fingerprint, rank or NO_RANK, where the key column searches for its rank)`, one
@@ -612,9 +612,26 @@ impl Index {
         let Some(tables) = self.for_k.get(k as usize) else {
             return Err(Error::KOutOfRange { k, max: self.max_k() });
         };
+        // The stages of every run together, so that the cache misses of all runs overlap
+        // (see `Run::finish`); each table's permutation is applied once for all runs.
+        let design = &self.config.design;
+        let specs = design.tables();
+        let mut pqs = std::mem::take(&mut scratch.pqs);
+        let mut cands = std::mem::take(&mut scratch.cands);
+        pqs.clear();
+        pqs.extend(tables.iter().map(|&t| specs[t].perm.apply(fp)));
         for r in &self.runs {
-            r.query(fp, k, &self.config.design, tables, scratch, out);
+            r.prefetch(tables, &pqs);
         }
+        cands.clear();
+        for r in &self.runs {
+            r.candidates(tables, &pqs, &mut cands);
+        }
+        for (r, c) in self.runs.iter().zip(cands.chunks_exact(tables.len().max(1))) {
+            r.finish(fp, k, design, run::Staged { tables, pqs: &pqs, cands: c }, scratch, out);
+        }
+        scratch.pqs = pqs;
+        scratch.cands = cands;
         self.buffer.scan(fp, k, out);
         Ok(())
     }

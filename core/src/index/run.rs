@@ -10,7 +10,7 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use super::docs::DocStore;
-use super::table::{CrowdPolicy, NO_RANK, TableRun};
+use super::table::{Candidates, CrowdPolicy, NO_RANK, TableRun};
 use super::{Doc, Match, QueryScratch};
 use crate::codec::{HxRun, Layout, RunOptions, SortedRun};
 use crate::design::{Design, TableSpec};
@@ -51,6 +51,18 @@ pub struct Run {
     tables: Vec<TableRun>,
     /// How the tables are laid out in memory, and how they are stored.
     opts: RunOptions,
+}
+
+/// What stages 1 and 2 of a query leave for the rest of it in one run (see
+/// [`Run::finish`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Staged<'a> {
+    /// The tables probed.
+    pub tables: &'a [usize],
+    /// The query permuted for each.
+    pub pqs: &'a [u64],
+    /// Where each searches in this run.
+    pub cands: &'a [Candidates],
 }
 
 /// Up to this many hits in a query's tables are merged per fingerprint one by one, more
@@ -234,11 +246,28 @@ impl Run {
             .count()
     }
 
-    /// Appends every live document within `k` of `q`, probing the tables `tables`.
+    /// Stage 1 of a query (see [`finish`](Self::finish)): starts loading the directory
+    /// entries of the probed tables `tables` for the permuted queries `pqs` (one each).
+    #[inline]
+    pub(crate) fn prefetch(&self, tables: &[usize], pqs: &[u64]) {
+        for (&t, &pq) in tables.iter().zip(pqs) {
+            self.tables[t].prefetch_directory(pq);
+        }
+    }
+
+    /// Stage 2: reads those entries, starts loading the candidates, and appends where each
+    /// table searches (`None` where it has nothing to search).
+    #[inline]
+    pub(crate) fn candidates(&self, tables: &[usize], pqs: &[u64], out: &mut Vec<Candidates>) {
+        out.extend(tables.iter().zip(pqs).map(|(&t, &pq)| self.tables[t].candidates(pq)));
+    }
+
+    /// Stages 3 to 6: appends every live document within `k` of `q`, given what stages 1 and
+    /// 2 left for this run.
     ///
     /// Memory first, in stages without data-dependent branches between their loads, so that
-    /// the cache misses of all tables overlap. Each stage reads what the one before started
-    /// loading:
+    /// the cache misses of all tables (and of all runs: the index runs stages 1 and 2 of
+    /// every run before this) overlap. Each stage reads what the one before started loading:
     /// 1. permute the query for every table and start loading the directory entries;
     /// 2. read them and start loading the candidates (the first blocks, or the bucket's
     ///    values when packed);
@@ -247,28 +276,19 @@ impl Run {
     /// 4. for those, read it and start loading their candidates in the key column;
     /// 5. find those ranks, and start loading every hit's documents;
     /// 6. append the live documents.
-    pub(crate) fn query(
+    pub(crate) fn finish(
         &self,
         q: u64,
         k: u32,
         design: &Design,
-        tables: &[usize],
+        Staged { tables, pqs, cands }: Staged<'_>,
         scratch: &mut QueryScratch,
         out: &mut Vec<Match>,
     ) {
-        let QueryScratch { probes, hits, found } = scratch;
+        let QueryScratch { hits, found, .. } = scratch;
         let specs = design.tables();
-        probes.clear();
-        for &t in tables {
-            let pq = specs[t].perm.apply(q);
-            self.tables[t].prefetch_directory(pq);
-            probes.push((pq, None));
-        }
-        for (&t, (pq, c)) in tables.iter().zip(probes.iter_mut()) {
-            *c = self.tables[t].candidates(*pq);
-        }
         hits.clear();
-        for (i, (&t, &(pq, c))) in tables.iter().zip(probes.iter()).enumerate() {
+        for (i, ((&t, &pq), &c)) in tables.iter().zip(pqs).zip(cands).enumerate() {
             if let Some(c) = c {
                 self.tables[t].probe(pq, c, k, i as u32, hits);
             }

@@ -19,6 +19,10 @@ use crate::permute::{BitRange, Permutation};
 
 pub(crate) use crate::codec::NO_RANK;
 
+/// Where a table searches for a query: candidate blocks, or a bucket's positions when
+/// packed; `None` when it has nothing to search.
+pub(crate) type Candidates = Option<(usize, usize)>;
+
 /// When a bucket counts as crowded, and how deep sub-indexes may go.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct CrowdPolicy {
@@ -191,7 +195,7 @@ impl TableRun {
     /// `None` when the directory entry alone shows that the probe would find nothing (an
     /// empty bucket of a packed table without crowded prefixes).
     #[inline(always)]
-    pub(crate) fn candidates(&self, pq: u64) -> Option<(usize, usize)> {
+    pub(crate) fn candidates(&self, pq: u64) -> Candidates {
         let (lo, hi) = self.bucket(pq);
         let c = self.hx.candidates(lo, hi);
         (!self.hx.holds_none(c) || !self.crowded.is_empty()).then_some(c)
