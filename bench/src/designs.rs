@@ -67,21 +67,29 @@ pub fn run(args: DesignsArgs) {
         }
     }
     println!(
-        "\nIndexConfig::auto: design, coding and block size together (fastest estimate within the budget):"
+        "\nIndexConfig::auto: design and layout together (fastest estimate within the budget):"
     );
     for &k in &args.k {
         for &mb in &args.budget_mb {
             match IndexConfig::auto(n, k, mb * 1_000_000) {
                 Ok(c) => {
-                    let layout = Layout {
-                        coding_excess_bits: if c.run.codec == Codec::Gap { 0.1 } else { 1.95 },
-                        block_bytes: c.run.block_bytes,
+                    let packed = c.run.layout == neardup_core::codec::Layout::Packed;
+                    let layout = if packed {
+                        Layout::Packed
+                    } else {
+                        Layout::Blocks {
+                            coding_excess_bits: if c.run.codec == Codec::Gap { 0.1 } else { 1.95 },
+                            block_bytes: c.run.block_bytes,
+                        }
+                    };
+                    let how = if packed {
+                        "packed".to_string()
+                    } else {
+                        format!("{:?} {} B blocks", c.run.codec, c.run.block_bytes)
                     };
                     println!(
-                        "k={k:<2} budget={mb:>5}MB  {:<10} {:?} {:>5} B blocks  tables {:>3}  est. {:>8.0} MB  est. {:>8.2} us",
+                        "k={k:<2} budget={mb:>5}MB  {:<10} {how:<18}  tables {:>3}  est. {:>8.0} MB  est. {:>8.2} us",
                         c.design.to_string(),
-                        c.run.codec,
-                        c.run.block_bytes,
                         c.design.tables().len(),
                         c.design.estimate_bytes(n, layout) as f64 / 1e6,
                         c.design.estimate_query_ns(n, layout) / 1e3,

@@ -56,9 +56,10 @@ pub struct IndexArgs {
     #[arg(long, default_value = "directory")]
     search: String,
     /// In-memory layout of the tables: blocks (Huffman-coded, with --codec) or packed
-    /// (fixed-width low bits under a top-bits directory; no block options apply).
-    #[arg(long, default_value = "blocks")]
-    layout: String,
+    /// (fixed-width low bits under a top-bits directory; no block options apply). Default:
+    /// blocks, or what `--design auto` chooses.
+    #[arg(long)]
+    layout: Option<String>,
     /// Write sorted (u32 query, u32 id) little-endian pairs here (all queries).
     #[arg(long)]
     pairs: Option<PathBuf>,
@@ -140,18 +141,30 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
     let codec: Codec = args.codec.parse().map_err(|e: neardup_core::Error| e.to_string())?;
     let search: BlockSearch =
         args.search.parse().map_err(|e: neardup_core::Error| e.to_string())?;
-    let layout: Layout = args.layout.parse().map_err(|e: neardup_core::Error| e.to_string())?;
+    let layout: Option<Layout> = args
+        .layout
+        .as_deref()
+        .map(str::parse)
+        .transpose()
+        .map_err(|e: neardup_core::Error| e.to_string())?;
     let config = if args.design == "auto" {
         let mut c = IndexConfig::auto(n as u64, args.k, args.budget_mb * 1_000_000)
             .map_err(|e| e.to_string())?;
         c.run.search = search;
-        c.run.layout = layout;
+        if let Some(layout) = layout {
+            c.run.layout = layout;
+        }
         c
     } else {
         let design = Design::parse(&args.design).map_err(|e| e.to_string())?;
         IndexConfig {
             design,
-            run: RunOptions { codec, block_bytes: args.block_bytes, search, layout },
+            run: RunOptions {
+                codec,
+                block_bytes: args.block_bytes,
+                search,
+                layout: layout.unwrap_or_default(),
+            },
             ..IndexConfig::default()
         }
     };

@@ -352,7 +352,7 @@ impl Design {
     /// with the lowest estimated query cost, for the default layout ([`Layout::default`]:
     /// XOR coding in 1 KiB blocks). Candidates are [`candidates`](Self::candidates). When
     /// nothing fits the budget, the smallest design is returned. `IndexConfig::auto` also
-    /// chooses the block size and coding.
+    /// chooses the layout: packed, or blocks of a size and coding.
     pub fn auto(n: u64, k: u32, budget_bytes: u64) -> Result<Design> {
         if k > 16 {
             return Err(Error::KOutOfRange { k, max: 16 });
@@ -379,8 +379,8 @@ impl Design {
     }
 
     /// Estimated index bytes for `n` fingerprints laid out as `layout`: every table at
-    /// `64 - log2 n` bits plus the coding's excess and the block overhead, plus the
-    /// document columns (ids in `log2 n` bits, timestamps in 32).
+    /// [`Layout::entry_bits`], plus the document columns (ids in `log2 n` bits, timestamps
+    /// in 32).
     pub fn estimate_bytes(&self, n: u64, layout: Layout) -> u64 {
         let tables = self.tables.len() as f64 * n as f64 * layout.entry_bits(n) / 8.0;
         let lg = (n.max(2) as f64).log2().ceil();
@@ -388,18 +388,35 @@ impl Design {
     }
 
     /// Estimated single-thread query cost in nanoseconds for `n` fingerprints laid out as
-    /// `layout`: per table, one memory miss (overlapped with the other tables'), then
-    /// decoding half a block before the bucket and every candidate in it. Calibrated on
-    /// the 10M peer workload on 2-core development machines.
+    /// `layout`: per table, one memory miss (overlapped with the other tables'), then the
+    /// values read to reach and search the table's prefix: in blocks, half a block before it
+    /// and every candidate in it, decoded; packed, the values of a directory bucket and the
+    /// candidates, with a step through the directory for every bucket a short prefix spans.
+    /// Calibrated on the 10M peer workload on 2-core development machines (packed:
+    /// `paper-10` at 1.2-1.6 us a query, `paper-4`, 256 buckets a prefix, at 9-11 us).
     pub fn estimate_query_ns(&self, n: u64, layout: Layout) -> f64 {
         const MISS_NS: f64 = 150.0;
+        /// Decoding one Huffman-XOR value.
         const DECODE_NS: f64 = 3.6;
-        let half_block = layout.values_per_block(n) / 2.0;
+        /// Reading and testing one packed value.
+        const PACKED_VALUE_NS: f64 = 3.0;
+        /// Moving a packed scan on to the next directory bucket.
+        const BUCKET_STEP_NS: f64 = 7.0;
         self.tables
             .iter()
             .map(|t| {
                 let cand = n as f64 / 2f64.powi(t.prefix_bits as i32);
-                MISS_NS + DECODE_NS * (half_block.min(n as f64) + cand)
+                match layout {
+                    Layout::Blocks { .. } => {
+                        let half_block = layout.values_per_block(n) / 2.0;
+                        MISS_NS + DECODE_NS * (half_block.min(n as f64) + cand)
+                    }
+                    Layout::Packed => {
+                        let (bucket_bits, mean) = crate::codec::packed_buckets(n as usize);
+                        let steps = 2f64.powi(bucket_bits as i32 - t.prefix_bits as i32);
+                        MISS_NS + PACKED_VALUE_NS * (mean + cand) + BUCKET_STEP_NS * steps.max(1.0)
+                    }
+                }
             })
             .sum()
     }
@@ -407,36 +424,54 @@ impl Design {
 
 /// How a design's tables are laid out, for estimates.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Layout {
-    /// Bits a value costs above `64 - log2 n` before block overhead: about 1.95 for XOR
-    /// coding, 0.1 for gap coding (measured at 1M to 100M values).
-    pub coding_excess_bits: f64,
-    /// Block size in bytes.
-    pub block_bytes: usize,
+pub enum Layout {
+    /// Huffman-XOR blocks ([`crate::codec::Layout::Blocks`]).
+    Blocks {
+        /// Bits a value costs above `64 - log2 n` before block overhead: about 1.95 for XOR
+        /// coding, 0.1 for gap coding (measured at 1M to 100M values).
+        coding_excess_bits: f64,
+        /// Block size in bytes.
+        block_bytes: usize,
+    },
+    /// Fixed-width low bits under a top-bits directory ([`crate::codec::Layout::Packed`]).
+    Packed,
 }
 
 impl Default for Layout {
     /// XOR coding in 1 KiB blocks.
     fn default() -> Self {
-        Layout { coding_excess_bits: 1.95, block_bytes: 1024 }
+        Layout::Blocks { coding_excess_bits: 1.95, block_bytes: 1024 }
     }
 }
 
 impl Layout {
-    /// Bits of one compressed value, block overhead excluded.
-    fn raw_bits(&self, n: u64) -> f64 {
-        (64.0 - (n.max(2) as f64).log2() + self.coding_excess_bits).max(2.0)
+    /// Bits of one compressed value in blocks, block overhead excluded.
+    fn raw_bits(coding_excess_bits: f64, n: u64) -> f64 {
+        (64.0 - (n.max(2) as f64).log2() + coding_excess_bits).max(2.0)
     }
 
-    /// Values one block holds.
+    /// Values one block holds (1 for the packed layout, which reads values one by one).
     pub fn values_per_block(&self, n: u64) -> f64 {
-        ((self.block_bytes.saturating_sub(16)) as f64 * 8.0 / self.raw_bits(n)).max(1.0)
+        match *self {
+            Layout::Blocks { coding_excess_bits, block_bytes } => {
+                ((block_bytes.saturating_sub(16)) as f64 * 8.0
+                    / Self::raw_bits(coding_excess_bits, n))
+                .max(1.0)
+            }
+            Layout::Packed => 1.0,
+        }
     }
 
-    /// Bits per value with the block overhead: header, checksum and directory, about
-    /// 160 bits a block.
+    /// Bits per table entry: in blocks, the coded value and the block overhead (header,
+    /// checksum and directory, about 160 bits a block); packed, the stored low bits and
+    /// the directory's share, as [`crate::codec::PackedRun`] lays them out.
     pub fn entry_bits(&self, n: u64) -> f64 {
-        self.raw_bits(n) + 160.0 / self.values_per_block(n)
+        match *self {
+            Layout::Blocks { coding_excess_bits, .. } => {
+                Self::raw_bits(coding_excess_bits, n) + 160.0 / self.values_per_block(n)
+            }
+            Layout::Packed => crate::codec::packed_bits_per_value(n as usize),
+        }
     }
 }
 

@@ -89,7 +89,7 @@ impl ExactGroups {
 }
 
 /// Every pair `(i, j, distance)`, `i < j`, of `fps` within Hamming distance `k`, from the
-/// core index (design, coding and block size chosen by `IndexConfig::auto` for `fps.len()`,
+/// core index (design and table layout chosen by `IndexConfig::auto` for `fps.len()`,
 /// `k` and `budget_bytes`), sorted.
 pub fn near_pairs(
     fps: &[u64],

@@ -10,7 +10,7 @@
 use crate::util::{huge_page_vec, prefetch};
 
 /// Entries per group.
-const GROUP: usize = 64;
+pub(crate) const GROUP: usize = 64;
 /// Set in a group's base when the group is kept whole: the rest is its position in `wide`.
 const WIDE: u32 = 1 << 31;
 

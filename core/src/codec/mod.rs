@@ -27,6 +27,7 @@ mod sorted;
 
 pub use huffman::{Huffman, MAX_CODE_LEN};
 pub use packed::PackedRun;
+pub(crate) use packed::{bits_per_value as packed_bits_per_value, buckets as packed_buckets};
 pub use run::{
     BlockSearch, Codec, FORMAT_VERSION, HEADER_BYTES, HxRun, Lane, Layout, NO_RANK, RunOptions,
     scan_lanes,

@@ -58,6 +58,22 @@ fn dir_bits(n: usize) -> u32 {
     if t < 2 { 0 } else { (63 - t.leading_zeros()).min(MAX_DIR_BITS) }
 }
 
+/// Bits a packed run of `n` values holds a value: the low bits it stores and its share of
+/// the directory (an offset byte a bucket, a 32-bit base a group of buckets).
+pub(crate) fn bits_per_value(n: usize) -> f64 {
+    let d = dir_bits(n);
+    let entries = (1u64 << d) as f64 + 1.0;
+    let dir_bits_per_entry = 8.0 + 32.0 / crate::codec::directory::GROUP as f64;
+    f64::from(64 - d) + entries * dir_bits_per_entry / n.max(1) as f64
+}
+
+/// The directory bits of a packed run of `n` values, and the values a bucket holds on
+/// average.
+pub(crate) fn buckets(n: usize) -> (u32, f64) {
+    let d = dir_bits(n);
+    (d, n as f64 / (1u64 << d) as f64)
+}
+
 impl PackedRun {
     /// Packs strictly increasing `values`.
     pub fn encode(values: &[u64]) -> Result<PackedRun> {
@@ -374,6 +390,23 @@ mod tests {
         for n in [1usize, 3, 17, 1000, 1 << 20, 10_000_000] {
             let mean = n as f64 / (1u64 << dir_bits(n)) as f64;
             assert!((0.375..0.75).contains(&mean), "n {n}: {mean}");
+        }
+    }
+
+    /// The estimate of a run's size agrees with the bytes a run holds (but for a few hundred
+    /// bytes of fixed overhead, which small runs feel).
+    #[test]
+    fn bits_per_value_matches_a_run() {
+        let mut r = SplitMix64::new(9);
+        for n in [50_000usize, 300_000] {
+            let mut v: Vec<u64> = (0..n).map(|_| r.next_u64()).collect();
+            v.sort_unstable();
+            v.dedup();
+            let run = PackedRun::encode(&v).unwrap();
+            let held = run.heap_bytes() as f64 * 8.0 / v.len() as f64;
+            let est = bits_per_value(v.len());
+            assert!((held - est).abs() < 0.5, "n {n}: held {held} estimated {est}");
+            assert!((0.375..0.75).contains(&buckets(v.len()).1));
         }
     }
 

@@ -29,7 +29,7 @@ use run::BuildContext;
 pub use run::{Run, StoredTable};
 use table::CrowdPolicy;
 
-use crate::codec::{Codec, RunOptions};
+use crate::codec::{self, Codec, RunOptions};
 use crate::design::{Design, Layout};
 use crate::error::{Error, Result};
 
@@ -131,41 +131,46 @@ impl IndexConfig {
         Ok(())
     }
 
-    /// Chooses the design, block size and coding for about `n` documents and queries up
-    /// to distance `k`: the lowest estimated query cost whose estimated memory fits
-    /// `budget_bytes` (see [`Design::estimate_query_ns`] and [`Design::estimate_bytes`]),
-    /// or the smallest configuration when nothing fits. Other options keep their defaults.
+    /// Chooses the design and the tables' layout (packed, or blocks of a size and coding)
+    /// for about `n` documents and queries up to distance `k`: the lowest estimated query
+    /// cost whose estimated memory fits `budget_bytes` (see [`Design::estimate_query_ns`]
+    /// and [`Design::estimate_bytes`]), or the smallest configuration when nothing fits.
+    /// Packed tables are stored as Huffman-XOR runs in the default blocks. Other options
+    /// keep their defaults.
     pub fn auto(n: u64, k: u32, budget_bytes: u64) -> Result<IndexConfig> {
         if k > 16 {
             return Err(Error::KOutOfRange { k, max: 16 });
         }
-        let mut best: Option<(f64, u64, Design, Codec, usize)> = None;
-        let mut smallest: Option<(u64, Design, Codec, usize)> = None;
+        let mut layouts = vec![(
+            Layout::Packed,
+            RunOptions { layout: codec::Layout::Packed, ..RunOptions::default() },
+        )];
+        for (codec, excess) in [(Codec::Xor, 1.95), (Codec::Gap, 0.1)] {
+            for block_bytes in [128, 256, 512, 1024, 2048] {
+                let layout = Layout::Blocks { coding_excess_bits: excess, block_bytes };
+                layouts.push((layout, RunOptions { codec, block_bytes, ..RunOptions::default() }));
+            }
+        }
+        let mut best: Option<(f64, u64, Design, RunOptions)> = None;
+        let mut smallest: Option<(u64, Design, RunOptions)> = None;
         for d in Design::candidates(n, k) {
-            for (codec, excess) in [(Codec::Xor, 1.95), (Codec::Gap, 0.1)] {
-                for block_bytes in [128, 256, 512, 1024, 2048] {
-                    let layout = Layout { coding_excess_bits: excess, block_bytes };
-                    let bytes = d.estimate_bytes(n, layout);
-                    let cost = d.estimate_query_ns(n, layout);
-                    if smallest.as_ref().is_none_or(|s| bytes < s.0) {
-                        smallest = Some((bytes, d.clone(), codec, block_bytes));
-                    }
-                    let better = best.as_ref().is_none_or(|b| (cost, bytes) < (b.0, b.1));
-                    if bytes <= budget_bytes && better {
-                        best = Some((cost, bytes, d.clone(), codec, block_bytes));
-                    }
+            for &(layout, run) in &layouts {
+                let bytes = d.estimate_bytes(n, layout);
+                let cost = d.estimate_query_ns(n, layout);
+                if smallest.as_ref().is_none_or(|s| bytes < s.0) {
+                    smallest = Some((bytes, d.clone(), run));
+                }
+                let better = best.as_ref().is_none_or(|b| (cost, bytes) < (b.0, b.1));
+                if bytes <= budget_bytes && better {
+                    best = Some((cost, bytes, d.clone(), run));
                 }
             }
         }
-        let (design, codec, block_bytes) = match (best, smallest) {
-            (Some((_, _, d, c, b)), _) | (None, Some((_, d, c, b))) => (d, c, b),
+        let (design, run) = match (best, smallest) {
+            (Some((_, _, d, r)), _) | (None, Some((_, d, r))) => (d, r),
             (None, None) => return Err(Error::InvalidDesign(format!("no design answers k = {k}"))),
         };
-        Ok(IndexConfig {
-            design,
-            run: RunOptions { codec, block_bytes, ..RunOptions::default() },
-            ..IndexConfig::default()
-        })
+        Ok(IndexConfig { design, run, ..IndexConfig::default() })
     }
 
     fn build_context(&self) -> BuildContext {

@@ -532,13 +532,34 @@ fn auto_config_answers_k_and_respects_budgets() {
         assert!(tight.design.tables().len() <= roomy.design.tables().len());
     }
     assert!(IndexConfig::auto(1000, 17, 1 << 30).is_err());
+    // At 10M and k = 3, packed tables (faster, and smaller than 64-byte blocks) once the
+    // budget holds them; Huffman-XOR blocks below that.
+    let roomy = IndexConfig::auto(10_000_000, 3, 1_000_000_000).unwrap();
+    assert_eq!(roomy.run.layout, Layout::Packed);
+    let tight = IndexConfig::auto(10_000_000, 3, 300_000_000).unwrap();
+    assert_eq!(tight.run.layout, Layout::Blocks);
+    let (design, n) = (&roomy.design, 10_000_000);
+    let packed = design.estimate_bytes(n, crate::design::Layout::Packed);
+    assert!(packed <= 1_000_000_000);
+    assert!(
+        design.estimate_query_ns(n, crate::design::Layout::Packed)
+            < design.estimate_query_ns(n, crate::design::Layout::default())
+    );
     // A small auto-configured index is exact.
     let mut g = Gen::new(12, Shape::Clustered);
     let docs: Vec<Doc> = (0..3000).map(|_| g.doc()).collect();
     let config =
         IndexConfig { parallel_build: false, ..IndexConfig::auto(3000, 4, 1 << 30).unwrap() };
+    assert_eq!(config.run.layout, Layout::Packed);
     let index = Index::build(config, &docs).unwrap();
-    check_all_k(&index, &Model { docs }, &mut g, 20);
+    let model = Model { docs };
+    check_all_k(&index, &model, &mut g, 20);
+    // And one the budget holds to blocks.
+    let config =
+        IndexConfig { parallel_build: false, ..IndexConfig::auto(3000, 4, 125_000).unwrap() };
+    assert_eq!(config.run.layout, Layout::Blocks);
+    let index = Index::build(config, &model.docs).unwrap();
+    check_all_k(&index, &model, &mut g, 20);
 }
 
 #[test]
