@@ -11,7 +11,7 @@
 //! directory entry alone tells, so most lookups of a query without a near neighbour read no
 //! value at all.
 //!
-//! At 10M values `d` is 24, so a value takes 40 bits plus 14.2 bits of directory, 54.2 in all
+//! At 10M values `d` is 24, so a value takes 40 bits plus 14.3 bits of directory, 54.3 in all
 //! against a floor of 42.2 (the Huffman-XOR code in 64-byte blocks takes about 58). Side by
 //! side at 10M (same process, alternating passes), one directory bit fewer (48.1 bits a
 //! value, buckets of 0.75 to 1.5) answered about 7% fewer queries, one bit more about 6%
