@@ -1,6 +1,5 @@
 //! `neardup-bench designs`: what each table design costs and buys at a given n.
 
-use neardup_core::codec::Codec;
 use neardup_core::design::{Layout, NAMED};
 use neardup_core::{Design, IndexConfig};
 
@@ -73,19 +72,12 @@ pub fn run(args: DesignsArgs) {
         for &mb in &args.budget_mb {
             match IndexConfig::auto(n, k, mb * 1_000_000) {
                 Ok(c) => {
-                    let packed = c.run.layout == neardup_core::codec::Layout::Packed;
-                    let layout = if packed {
-                        Layout::Packed
-                    } else {
-                        Layout::Blocks {
-                            coding_excess_bits: if c.run.codec == Codec::Gap { 0.1 } else { 1.95 },
-                            block_bytes: c.run.block_bytes,
+                    let layout = Layout::of(&c.run);
+                    let how = match layout {
+                        Layout::Packed => "packed".to_string(),
+                        Layout::Blocks { .. } => {
+                            format!("{:?} {} B blocks", c.run.codec, c.run.block_bytes)
                         }
-                    };
-                    let how = if packed {
-                        "packed".to_string()
-                    } else {
-                        format!("{:?} {} B blocks", c.run.codec, c.run.block_bytes)
                     };
                     println!(
                         "k={k:<2} budget={mb:>5}MB  {:<10} {how:<18}  tables {:>3}  est. {:>8.0} MB  est. {:>8.2} us",

@@ -427,8 +427,8 @@ impl Design {
 pub enum Layout {
     /// Huffman-XOR blocks ([`crate::codec::Layout::Blocks`]).
     Blocks {
-        /// Bits a value costs above `64 - log2 n` before block overhead: about 1.95 for XOR
-        /// coding, 0.1 for gap coding (measured at 1M to 100M values).
+        /// Bits a value costs above `64 - log2 n` before block overhead (see
+        /// [`Layout::of`]).
         coding_excess_bits: f64,
         /// Block size in bytes.
         block_bytes: usize,
@@ -438,13 +438,29 @@ pub enum Layout {
 }
 
 impl Default for Layout {
-    /// XOR coding in 1 KiB blocks.
+    /// XOR coding in 1 KiB blocks ([`RunOptions::default`](crate::codec::RunOptions)).
     fn default() -> Self {
-        Layout::Blocks { coding_excess_bits: 1.95, block_bytes: 1024 }
+        Layout::of(&crate::codec::RunOptions::default())
     }
 }
 
 impl Layout {
+    /// The layout runs built with `run` have in memory: the coding's excess is about 1.95
+    /// bits a value for XOR coding and 0.1 for gap coding (measured at 1M to 100M values).
+    pub fn of(run: &crate::codec::RunOptions) -> Layout {
+        use crate::codec::{Codec, Layout as Kept};
+        match run.layout {
+            Kept::Packed => Layout::Packed,
+            Kept::Blocks => Layout::Blocks {
+                coding_excess_bits: match run.codec {
+                    Codec::Xor => 1.95,
+                    Codec::Gap => 0.1,
+                },
+                block_bytes: run.block_bytes,
+            },
+        }
+    }
+
     /// Bits of one compressed value in blocks, block overhead excluded.
     fn raw_bits(coding_excess_bits: f64, n: u64) -> f64 {
         (64.0 - (n.max(2) as f64).log2() + coding_excess_bits).max(2.0)

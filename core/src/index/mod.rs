@@ -141,20 +141,17 @@ impl IndexConfig {
         if k > 16 {
             return Err(Error::KOutOfRange { k, max: 16 });
         }
-        let mut layouts = vec![(
-            Layout::Packed,
-            RunOptions { layout: codec::Layout::Packed, ..RunOptions::default() },
-        )];
-        for (codec, excess) in [(Codec::Xor, 1.95), (Codec::Gap, 0.1)] {
+        let mut runs = vec![RunOptions { layout: codec::Layout::Packed, ..RunOptions::default() }];
+        for codec in [Codec::Xor, Codec::Gap] {
             for block_bytes in [128, 256, 512, 1024, 2048] {
-                let layout = Layout::Blocks { coding_excess_bits: excess, block_bytes };
-                layouts.push((layout, RunOptions { codec, block_bytes, ..RunOptions::default() }));
+                runs.push(RunOptions { codec, block_bytes, ..RunOptions::default() });
             }
         }
         let mut best: Option<(f64, u64, Design, RunOptions)> = None;
         let mut smallest: Option<(u64, Design, RunOptions)> = None;
         for d in Design::candidates(n, k) {
-            for &(layout, run) in &layouts {
+            for &run in &runs {
+                let layout = Layout::of(&run);
                 let bytes = d.estimate_bytes(n, layout);
                 let cost = d.estimate_query_ns(n, layout);
                 if smallest.as_ref().is_none_or(|s| bytes < s.0) {
@@ -195,11 +192,8 @@ pub struct QueryScratch {
     pqs: Vec<u64>,
     /// Per run and probed table: where the table searches for the query.
     cands: Vec<table::Candidates>,
-    /// `(value in its table's space, rank, index into the probed tables)`.
-    hits: Vec<(u64, u32, u32)>,
-    /// `(fingerprint, rank or NO_RANK, where the key column searches for its rank)`, one
-    /// per fingerprint hit.
-    found: Vec<(u64, u32, (usize, usize))>,
+    /// What each run's later stages use (see [`Run::finish`]).
+    hits: run::HitScratch,
 }
 
 /// A merge the owner runs off the write path: see [`Index::next_merge`].
@@ -621,22 +615,19 @@ impl Index {
         // (see `Run::finish`); each table's permutation is applied once for all runs.
         let design = &self.config.design;
         let specs = design.tables();
-        let mut pqs = std::mem::take(&mut scratch.pqs);
-        let mut cands = std::mem::take(&mut scratch.cands);
+        let QueryScratch { pqs, cands, hits } = scratch;
         pqs.clear();
         pqs.extend(tables.iter().map(|&t| specs[t].perm.apply(fp)));
         for r in &self.runs {
-            r.prefetch(tables, &pqs);
+            r.prefetch(tables, pqs);
         }
         cands.clear();
         for r in &self.runs {
-            r.candidates(tables, &pqs, &mut cands);
+            r.candidates(tables, pqs, cands);
         }
         for (r, c) in self.runs.iter().zip(cands.chunks_exact(tables.len().max(1))) {
-            r.finish(fp, k, design, run::Staged { tables, pqs: &pqs, cands: c }, scratch, out);
+            r.finish(fp, k, design, run::Staged { tables, pqs, cands: c }, hits, out);
         }
-        scratch.pqs = pqs;
-        scratch.cands = cands;
         self.buffer.scan(fp, k, out);
         Ok(())
     }

@@ -11,7 +11,7 @@ use rayon::prelude::*;
 
 use super::docs::DocStore;
 use super::table::{Candidates, CrowdPolicy, NO_RANK, TableRun};
-use super::{Doc, Match, QueryScratch};
+use super::{Doc, Match};
 use crate::codec::{HxRun, Layout, RunOptions, SortedRun};
 use crate::design::{Design, TableSpec};
 use crate::error::{Error, Result};
@@ -63,6 +63,16 @@ pub(crate) struct Staged<'a> {
     pub pqs: &'a [u64],
     /// Where each searches in this run.
     pub cands: &'a [Candidates],
+}
+
+/// Reusable buffers for the stages of a query that [`Run::finish`] runs.
+#[derive(Debug, Default)]
+pub(crate) struct HitScratch {
+    /// `(value in its table's space, rank, index into the probed tables)`.
+    hits: Vec<(u64, u32, u32)>,
+    /// `(fingerprint, rank or NO_RANK, where the key column searches for its rank)`, one
+    /// per fingerprint hit.
+    found: Vec<(u64, u32, (usize, usize))>,
 }
 
 /// Up to this many hits in a query's tables are merged per fingerprint one by one, more
@@ -282,10 +292,10 @@ impl Run {
         k: u32,
         design: &Design,
         Staged { tables, pqs, cands }: Staged<'_>,
-        scratch: &mut QueryScratch,
+        scratch: &mut HitScratch,
         out: &mut Vec<Match>,
     ) {
-        let QueryScratch { hits, found, .. } = scratch;
+        let HitScratch { hits, found } = scratch;
         let specs = design.tables();
         hits.clear();
         for (i, ((&t, &pq), &c)) in tables.iter().zip(pqs).zip(cands).enumerate() {
