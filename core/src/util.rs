@@ -65,30 +65,38 @@ pub fn binomial(n: u32, r: u32) -> u64 {
 /// Buckets below this size are sorted by comparison.
 const SMALL: usize = 1 << 10;
 
-/// First half of a stable sort by `key` that never holds the sorted whole: `src` is mapped
-/// into `out`, grouped stably by the top byte of `key` (one counting pass, which `observe`
-/// sees every element in, and one scatter). Returns where each group starts, with
-/// `src.len()` last; [`for_each_sorted_group`] finishes the sort.
+/// First step of a stable sort by `key` that never holds the sorted whole: where each
+/// group of `src` by the top byte of `key` starts once grouped, with `src.len()` last (one
+/// counting pass, in which `observe` sees every element). [`group_by_top_byte`] then
+/// groups, and [`for_each_sorted_group`] finishes the sort.
 ///
 /// Fingerprints spread evenly over the top bits, so a group of 10M holds about 40k and
 /// the rest of its sort stays in cache.
-pub(crate) fn group_by_top_byte<S, T: Copy>(
+pub(crate) fn top_byte_starts<S>(
     src: &[S],
-    map: impl Fn(&S) -> T,
-    key: impl Fn(&T) -> u64,
+    key: impl Fn(&S) -> u64,
     mut observe: impl FnMut(&S),
-    out: &mut Vec<T>,
 ) -> [usize; 257] {
-    let digit = |x: &S| (key(&map(x)) >> 56) as usize;
-    let starts = group_starts(src, |x| {
+    group_starts(src, |x| {
         observe(x);
-        digit(x)
-    });
-    scatter_into(src, digit, &starts, out, &map);
-    starts
+        (key(x) >> 56) as usize
+    })
 }
 
-/// Second half of the sort [`group_by_top_byte`] starts: sorts each group of `grouped`
+/// Second step of the sort [`top_byte_starts`] begins: `src` mapped into `out`, grouped
+/// stably by the top byte of `key` (one scatter), given where the groups start. `map`
+/// is chosen after the counting pass, so it may depend on what that pass observed.
+pub(crate) fn group_by_top_byte<S, T: Copy>(
+    src: &[S],
+    key: impl Fn(&S) -> u64,
+    starts: &[usize; 257],
+    map: impl Fn(&S) -> T,
+    out: &mut Vec<T>,
+) {
+    scatter_into(src, |x| (key(x) >> 56) as usize, starts, out, &map);
+}
+
+/// Last step of the sort [`top_byte_starts`] begins: sorts each group of `grouped`
 /// stably by `key` (on the next byte with a counting pass through `scratch`, then on the
 /// one after inside pieces still large, and by comparison below [`SMALL`]) and hands the
 /// groups to `emit` sorted, in order. `grouped` is used as scratch.
@@ -419,12 +427,13 @@ mod tests {
         assert_eq!(out, want);
     }
 
-    /// `v` sorted stably by `key` through [`group_by_top_byte`] and
+    /// `v` sorted stably by `key` through [`top_byte_starts`], [`group_by_top_byte`] and
     /// [`for_each_sorted_group`].
     fn grouped_sort<T: Copy>(v: &[T], key: impl Fn(&T) -> u64 + Copy) -> Vec<T> {
         let (mut grouped, mut scratch, mut out) = (Vec::new(), Vec::new(), Vec::new());
         let mut seen = 0;
-        let starts = group_by_top_byte(v, |x| *x, key, |_| seen += 1, &mut grouped);
+        let starts = top_byte_starts(v, key, |_| seen += 1);
+        group_by_top_byte(v, key, &starts, |x| *x, &mut grouped);
         assert_eq!(seen, v.len(), "every element observed once");
         for_each_sorted_group(&mut grouped, &starts, key, &mut scratch, |g| {
             out.extend_from_slice(g)
