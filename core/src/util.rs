@@ -200,86 +200,86 @@ pub(crate) fn huge_page_vec<T>(capacity: usize) -> Vec<T> {
 }
 
 /// `src` mapped through `map` into `out`, stably sorted on the top `bits` bits of the
-/// mapped values only (`tmp` is scratch): least significant digit first, one counting
-/// pass of at most 10 bits per digit, every digit counted while mapping.
+/// mapped values only (`scratch` is for the sort to use as it likes).
 ///
 /// A table's values are the sorted distinct fingerprints put through a permutation that
 /// moves some bit blocks to the front and keeps the rest in order. Values that agree on
 /// the moved blocks are then already in the table's order, so sorting on the prefix alone
-/// sorts the table: two passes for a 16-bit prefix, with no pass over the low bits and no
-/// comparison sort at the end.
+/// sorts the table, with no pass over the low bits and no comparison sort at the end.
+///
+/// Most significant digit first: one counting pass and one scatter on the top byte (ten
+/// bits past 16M values), then each group, about 40k values at 10M, sorted on the rest of
+/// the prefix while it is in cache. The whole is moved through memory once, and needs no
+/// second array of its size.
 pub(crate) fn sort_on_top_bits(
     src: &[u64],
     map: impl Fn(u64) -> u64,
     bits: u32,
     out: &mut Vec<u64>,
-    tmp: &mut Vec<u64>,
+    scratch: &mut Vec<u64>,
 ) {
     let bits = bits.min(64);
-    let passes = bits.div_ceil(10) as usize; // none for no bits: then only mapped
-    // Digit d is `(y >> shift[d]) & mask[d]`, at most 10 bits; its group starts are
-    // `starts[d * STRIDE..][..groups + 1]`.
-    let (mut shift, mut mask) = ([0u32; 7], [0u64; 7]);
-    let mut at = 64 - bits;
-    for d in 0..passes {
-        let w = (64 - at).div_ceil((passes - d) as u32);
-        (shift[d], mask[d]) = (at, (1u64 << w) - 1);
-        at += w;
+    if bits == 0 {
+        clear_with_room(out, src.len());
+        out.extend(src.iter().map(|&x| map(x)));
+        return;
     }
-    // The mapped values are written out once, in order, as they are counted: the passes
-    // then move them without mapping again. The last pass must write `out`.
-    let (mut a, mut b) = if passes.is_multiple_of(2) { (out, tmp) } else { (tmp, out) };
-    clear_with_room(a, src.len());
-    let mut starts = match passes {
-        0 => map_and_count::<0>(src, map, &shift, &mask, a),
-        1 => map_and_count::<1>(src, map, &shift, &mask, a),
-        2 => map_and_count::<2>(src, map, &shift, &mask, a),
-        3 => map_and_count::<3>(src, map, &shift, &mask, a),
-        4 => map_and_count::<4>(src, map, &shift, &mask, a),
-        _ => map_and_count::<7>(src, map, &shift, &mask, a),
-    };
-    for d in 0..passes {
-        let s = &mut starts[d * STRIDE..][..mask[d] as usize + 2];
-        for i in 1..s.len() {
-            s[i] += s[i - 1];
-        }
-    }
-    let starts_of = |d: usize| &starts[d * STRIDE..][..mask[d] as usize + 2];
-    for d in 0..passes {
-        let (sd, md) = (shift[d], mask[d]);
-        scatter_into(a, |&y| ((y >> sd) & md) as usize, starts_of(d), b, &|&y: &u64| y);
-        std::mem::swap(&mut a, &mut b);
+    let top = bits.min(if src.len() > 1 << 24 { 10 } else { 8 });
+    let shift = 64 - top;
+    let digit = |&x: &u64| (map(x) >> shift) as usize;
+    let starts = digit_starts(src, digit, 1 << top);
+    scatter_into(src, digit, &starts, out, &|&x: &u64| map(x));
+    for g in starts.windows(2) {
+        sort_on_bits(&mut out[g[0]..g[1]], 64 - bits, bits - top, scratch);
     }
 }
 
-/// Groups of a counting pass of at most 10 bits, plus one.
-const STRIDE: usize = (1 << 10) + 1;
+/// Sorts `v` stably on bits `lo..lo + bits` of its values (`bits < 64`): by comparison
+/// when short, else least significant digit first, at most 10 bits a pass, through
+/// `scratch`.
+fn sort_on_bits(v: &mut [u64], lo: u32, bits: u32, scratch: &mut Vec<u64>) {
+    const SHORT: usize = 64;
+    if bits == 0 || v.len() <= 1 {
+        return;
+    }
+    if v.len() <= SHORT {
+        let mask = (1u64 << bits) - 1;
+        v.sort_by_key(|&y| (y >> lo) & mask);
+        return;
+    }
+    if scratch.len() < v.len() {
+        scratch.resize(v.len(), 0);
+    }
+    let s = &mut scratch[..v.len()];
+    let passes = bits.div_ceil(10);
+    let mut at = lo;
+    for d in 0..passes {
+        let w = (lo + bits - at).div_ceil(passes - d);
+        let mask = (1u64 << w) - 1;
+        let digit = |&y: &u64| ((y >> at) & mask) as usize;
+        let (from, to): (&[u64], &mut [u64]) =
+            if d % 2 == 0 { (&*v, &mut *s) } else { (&*s, &mut *v) };
+        let starts = digit_starts(from, digit, 1 << w);
+        distribute::<_, _, MAX_GROUPS>(from, digit, &starts, to, |slot, &y| *slot = y);
+        at += w;
+    }
+    if passes % 2 == 1 {
+        v.copy_from_slice(s);
+    }
+}
 
-/// `src` mapped through `map` into `out`, counting digit `d` of every mapped value
-/// (`(y >> shift[d]) & mask[d]`) for `d < P`: returns the counts, digit `d`'s value `g`
-/// at `d * STRIDE + g + 1`. With `P` fixed the digit loop unrolls, and the masked digit
-/// indexes its row with no bounds check. Digits at `P` and above are zero-width when
-/// fewer are used (`P = 7` stands for any number above four).
-#[inline(always)]
-fn map_and_count<const P: usize>(
-    src: &[u64],
-    map: impl Fn(u64) -> u64,
-    shift: &[u32; 7],
-    mask: &[u64; 7],
-    out: &mut Vec<u64>,
-) -> Vec<usize> {
-    let shift: [u32; P] = std::array::from_fn(|d| shift[d]);
-    let mask: [u64; P] = std::array::from_fn(|d| mask[d] & (STRIDE as u64 - 2));
-    let mut counts = vec![[0usize; STRIDE]; P];
-    let rows: &mut [[usize; STRIDE]; P] = (&mut counts[..]).try_into().expect("P rows");
-    out.extend(src.iter().map(|&x| {
-        let y = map(x);
-        for d in 0..P {
-            rows[d][((y >> shift[d]) & mask[d]) as usize + 1] += 1;
-        }
-        y
-    }));
-    counts.into_iter().flatten().collect()
+/// Where each of `groups` groups by `digit` (below `groups`) starts in `src` grouped, and
+/// `src.len()` last.
+fn digit_starts<T>(src: &[T], digit: impl Fn(&T) -> usize, groups: usize) -> Vec<usize> {
+    let mut starts = vec![0usize; groups + 1];
+    let counts = &mut starts[1..];
+    for x in src {
+        counts[digit(x) & (groups - 1)] += 1;
+    }
+    for i in 1..=groups {
+        starts[i] += starts[i - 1];
+    }
+    starts
 }
 
 /// Empties `v` and makes room for `n` elements, in plain pages when it lacks it: the
