@@ -161,46 +161,54 @@ impl DocStore {
     /// pass over all of them (which also takes the column ranges) and one scatter, the sort
     /// goes on group by group in cache, and each group sorted goes straight into the
     /// columns: the sorted whole is never held.
-    pub(crate) fn from_docs(docs: &[Doc]) -> (DocStore, Vec<u64>) {
+    ///
+    /// Also returns the sort's emptied array, for the caller to reuse: its pages are
+    /// already backed, where a new array's would each have to be faulted in again.
+    pub(crate) fn from_docs(docs: &[Doc]) -> (DocStore, Vec<u64>, Vec<u64>) {
         let mut ranges = ColumnRanges::default();
         let starts = top_byte_starts(docs, |d| d.fp, |d| ranges.see(d.id, d.ts));
         let mut columns = Columns::new(docs.len(), &ranges);
-        match ranges.packing() {
+        let mut spare = match ranges.packing() {
             Some(p) => {
                 let mut grouped = Vec::new();
                 group_by_top_byte(
                     docs,
                     |d| d.fp,
                     &starts,
-                    |d| (d.fp, p.pack(d.id, d.ts)),
+                    |d| [d.fp, p.pack(d.id, d.ts)],
                     &mut grouped,
                 );
                 for_each_sorted_group(
                     &mut grouped,
                     &starts,
-                    |r| r.0,
+                    |r| r[0],
                     &mut Vec::new(),
                     |g| {
-                        columns.extend(g, |&(fp, w)| {
+                        columns.extend(g, |&[fp, w]| {
                             let (id, ts) = p.unpack(w);
                             (fp, id, ts)
                         })
                     },
                 );
+                grouped.into_flattened()
             }
             None => {
                 let mut grouped = Vec::new();
-                group_by_top_byte(docs, |d| d.fp, &starts, |d| (d.fp, d.id, d.ts), &mut grouped);
+                let record = |d: &Doc| [d.fp, d.id, order_i64(d.ts)];
+                group_by_top_byte(docs, |d| d.fp, &starts, record, &mut grouped);
                 for_each_sorted_group(
                     &mut grouped,
                     &starts,
-                    |r| r.0,
+                    |r| r[0],
                     &mut Vec::new(),
-                    |g| columns.extend(g, |&(fp, id, ts)| (fp, id, order_i64(ts))),
+                    |g| columns.extend(g, |&[fp, id, ts]| (fp, id, ts)),
                 );
+                grouped.into_flattened()
             }
-        }
-        columns.finish()
+        };
+        spare.clear();
+        let (store, distinct) = columns.finish();
+        (store, distinct, spare)
     }
 
     /// Builds the columns from documents `(fp, id, ts)` sorted by fingerprint (then
@@ -420,7 +428,7 @@ mod tests {
             let mut ranges = ColumnRanges::default();
             docs.iter().for_each(|d| ranges.see(d.id, d.ts));
             assert_eq!(ranges.packing().is_some(), packs, "{name}");
-            let (store, distinct) = DocStore::from_docs(&docs);
+            let (store, distinct, _) = DocStore::from_docs(&docs);
             let mut want = docs.clone();
             want.sort_by_key(|d| d.fp);
             let mut want_distinct: Vec<u64> = want.iter().map(|d| d.fp).collect();

@@ -83,8 +83,8 @@ impl Run {
     /// Builds a run from documents in insertion order.
     pub(crate) fn build(id: u64, docs: &[Doc], ctx: &BuildContext) -> Result<Run> {
         check_run_size(docs.len())?;
-        let (docs, distinct) = DocStore::from_docs(docs);
-        Self::assemble(id, docs, distinct, ctx, |_, spec, distinct, v, tmp| {
+        let (docs, distinct, spare) = DocStore::from_docs(docs);
+        Self::assemble(id, docs, distinct, spare, ctx, |_, spec, distinct, v, tmp| {
             permuted_sorted(distinct, spec, v, tmp)
         })
     }
@@ -92,10 +92,12 @@ impl Run {
     /// Builds the tables of a run whose documents and distinct fingerprints are known.
     /// `fill(t, spec, distinct, buffer, scratch)` puts the sorted permuted values of
     /// non-identity table `t` into `buffer`; `scratch` is for it to use as it likes.
+    /// `spare` is an emptied array to take for the first buffer (or a new one).
     fn assemble(
         id: u64,
         docs: DocStore,
         distinct: Vec<u64>,
+        mut spare: Vec<u64>,
         ctx: &BuildContext,
         fill: impl Fn(usize, &TableSpec, &[u64], &mut Vec<u64>, &mut Vec<u64>) + Sync,
     ) -> Result<Run> {
@@ -117,15 +119,20 @@ impl Run {
             }
         };
         let n = ctx.design.tables().len();
-        // Each worker keeps two buffers for the values of the tables it builds, as a
-        // sequential build does for all of them: no fresh pages per table.
+        // Each worker keeps two buffers for the tables it builds, as a sequential build
+        // does for all of them: no fresh pages per table. The spare array, its pages
+        // backed already, is one worker's buffer for the values, cut to their number.
+        spare.clear();
+        spare.shrink_to(distinct.len());
+        let spare = std::sync::Mutex::new(spare);
+        let take_spare = || std::mem::take(&mut *spare.lock().unwrap_or_else(|e| e.into_inner()));
         let tables = if ctx.parallel {
             (0..n)
                 .into_par_iter()
-                .map_init(|| (Vec::new(), Vec::new()), |(v, tmp), t| build(t, v, tmp))
+                .map_init(|| (take_spare(), Vec::new()), |(v, tmp), t| build(t, v, tmp))
                 .collect::<Result<Vec<_>>>()?
         } else {
-            let (mut values, mut tmp) = (Vec::new(), Vec::new());
+            let (mut values, mut tmp) = (take_spare(), Vec::new());
             (0..n).map(|t| build(t, &mut values, &mut tmp)).collect::<Result<Vec<_>>>()?
         };
         Ok(Run { id, fps, docs, tables, opts: ctx.opts })
@@ -158,7 +165,7 @@ impl Run {
             sorted_difference(&all_fps, &distinct)
         };
         let same_design = runs.iter().all(|r| r.tables.len() == ctx.design.tables().len());
-        Self::assemble(id, docs, distinct, ctx, move |t, spec, distinct, v, tmp| {
+        Self::assemble(id, docs, distinct, Vec::new(), ctx, move |t, spec, distinct, v, tmp| {
             if !same_design {
                 permuted_sorted(distinct, spec, v, tmp);
                 return;
