@@ -260,18 +260,28 @@ impl<'a> BitWriter<'a> {
 fn append_bits(out: &mut [u8], at: usize, src: &[u8], len: usize) {
     let (first, r) = (at / 8, (at % 8) as u32);
     let words = len.div_ceil(64);
-    let mut carry = 0u64; // bits of the last word read that went past the last word written
-    for k in 0..words {
-        let mut w = load_be64(src, 8 * k);
-        if k + 1 == words && !len.is_multiple_of(64) {
-            w &= !(u64::MAX >> (len % 64)); // only the `len` bits; whatever follows is stale
-        }
-        let dst = out[first + 8 * k..].first_chunk_mut::<8>().expect("room for a word");
-        *dst = (carry | w >> r).to_be_bytes();
-        carry = w.checked_shl(64 - r).unwrap_or(0);
+    if words == 0 {
+        out[first..first + 8].copy_from_slice(&[0; 8]);
+        return;
     }
-    let dst = out[first + 8 * words..].first_chunk_mut::<8>().expect("room for a word");
-    *dst = carry.to_be_bytes();
+    // One bounds check each for the words read and written, none in the loop.
+    let (src, out) = (&src[..8 * words], &mut out[first..first + 8 * words + 8]);
+    let mut carry = 0u64; // bits of the last word read that went past the last word written
+    let mut put = |dst: &mut [u8], w: u64| {
+        dst.copy_from_slice(&(carry | w >> r).to_be_bytes());
+        carry = w << (63 - r) << 1; // w << (64 - r), and nothing for r = 0
+    };
+    let (dst, last_dst) = out.split_at_mut(8 * (words - 1));
+    for (d, s) in dst.chunks_exact_mut(8).zip(src.chunks_exact(8)) {
+        put(d, u64::from_be_bytes(s.try_into().expect("8 bytes")));
+    }
+    // Only the last word's first `len` bits; whatever follows is stale.
+    let keep = match len % 64 {
+        0 => u64::MAX,
+        tail => !(u64::MAX >> tail),
+    };
+    put(&mut last_dst[..8], load_be64(src, 8 * (words - 1)) & keep);
+    last_dst[8..].copy_from_slice(&carry.to_be_bytes());
 }
 
 #[inline(always)]
