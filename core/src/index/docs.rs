@@ -151,6 +151,28 @@ struct Deleted {
     count: AtomicUsize,
 }
 
+/// The second and last steps of [`DocStore::from_docs`]'s sort, with each document as
+/// the record `record` gives (its fingerprint first), which `fields` reads back as
+/// fingerprint, id and ordered timestamp. Returns the sort's array, flattened.
+fn sort_into<const N: usize>(
+    docs: &[Doc],
+    starts: &[usize; 257],
+    columns: &mut Columns,
+    record: impl Fn(&Doc) -> [u64; N],
+    fields: impl Fn(&[u64; N]) -> (u64, u64, u64),
+) -> Vec<u64> {
+    let mut grouped = Vec::new();
+    group_by_top_byte(docs, |d| d.fp, starts, record, &mut grouped);
+    for_each_sorted_group(
+        &mut grouped,
+        starts,
+        |r| r[0],
+        &mut Vec::new(),
+        |g| columns.extend(g, &fields),
+    );
+    grouped.into_flattened()
+}
+
 impl DocStore {
     /// Builds the columns from documents in insertion order, and returns the distinct
     /// fingerprints in order beside them.
@@ -169,42 +191,23 @@ impl DocStore {
         let starts = top_byte_starts(docs, |d| d.fp, |d| ranges.see(d.id, d.ts));
         let mut columns = Columns::new(docs.len(), &ranges);
         let mut spare = match ranges.packing() {
-            Some(p) => {
-                let mut grouped = Vec::new();
-                group_by_top_byte(
-                    docs,
-                    |d| d.fp,
-                    &starts,
-                    |d| [d.fp, p.pack(d.id, d.ts)],
-                    &mut grouped,
-                );
-                for_each_sorted_group(
-                    &mut grouped,
-                    &starts,
-                    |r| r[0],
-                    &mut Vec::new(),
-                    |g| {
-                        columns.extend(g, |&[fp, w]| {
-                            let (id, ts) = p.unpack(w);
-                            (fp, id, ts)
-                        })
-                    },
-                );
-                grouped.into_flattened()
-            }
-            None => {
-                let mut grouped = Vec::new();
-                let record = |d: &Doc| [d.fp, d.id, order_i64(d.ts)];
-                group_by_top_byte(docs, |d| d.fp, &starts, record, &mut grouped);
-                for_each_sorted_group(
-                    &mut grouped,
-                    &starts,
-                    |r| r[0],
-                    &mut Vec::new(),
-                    |g| columns.extend(g, |&[fp, id, ts]| (fp, id, ts)),
-                );
-                grouped.into_flattened()
-            }
+            Some(p) => sort_into(
+                docs,
+                &starts,
+                &mut columns,
+                |d| [d.fp, p.pack(d.id, d.ts)],
+                |&[fp, w]| {
+                    let (id, ts) = p.unpack(w);
+                    (fp, id, ts)
+                },
+            ),
+            None => sort_into(
+                docs,
+                &starts,
+                &mut columns,
+                |d| [d.fp, d.id, order_i64(d.ts)],
+                |&[fp, id, ts]| (fp, id, ts),
+            ),
         };
         spare.clear();
         let (store, distinct) = columns.finish();

@@ -92,7 +92,7 @@ impl Run {
     /// Builds the tables of a run whose documents and distinct fingerprints are known.
     /// `fill(t, spec, distinct, buffer, scratch)` puts the sorted permuted values of
     /// non-identity table `t` into `buffer`; `scratch` is for it to use as it likes.
-    /// `spare` is an emptied array to take for the first buffer (or a new one).
+    /// `spare` is an empty array to take for the first buffer (or a new one).
     fn assemble(
         id: u64,
         docs: DocStore,
@@ -122,7 +122,6 @@ impl Run {
         // Each worker keeps two buffers for the tables it builds, as a sequential build
         // does for all of them: no fresh pages per table. The spare array, its pages
         // backed already, is one worker's buffer for the values, cut to their number.
-        spare.clear();
         spare.shrink_to(distinct.len());
         let spare = std::sync::Mutex::new(spare);
         let take_spare = || std::mem::take(&mut *spare.lock().unwrap_or_else(|e| e.into_inner()));
