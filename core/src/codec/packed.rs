@@ -53,7 +53,7 @@ pub struct PackedRun {
 
 /// Directory bits for `n` values: the most that leave at least 0.375 values a bucket on
 /// average (so between 0.375 and 0.75).
-fn dir_bits(n: usize) -> u32 {
+pub(crate) fn dir_bits(n: usize) -> u32 {
     let t = (n as u64).saturating_mul(8) / 3;
     if t < 2 { 0 } else { (63 - t.leading_zeros()).min(MAX_DIR_BITS) }
 }
@@ -103,14 +103,15 @@ impl PackedRun {
         }
         let tail = pending.div_ceil(8) as usize;
         data[at..at + tail].copy_from_slice(&(acc as u64).to_le_bytes()[..tail]);
+        // Entry t is how many values lie in buckets below t: counted, then summed, with no
+        // branch on how full a bucket is (most hold 0, 1 or 2 values, at random).
         let buckets = 1usize << d;
-        let mut entries = Vec::with_capacity(buckets + 1);
-        let mut i = 0;
-        for t in 0..=buckets {
-            while i < values.len() && (values[i].checked_shr(width).unwrap_or(0) as usize) < t {
-                i += 1;
-            }
-            entries.push(i as u32);
+        let mut entries = vec![0u32; buckets + 1];
+        for &v in values {
+            entries[(v.checked_shr(width).unwrap_or(0) as usize & (buckets - 1)) + 1] += 1;
+        }
+        for t in 1..=buckets {
+            entries[t] += entries[t - 1];
         }
         let dir = Directory::new(width, &entries);
         Ok(PackedRun { len: values.len(), width, mask, data, dir })
