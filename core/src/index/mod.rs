@@ -203,12 +203,14 @@ pub struct MergeJob {
     sources: Vec<Arc<Run>>,
     deleted_at_start: Vec<Vec<u32>>,
     ctx: Arc<BuildContext>,
+    /// Fingerprints in the largest run not merged.
+    beside: usize,
 }
 
 impl MergeJob {
     /// Builds the merged run. Needs no access to the index; may run on any thread.
     pub fn run(&self) -> Result<Run> {
-        Run::merge(self.id, &self.sources, &self.ctx)
+        Run::merge(self.id, &self.sources, &self.ctx, self.beside)
     }
 
     /// Ids of the runs being merged.
@@ -309,7 +311,7 @@ impl Index {
     pub fn build(config: IndexConfig, docs: &[Doc]) -> Result<Index> {
         let mut index = Index::new(config)?;
         if !docs.is_empty() {
-            let run = Run::build(index.take_run_id(), docs, &index.ctx)?;
+            let run = Run::build(index.take_run_id(), docs, &index.ctx, 0)?;
             index.runs.push(Arc::new(run));
         }
         Ok(index)
@@ -372,7 +374,8 @@ impl Index {
     pub fn insert_batch(&mut self, docs: &[Doc]) -> Result<()> {
         if docs.len() >= self.config.buffer_docs {
             self.flush()?;
-            let run = Run::build(self.take_run_id(), docs, &self.ctx)?;
+            let beside = self.largest_run_beside(self.runs.len()..self.runs.len());
+            let run = Run::build(self.take_run_id(), docs, &self.ctx, beside)?;
             self.runs.push(Arc::new(run));
             return self.maybe_merge();
         }
@@ -394,7 +397,8 @@ impl Index {
     /// Builds the buffer into the newest run and empties it (no merge).
     fn seal_buffer(&mut self) -> Result<()> {
         if !self.buffer.is_empty() {
-            let run = Run::build(self.take_run_id(), self.buffer.docs(), &self.ctx)?;
+            let beside = self.largest_run_beside(self.runs.len()..self.runs.len());
+            let run = Run::build(self.take_run_id(), self.buffer.docs(), &self.ctx, beside)?;
             self.buffer.clear();
             self.runs.push(Arc::new(run));
         }
@@ -434,7 +438,8 @@ impl Index {
         for i in 0..self.runs.len() {
             if self.runs[i].deleted() * 2 > self.runs[i].len() {
                 let id = self.take_run_id();
-                let merged = Run::merge(id, &self.runs[i..=i], &self.ctx)?;
+                let beside = self.largest_run_beside(i..i + 1);
+                let merged = Run::merge(id, &self.runs[i..=i], &self.ctx, beside)?;
                 self.merges += 1;
                 self.merged_docs += merged.len() as u64;
                 self.runs[i] = Arc::new(merged);
@@ -496,9 +501,18 @@ impl Index {
     /// Merges the runs in `range` here and now, and counts the merge.
     fn merge_now(&mut self, range: std::ops::Range<usize>) -> Result<Run> {
         let id = self.take_run_id();
-        let merged = Run::merge(id, &self.runs[range], &self.ctx)?;
+        let beside = self.largest_run_beside(range.clone());
+        let merged = Run::merge(id, &self.runs[range], &self.ctx, beside)?;
         self.count_merge(&merged);
         Ok(merged)
+    }
+
+    /// Distinct fingerprints in the largest run outside `range` (0 if none): what a run
+    /// made from `range`, or added after the runs when `range` is empty at the end, will
+    /// sit beside.
+    fn largest_run_beside(&self, range: std::ops::Range<usize>) -> usize {
+        let outside = self.runs[..range.start].iter().chain(&self.runs[range.end..]);
+        outside.map(|r| r.distinct()).max().unwrap_or(0)
     }
 
     fn count_merge(&mut self, merged: &Run) {
@@ -514,9 +528,11 @@ impl Index {
 
     /// A job merging `range` of the runs, for the owner to run off the write path.
     fn job(&mut self, range: std::ops::Range<usize>) -> MergeJob {
+        let beside = self.largest_run_beside(range.clone());
         let sources: Vec<Arc<Run>> = self.runs[range].to_vec();
         let deleted_at_start = sources.iter().map(|r| r.deleted_positions()).collect();
-        MergeJob { id: self.take_run_id(), sources, deleted_at_start, ctx: self.ctx.clone() }
+        let ctx = self.ctx.clone();
+        MergeJob { id: self.take_run_id(), sources, deleted_at_start, ctx, beside }
     }
 
     /// Merges every run into one (and the buffer with them): after a burst of writes, so
@@ -547,7 +563,7 @@ impl Index {
     /// the sources since the job was taken are deleted from the merged run too. Fails if the
     /// sources are no longer all present (another merge replaced them).
     pub fn finish_merge(&mut self, job: MergeJob, merged: Run) -> Result<()> {
-        let MergeJob { id, sources, deleted_at_start, ctx: _ } = job;
+        let MergeJob { id, sources, deleted_at_start, ctx: _, beside: _ } = job;
         if merged.id() != id {
             return Err(Error::InvalidConfig("merged run does not belong to this job".into()));
         }

@@ -28,6 +28,34 @@ pub(crate) struct BuildContext {
     pub parallel: bool,
 }
 
+/// A run in blocks whose packed directory would have at most this many bits more than its
+/// tables' shortest prefix may be packed instead: a lookup then walks at most 2^3 directory
+/// entries, where a block costs decoding half of it.
+const PACK_SMALL_RUNS_WITHIN: u32 = 3;
+
+/// ... and only beside a run at least this many times its size, so that the few bits a
+/// value packing costs more fall on a small part of the index.
+const PACK_SMALL_RUNS_BESIDE: usize = 8;
+
+impl BuildContext {
+    /// The options a run of `distinct` fingerprints is laid out with in memory, beside a
+    /// largest other run of `beside`: the index's, except that a small run in blocks next
+    /// to a much larger one is packed, if its packed directory reaches every prefix in a
+    /// few steps. Live inserts make such runs; in blocks each costs every query a block
+    /// decoded in every table, packed a directory entry and a value or two. Stored runs
+    /// are blocks either way, and are loaded as stored.
+    pub(crate) fn opts_for(&self, distinct: usize, beside: usize) -> RunOptions {
+        let small = crate::codec::packed_dir_bits(distinct)
+            <= self.design.min_prefix_bits() + PACK_SMALL_RUNS_WITHIN
+            && beside >= distinct.saturating_mul(PACK_SMALL_RUNS_BESIDE);
+        if self.opts.layout == Layout::Blocks && small {
+            RunOptions { layout: Layout::Packed, ..self.opts }
+        } else {
+            self.opts
+        }
+    }
+}
+
 const META_MAGIC: [u8; 4] = *b"NDRN";
 /// Version of the run metadata record.
 const META_VERSION: u16 = 1;
@@ -80,11 +108,12 @@ pub(crate) struct HitScratch {
 const FEW_HITS: usize = 16;
 
 impl Run {
-    /// Builds a run from documents in insertion order.
-    pub(crate) fn build(id: u64, docs: &[Doc], ctx: &BuildContext) -> Result<Run> {
+    /// Builds a run from documents in insertion order, to sit beside a largest other run
+    /// of `beside` fingerprints (see [`BuildContext::opts_for`]).
+    pub(crate) fn build(id: u64, docs: &[Doc], ctx: &BuildContext, beside: usize) -> Result<Run> {
         check_run_size(docs.len())?;
         let (docs, distinct, spare) = DocStore::from_docs(docs);
-        Self::assemble(id, docs, distinct, spare, ctx, |_, spec, distinct, v, tmp| {
+        Self::assemble(id, docs, distinct, spare, ctx, beside, |_, spec, distinct, v, tmp| {
             permuted_sorted(distinct, spec, v, tmp)
         })
     }
@@ -99,9 +128,11 @@ impl Run {
         distinct: Vec<u64>,
         mut spare: Vec<u64>,
         ctx: &BuildContext,
+        beside: usize,
         fill: impl Fn(usize, &TableSpec, &[u64], &mut Vec<u64>, &mut Vec<u64>) + Sync,
     ) -> Result<Run> {
-        let fps = Arc::new(SortedRun::encode(&distinct, ctx.opts)?);
+        let opts = ctx.opts_for(distinct.len(), beside);
+        let fps = Arc::new(SortedRun::encode(&distinct, opts)?);
         let build = |t: usize, v: &mut Vec<u64>, tmp: &mut Vec<u64>| -> Result<TableRun> {
             let spec = &ctx.design.tables()[t];
             if spec.perm.is_identity() {
@@ -109,13 +140,13 @@ impl Run {
                     &distinct,
                     Some(fps.clone()),
                     spec.prefix_bits,
-                    ctx.opts,
+                    opts,
                     &ctx.policy,
                     0,
                 )
             } else {
                 fill(t, spec, &distinct, v, tmp);
-                TableRun::build(v, None, spec.prefix_bits, ctx.opts, &ctx.policy, 0)
+                TableRun::build(v, None, spec.prefix_bits, opts, &ctx.policy, 0)
             }
         };
         let n = ctx.design.tables().len();
@@ -139,8 +170,13 @@ impl Run {
 
     /// Merges runs (oldest first) into one, dropping deleted documents. Every source is
     /// sorted already, in each table's order: documents and tables are merged, not sorted
-    /// again.
-    pub(crate) fn merge(id: u64, runs: &[Arc<Run>], ctx: &BuildContext) -> Result<Run> {
+    /// again. `beside` is as for [`build`](Self::build).
+    pub(crate) fn merge(
+        id: u64,
+        runs: &[Arc<Run>],
+        ctx: &BuildContext,
+        beside: usize,
+    ) -> Result<Run> {
         let lists: Vec<Vec<(u64, u64, i64)>> = runs
             .iter()
             .map(|r| {
@@ -164,21 +200,29 @@ impl Run {
             sorted_difference(&all_fps, &distinct)
         };
         let same_design = runs.iter().all(|r| r.tables.len() == ctx.design.tables().len());
-        Self::assemble(id, docs, distinct, Vec::new(), ctx, move |t, spec, distinct, v, tmp| {
-            if !same_design {
-                permuted_sorted(distinct, spec, v, tmp);
-                return;
-            }
-            let mut merged =
-                merge_sorted(runs.iter().map(|r| r.tables[t].hx.to_vec()).collect(), |&x| x);
-            merged.dedup();
-            if !gone.is_empty() {
-                let mut drop_t = Vec::new();
-                permuted_sorted(&gone, spec, &mut drop_t, tmp);
-                merged = sorted_difference(&merged, &drop_t);
-            }
-            *v = merged;
-        })
+        Self::assemble(
+            id,
+            docs,
+            distinct,
+            Vec::new(),
+            ctx,
+            beside,
+            move |t, spec, distinct, v, tmp| {
+                if !same_design {
+                    permuted_sorted(distinct, spec, v, tmp);
+                    return;
+                }
+                let mut merged =
+                    merge_sorted(runs.iter().map(|r| r.tables[t].hx.to_vec()).collect(), |&x| x);
+                merged.dedup();
+                if !gone.is_empty() {
+                    let mut drop_t = Vec::new();
+                    permuted_sorted(&gone, spec, &mut drop_t, tmp);
+                    merged = sorted_difference(&merged, &drop_t);
+                }
+                *v = merged;
+            },
+        )
     }
 
     /// Calls `f(fp, id, ts)` for every live document, in fingerprint order.
@@ -193,6 +237,12 @@ impl Run {
             }
             rank += 1;
         });
+    }
+
+    /// Whether the run's tables are packed in memory (see [`BuildContext::opts_for`]).
+    #[cfg(test)]
+    pub(crate) fn is_packed(&self) -> bool {
+        matches!(*self.fps, SortedRun::Packed(_))
     }
 
     /// The run's id, unique within its index and increasing with creation.
@@ -456,14 +506,15 @@ impl Run {
         let mut decoded: Vec<Option<HxRun>> =
             decoded.into_iter().map(|d| d.filter(|hx| usable(hx))).collect();
         let mut rebuilt = Vec::new();
-        let packed = ctx.opts.layout == Layout::Packed;
+        let opts = ctx.opts_for(distinct, 0);
+        let packed = opts.layout == Layout::Packed;
         let fps = Arc::new(match decoded.first_mut().and_then(Option::take) {
             Some(hx) if !packed => SortedRun::Blocks(hx),
             intact => {
                 if intact.is_none() {
                     rebuilt.push(0);
                 }
-                SortedRun::encode(&fps_sorted, ctx.opts)?
+                SortedRun::encode(&fps_sorted, opts)?
             }
         });
         let mut built = Vec::with_capacity(ctx.design.tables().len());
@@ -473,7 +524,7 @@ impl Run {
                     &fps_sorted,
                     Some(fps.clone()),
                     spec.prefix_bits,
-                    ctx.opts,
+                    opts,
                     &ctx.policy,
                     0,
                 )?
@@ -486,13 +537,13 @@ impl Run {
                         let v = hx.to_vec();
                         // Kept as it is, or packed from its values.
                         let run = (!packed).then(|| Arc::new(SortedRun::Blocks(hx)));
-                        TableRun::build(&v, run, spec.prefix_bits, ctx.opts, &ctx.policy, 0)?
+                        TableRun::build(&v, run, spec.prefix_bits, opts, &ctx.policy, 0)?
                     }
                     None => {
                         rebuilt.push(t);
                         let mut v = Vec::new();
                         permuted_sorted(&fps_sorted, spec, &mut v, &mut Vec::new());
-                        TableRun::build(&v, None, spec.prefix_bits, ctx.opts, &ctx.policy, 0)?
+                        TableRun::build(&v, None, spec.prefix_bits, opts, &ctx.policy, 0)?
                     }
                 }
             };

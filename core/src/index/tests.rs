@@ -596,3 +596,35 @@ fn compaction_leaves_one_run_and_stays_exact() {
     check_all_k(&index, &model, &mut g, 20);
     assert!(index.compact_job().is_none());
 }
+
+/// Small runs that live inserts add beside a much larger one are packed, whatever the
+/// index's layout, and the index stays exact: the runs of mixed layouts, their merges,
+/// and the runs stored and loaded back (as blocks).
+#[test]
+fn small_runs_beside_a_large_one_are_packed_and_exact() {
+    for shape in [Shape::Uniform, Shape::Clustered] {
+        let mut g = Gen::new(11, shape);
+        let mut model = Model::default();
+        let config = IndexConfig { buffer_docs: 500, ..small_config("paper-4") };
+        assert_eq!(config.run.layout, Layout::Blocks);
+        let base: Vec<Doc> = (0..40_000).map(|_| g.doc()).collect();
+        model.docs.extend(&base);
+        let mut index = Index::build(config, &base).unwrap();
+        assert!(!index.runs()[0].is_packed(), "{shape:?}: the bulk run keeps its blocks");
+        for _ in 0..6 {
+            let batch: Vec<Doc> = (0..700).map(|_| g.doc()).collect();
+            model.docs.extend(&batch);
+            index.insert_batch(&batch).unwrap();
+        }
+        index.flush().unwrap();
+        let runs = index.runs();
+        assert!(runs.len() > 1 && runs[1..].iter().all(|r| r.is_packed()), "{shape:?}");
+        check_all_k(&index, &model, &mut g, 300);
+        let (loaded, _) = save_and_load(&index, |_, _, _| {});
+        assert!(loaded.runs().iter().all(|r| !r.is_packed()), "{shape:?}: loaded as stored");
+        check_all_k(&loaded, &model, &mut g, 300);
+        index.compact().unwrap();
+        assert!(!index.runs()[0].is_packed(), "{shape:?}: one run again, in blocks");
+        check_all_k(&index, &model, &mut g, 300);
+    }
+}
