@@ -412,7 +412,8 @@ impl Design {
                         MISS_NS + DECODE_NS * (half_block.min(n as f64) + cand)
                     }
                     Layout::Packed => {
-                        let (bucket_bits, mean) = crate::codec::packed_buckets(n as usize);
+                        let bucket_bits = crate::codec::packed_dir_bits(n as usize);
+                        let mean = n as f64 / 2f64.powi(bucket_bits as i32);
                         let steps = 2f64.powi(bucket_bits as i32 - t.prefix_bits as i32);
                         MISS_NS + PACKED_VALUE_NS * (mean + cand) + BUCKET_STEP_NS * steps.max(1.0)
                     }

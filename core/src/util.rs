@@ -65,6 +65,9 @@ pub fn binomial(n: u32, r: u32) -> u64 {
 /// Buckets below this size are sorted by comparison.
 const SMALL: usize = 1 << 10;
 
+/// Pieces of a bucket at most this long are sorted by comparison, not counted again.
+const SHORT: usize = 64;
+
 /// First step of a stable sort by `key` that never holds the sorted whole: where each
 /// group of `src` by the top byte of `key` starts once grouped, with `src.len()` last (one
 /// counting pass, in which `observe` sees every element). [`group_by_top_byte`] then
@@ -137,7 +140,6 @@ fn finish_bucket<T: Copy>(
     key: &impl Fn(&T) -> u64,
     small: &impl Fn(&mut [T]),
 ) {
-    const SHORT: usize = 64;
     const MOST: usize = 64;
     if v.len() <= SHORT {
         small(v);
@@ -147,14 +149,10 @@ fn finish_bucket<T: Copy>(
     let mask = (1u64 << w) - 1;
     let digit = |x: &T| ((key(x) >> (48 - w)) & mask) as usize;
     let mut starts = [0usize; MOST + 1];
-    for x in v.iter() {
-        starts[digit(x) + 1] += 1;
-    }
-    for i in 0..MOST {
-        starts[i + 1] += starts[i];
-    }
-    distribute::<_, _, MOST>(v, digit, &starts[..=1 << w], scratch, |slot, x| *slot = *x);
-    for g in starts[..=1 << w].windows(2) {
+    let starts = &mut starts[..=1 << w];
+    count_starts(v, digit, starts);
+    distribute::<_, _, MOST>(v, digit, starts, scratch, |slot, x| *slot = *x);
+    for g in starts.windows(2) {
         small(&mut scratch[g[0]..g[1]]);
     }
     v.copy_from_slice(scratch);
@@ -250,7 +248,6 @@ pub(crate) fn sort_on_top_bits(
 /// when short, else least significant digit first, at most 10 bits a pass, through
 /// `scratch`.
 fn sort_on_bits(v: &mut [u64], lo: u32, bits: u32, scratch: &mut Vec<u64>) {
-    const SHORT: usize = 64;
     if bits == 0 || v.len() <= 1 {
         return;
     }
@@ -280,17 +277,10 @@ fn sort_on_bits(v: &mut [u64], lo: u32, bits: u32, scratch: &mut Vec<u64>) {
     }
 }
 
-/// Where each of `groups` groups by `digit` (below `groups`) starts in `src` grouped, and
-/// `src.len()` last.
+/// [`count_starts`] into a new array, for `groups` groups.
 fn digit_starts<T>(src: &[T], digit: impl Fn(&T) -> usize, groups: usize) -> Vec<usize> {
     let mut starts = vec![0usize; groups + 1];
-    let counts = &mut starts[1..];
-    for x in src {
-        counts[digit(x) & (groups - 1)] += 1;
-    }
-    for i in 1..=groups {
-        starts[i] += starts[i - 1];
-    }
+    count_starts(src, digit, &mut starts);
     starts
 }
 
@@ -326,15 +316,27 @@ fn scatter_into<S, T>(
 }
 
 /// Where each of 256 groups by `digit` starts in `src` grouped (and `src.len()` last).
-fn group_starts<T>(src: &[T], mut digit: impl FnMut(&T) -> usize) -> [usize; 257] {
+fn group_starts<T>(src: &[T], digit: impl FnMut(&T) -> usize) -> [usize; 257] {
     let mut starts = [0usize; 257];
-    for x in src {
-        starts[digit(x) + 1] += 1;
-    }
-    for i in 0..256 {
-        starts[i + 1] += starts[i];
-    }
+    count_starts(src, digit, &mut starts);
     starts
+}
+
+/// Fills `starts` (zeroed, one more than a power-of-two number of groups) with where each
+/// group by `digit` starts in `src` grouped, and `src.len()` last: one counting pass and
+/// a running sum. Every pass of the build's radix sorts counts through here.
+#[inline(always)]
+fn count_starts<T>(src: &[T], mut digit: impl FnMut(&T) -> usize, starts: &mut [usize]) {
+    let counts = &mut starts[1..];
+    let groups = counts.len();
+    debug_assert!(groups.is_power_of_two());
+    for x in src {
+        // Masked so that indexing needs no check; digits are below `groups` anyway.
+        counts[digit(x) & (groups - 1)] += 1;
+    }
+    for i in 1..=groups {
+        starts[i] += starts[i - 1];
+    }
 }
 
 /// Most groups a scatter pass distributes into: digits have at most 10 bits.

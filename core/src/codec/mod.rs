@@ -27,9 +27,7 @@ mod sorted;
 
 pub use huffman::{Huffman, MAX_CODE_LEN};
 pub use packed::PackedRun;
-pub(crate) use packed::{
-    bits_per_value as packed_bits_per_value, buckets as packed_buckets, dir_bits as packed_dir_bits,
-};
+pub(crate) use packed::{bits_per_value as packed_bits_per_value, dir_bits as packed_dir_bits};
 pub use run::{
     BlockSearch, Codec, FORMAT_VERSION, HEADER_BYTES, HxRun, Lane, Layout, NO_RANK, RunOptions,
     scan_lanes,

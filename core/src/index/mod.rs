@@ -374,7 +374,7 @@ impl Index {
     pub fn insert_batch(&mut self, docs: &[Doc]) -> Result<()> {
         if docs.len() >= self.config.buffer_docs {
             self.flush()?;
-            let beside = self.largest_run_beside(self.runs.len()..self.runs.len());
+            let beside = self.largest_run();
             let run = Run::build(self.take_run_id(), docs, &self.ctx, beside)?;
             self.runs.push(Arc::new(run));
             return self.maybe_merge();
@@ -397,7 +397,7 @@ impl Index {
     /// Builds the buffer into the newest run and empties it (no merge).
     fn seal_buffer(&mut self) -> Result<()> {
         if !self.buffer.is_empty() {
-            let beside = self.largest_run_beside(self.runs.len()..self.runs.len());
+            let beside = self.largest_run();
             let run = Run::build(self.take_run_id(), self.buffer.docs(), &self.ctx, beside)?;
             self.buffer.clear();
             self.runs.push(Arc::new(run));
@@ -507,9 +507,13 @@ impl Index {
         Ok(merged)
     }
 
+    /// Distinct fingerprints in the largest run: what a new run will sit beside.
+    fn largest_run(&self) -> usize {
+        self.largest_run_beside(0..0)
+    }
+
     /// Distinct fingerprints in the largest run outside `range` (0 if none): what a run
-    /// made from `range`, or added after the runs when `range` is empty at the end, will
-    /// sit beside.
+    /// made from `range` will sit beside.
     fn largest_run_beside(&self, range: std::ops::Range<usize>) -> usize {
         let outside = self.runs[..range.start].iter().chain(&self.runs[range.end..]);
         outside.map(|r| r.distinct()).max().unwrap_or(0)
@@ -563,7 +567,7 @@ impl Index {
     /// the sources since the job was taken are deleted from the merged run too. Fails if the
     /// sources are no longer all present (another merge replaced them).
     pub fn finish_merge(&mut self, job: MergeJob, merged: Run) -> Result<()> {
-        let MergeJob { id, sources, deleted_at_start, ctx: _, beside: _ } = job;
+        let MergeJob { id, sources, deleted_at_start, .. } = job;
         if merged.id() != id {
             return Err(Error::InvalidConfig("merged run does not belong to this job".into()));
         }

@@ -47,7 +47,7 @@ impl BuildContext {
     pub(crate) fn opts_for(&self, distinct: usize, beside: usize) -> RunOptions {
         let small = crate::codec::packed_dir_bits(distinct)
             <= self.design.min_prefix_bits() + PACK_SMALL_RUNS_WITHIN
-            && beside >= distinct.saturating_mul(PACK_SMALL_RUNS_BESIDE);
+            && beside >= distinct.max(1).saturating_mul(PACK_SMALL_RUNS_BESIDE);
         if self.opts.layout == Layout::Blocks && small {
             RunOptions { layout: Layout::Packed, ..self.opts }
         } else {
@@ -506,15 +506,14 @@ impl Run {
         let mut decoded: Vec<Option<HxRun>> =
             decoded.into_iter().map(|d| d.filter(|hx| usable(hx))).collect();
         let mut rebuilt = Vec::new();
-        let opts = ctx.opts_for(distinct, 0);
-        let packed = opts.layout == Layout::Packed;
+        let packed = ctx.opts.layout == Layout::Packed;
         let fps = Arc::new(match decoded.first_mut().and_then(Option::take) {
             Some(hx) if !packed => SortedRun::Blocks(hx),
             intact => {
                 if intact.is_none() {
                     rebuilt.push(0);
                 }
-                SortedRun::encode(&fps_sorted, opts)?
+                SortedRun::encode(&fps_sorted, ctx.opts)?
             }
         });
         let mut built = Vec::with_capacity(ctx.design.tables().len());
@@ -524,7 +523,7 @@ impl Run {
                     &fps_sorted,
                     Some(fps.clone()),
                     spec.prefix_bits,
-                    opts,
+                    ctx.opts,
                     &ctx.policy,
                     0,
                 )?
@@ -537,13 +536,13 @@ impl Run {
                         let v = hx.to_vec();
                         // Kept as it is, or packed from its values.
                         let run = (!packed).then(|| Arc::new(SortedRun::Blocks(hx)));
-                        TableRun::build(&v, run, spec.prefix_bits, opts, &ctx.policy, 0)?
+                        TableRun::build(&v, run, spec.prefix_bits, ctx.opts, &ctx.policy, 0)?
                     }
                     None => {
                         rebuilt.push(t);
                         let mut v = Vec::new();
                         permuted_sorted(&fps_sorted, spec, &mut v, &mut Vec::new());
-                        TableRun::build(&v, None, spec.prefix_bits, opts, &ctx.policy, 0)?
+                        TableRun::build(&v, None, spec.prefix_bits, ctx.opts, &ctx.policy, 0)?
                     }
                 }
             };
