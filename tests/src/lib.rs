@@ -147,3 +147,22 @@ pub fn run(args: &[&str]) -> Output {
         .output()
         .expect("run the neardup binary")
 }
+
+/// Whether a test may go on without something it needs that this machine lacks (a Python
+/// package, a data set): prints `SKIPPED: what` and returns false, so the test returns early.
+/// With `NEARDUP_TESTS_STRICT` set (`.ci/run` sets it) nothing is skipped: it panics instead.
+pub fn skip_without(what: &str) -> bool {
+    let strict = std::env::var_os("NEARDUP_TESTS_STRICT").is_some_and(|v| !v.is_empty());
+    assert!(!strict, "{what} (NEARDUP_TESTS_STRICT is set, so nothing is skipped)");
+    eprintln!("SKIPPED: {what}");
+    false
+}
+
+/// Whether `python3` can import grpcio and grpcio-tools.
+pub fn has_python_grpc() -> bool {
+    Command::new("python3")
+        .args(["-c", "import grpc, grpc_tools"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
