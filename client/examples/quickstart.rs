@@ -7,7 +7,6 @@ async fn main() -> Result<(), ClientError> {
     let server = std::env::var("NEARDUP_SERVER").unwrap_or("http://127.0.0.1:50051".into());
     let client = Client::connect(&server).await?;
 
-    // A document is an id, a fingerprint (or a text the server fingerprints) and a time.
     let fp = 0x5EED_0000_0000_0000;
     client.insert(vec![doc("https://example.org/rust/1", fp, 1_700_000_000_000)]).await?;
     let hits = client.query(fp ^ 0b111, Some(3), 10).await?; // 3 bits away
@@ -15,7 +14,7 @@ async fn main() -> Result<(), ClientError> {
         println!("found {} at distance {}", m.id, m.distance);
     }
 
-    // Admission: is this page a near-duplicate of anything seen? Stores it either way.
+    // Admission: is this page a near-duplicate of anything seen? Stored either way.
     let page = "Rust is a language empowering everyone to build reliable software.";
     let first = text_doc("https://example.org/rust/2", page, 1_700_000_001_000);
     let again = text_doc("https://example.org/rust/3", page, 1_700_000_002_000);
