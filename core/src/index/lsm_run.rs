@@ -402,9 +402,24 @@ impl Run {
         }
         for f in found.iter_mut() {
             if f.rank == NO_RANK {
-                // Every table holds the same values, so the rank is there; a miss would only
-                // skip the hit.
-                f.rank = self.fps.rank_in(f.candidates, f.fp).map_or(NO_RANK, |r| r as u32);
+                let rank = self.fps.rank_in(f.candidates, f.fp);
+                // A miss here would drop the hit's documents from an exact answer. It cannot
+                // happen: every table of a run holds exactly the run's distinct fingerprints,
+                // permuted by its table's permutation, and the key column holds them all.
+                // `build` permutes `distinct`; `merge` merges its sources' tables (each that
+                // of its source's fingerprints) less the permuted fingerprints no live
+                // document keeps; `load` keeps a stored table only when every checksum holds
+                // and it has the run's count of values, and rebuilds it from the fingerprints
+                // otherwise. A hit goes back to identity order through the inverse of its
+                // table's permutation (and of its sub-table's, in a crowded bucket), and the
+                // index queries a run with the design it was built or loaded for.
+                debug_assert!(
+                    rank.is_some(),
+                    "run {}: fingerprint {:#x} not in its key column",
+                    self.id,
+                    f.fp
+                );
+                f.rank = rank.map_or(NO_RANK, |r| r as u32);
             }
             if f.rank != NO_RANK {
                 self.docs.prefetch_rank(f.rank as usize);
