@@ -437,7 +437,8 @@ impl Run {
 
     /// The run's metadata record: ids, counts, the design it was built for, the document
     /// columns, and a CRC-32. Together with every table's
-    /// [`stored_table`](Self::stored_table) it is everything [`Run::load`] needs.
+    /// [`stored_table`](Self::stored_table) it is everything
+    /// [`Index::load_run`](super::Index::load_run) needs.
     /// Deletion marks are not included: see [`deleted_positions`](Self::deleted_positions).
     pub fn meta_bytes(&self, design: &Design) -> Vec<u8> {
         let text = design.to_string();
