@@ -1,6 +1,6 @@
 //! `neardup-bench designs`: what each table design costs and buys at a given n.
 
-use neardup_core::design::{Layout, NAMED};
+use neardup_core::design::{LayoutCost, NAMED};
 use neardup_core::{Design, IndexConfig};
 
 /// Options of `neardup-bench designs`.
@@ -30,8 +30,8 @@ fn describe(label: &str, d: &Design, n: u64, show_tables: bool) {
         prefixes.iter().min().unwrap_or(&0),
         prefixes.iter().max().unwrap_or(&0),
         d.expected_candidates(n),
-        d.estimate_bytes(n, Layout::default()) as f64 / 1e6,
-        d.estimate_query_ns(n, Layout::default()) / 1e3,
+        d.estimate_bytes(n, LayoutCost::default()) as f64 / 1e6,
+        d.estimate_query_ns(n, LayoutCost::default()) / 1e3,
     );
     if show_tables {
         for (i, t) in d.tables().iter().enumerate() {
@@ -72,11 +72,11 @@ pub fn run(args: DesignsArgs) {
         for &mb in &args.budget_mb {
             match IndexConfig::auto(n, k, mb * 1_000_000) {
                 Ok(c) => {
-                    let layout = Layout::of(&c.run);
+                    let layout = LayoutCost::of(&c.tables);
                     let how = match layout {
-                        Layout::Packed => "packed".to_string(),
-                        Layout::Blocks { .. } => {
-                            format!("{:?} {} B blocks", c.run.codec, c.run.block_bytes)
+                        LayoutCost::Packed => "packed".to_string(),
+                        LayoutCost::Blocks { .. } => {
+                            format!("{:?} {} B blocks", c.tables.codec, c.tables.block_bytes)
                         }
                     };
                     println!(

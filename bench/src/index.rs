@@ -6,7 +6,7 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use neardup_core::codec::{BlockSearch, Codec, Layout, RunOptions};
+use neardup_core::codec::{BlockSearch, Codec, Layout, TableOptions};
 use neardup_core::index::QueryScratch;
 use neardup_core::util::SplitMix64;
 use neardup_core::{Design, Doc, Index, IndexConfig, Match};
@@ -150,16 +150,16 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
     let config = if args.design == "auto" {
         let mut c = IndexConfig::auto(n as u64, args.k, args.budget_mb * 1_000_000)
             .map_err(|e| e.to_string())?;
-        c.run.search = search;
+        c.tables.search = search;
         if let Some(layout) = layout {
-            c.run.layout = layout;
+            c.tables.layout = layout;
         }
         c
     } else {
         let design = Design::parse(&args.design).map_err(|e| e.to_string())?;
         IndexConfig {
             design,
-            run: RunOptions {
+            tables: TableOptions {
                 codec,
                 block_bytes: args.block_bytes,
                 search,
@@ -175,7 +175,7 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
     config.design.check_k(args.k).map_err(|e| e.to_string())?;
     config.validate().map_err(|e| e.to_string())?;
     let design = config.design.clone();
-    let (codec, block_bytes) = (config.run.codec, config.run.block_bytes);
+    let (codec, block_bytes) = (config.tables.codec, config.tables.block_bytes);
     let docs: Vec<Doc> =
         w.stored.iter().enumerate().map(|(i, &fp)| Doc { id: i as u64, fp, ts: 0 }).collect();
     eprintln!(
@@ -267,7 +267,10 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
             BlockSearch::Directory => BlockSearch::Interpolation,
             BlockSearch::Interpolation => BlockSearch::Directory,
         };
-        let cfg = IndexConfig { run: RunOptions { search: other, ..config.run }, ..config.clone() };
+        let cfg = IndexConfig {
+            tables: TableOptions { search: other, ..config.tables },
+            ..config.clone()
+        };
         let idx2 = Index::build(cfg, &docs).map_err(|e| e.to_string())?;
         let _ = timed_queries(&idx2, &w.queries[..w.queries.len().min(10_000)], k);
         let (s2, r2) = timed_queries(&idx2, &w.queries, k);
@@ -387,7 +390,7 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
         "design": design.to_string(),
         "tables": design.tables().len(),
         "codec": format!("{codec:?}").to_lowercase(),
-        "layout": format!("{:?}", config.run.layout).to_lowercase(),
+        "layout": format!("{:?}", config.tables.layout).to_lowercase(),
         "block_bytes": block_bytes,
         "search": format!("{search:?}").to_lowercase(),
         "build_seconds": build_seconds,

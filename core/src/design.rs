@@ -349,15 +349,15 @@ impl Design {
     }
 
     /// Chooses a design for about `n` fingerprints and distance `k` that fits `budget_bytes`
-    /// with the lowest estimated query cost, for the default layout ([`Layout::default`]:
-    /// XOR coding in 1 KiB blocks). Candidates are [`candidates`](Self::candidates). When
+    /// with the lowest estimated query cost, for the default table options
+    /// ([`LayoutCost::default`]: XOR coding in 1 KiB blocks). Candidates are [`candidates`](Self::candidates). When
     /// nothing fits the budget, the smallest design is returned. `IndexConfig::auto` also
     /// chooses the layout: packed, or blocks of a size and coding.
     pub fn auto(n: u64, k: u32, budget_bytes: u64) -> Result<Design> {
         if k > 16 {
             return Err(Error::KOutOfRange { k, max: 16 });
         }
-        let layout = Layout::default();
+        let layout = LayoutCost::default();
         let mut best: Option<(f64, Design)> = None;
         let mut smallest: Option<(u64, Design)> = None;
         for d in Self::candidates(n, k) {
@@ -378,10 +378,10 @@ impl Design {
             .ok_or_else(|| Error::InvalidDesign(format!("no design answers k = {k}")))
     }
 
-    /// Estimated index bytes for `n` fingerprints laid out as `layout`: every table at
-    /// [`Layout::entry_bits`], plus the document columns (ids in `log2 n` bits, timestamps
+    /// Estimated index bytes for `n` fingerprints in tables that cost `layout`: every table at
+    /// [`LayoutCost::entry_bits`], plus the document columns (ids in `log2 n` bits, timestamps
     /// in 32).
-    pub fn estimate_bytes(&self, n: u64, layout: Layout) -> u64 {
+    pub fn estimate_bytes(&self, n: u64, layout: LayoutCost) -> u64 {
         let tables = self.tables.len() as f64 * n as f64 * layout.entry_bits(n) / 8.0;
         let lg = (n.max(2) as f64).log2().ceil();
         (tables + n as f64 * (lg + 32.0) / 8.0) as u64
@@ -394,7 +394,7 @@ impl Design {
     /// candidates, with a step through the directory for every bucket a short prefix spans.
     /// Calibrated on the 10M peer workload on 2-core development machines (packed:
     /// `paper-10` at 1.2-1.6 us a query, `paper-4`, 256 buckets a prefix, at 9-11 us).
-    pub fn estimate_query_ns(&self, n: u64, layout: Layout) -> f64 {
+    pub fn estimate_query_ns(&self, n: u64, layout: LayoutCost) -> f64 {
         const MISS_NS: f64 = 150.0;
         /// Decoding one Huffman-XOR value.
         const DECODE_NS: f64 = 3.6;
@@ -407,11 +407,11 @@ impl Design {
             .map(|t| {
                 let cand = n as f64 / 2f64.powi(t.prefix_bits as i32);
                 match layout {
-                    Layout::Blocks { .. } => {
+                    LayoutCost::Blocks { .. } => {
                         let half_block = layout.values_per_block(n) / 2.0;
                         MISS_NS + DECODE_NS * (half_block.min(n as f64) + cand)
                     }
-                    Layout::Packed => {
+                    LayoutCost::Packed => {
                         let bucket_bits = crate::codec::packed_dir_bits(n as usize);
                         let mean = n as f64 / 2f64.powi(bucket_bits as i32);
                         let steps = 2f64.powi(bucket_bits as i32 - t.prefix_bits as i32);
@@ -423,13 +423,19 @@ impl Design {
     }
 }
 
-/// How a design's tables are laid out, for estimates.
+/// What a table costs a value in one [`Layout`](crate::codec::Layout), for the estimates
+/// ([`Design::estimate_bytes`], [`Design::estimate_query_ns`]).
+///
+/// Not a second layout: the cost model of [`crate::codec::Layout`] with the options that
+/// change it (the coding and block size), derived by [`LayoutCost::of`]. It is its own type
+/// because an estimate takes a measured figure (the coding's excess bits) that no table
+/// option holds.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Layout {
+pub enum LayoutCost {
     /// Huffman-XOR blocks ([`crate::codec::Layout::Blocks`]).
     Blocks {
         /// Bits a value costs above `64 - log2 n` before block overhead (see
-        /// [`Layout::of`]).
+        /// [`LayoutCost::of`]).
         coding_excess_bits: f64,
         /// Block size in bytes.
         block_bytes: usize,
@@ -438,26 +444,26 @@ pub enum Layout {
     Packed,
 }
 
-impl Default for Layout {
-    /// XOR coding in 1 KiB blocks ([`RunOptions::default`](crate::codec::RunOptions)).
+impl Default for LayoutCost {
+    /// XOR coding in 1 KiB blocks ([`TableOptions::default`](crate::codec::TableOptions)).
     fn default() -> Self {
-        Layout::of(&crate::codec::RunOptions::default())
+        LayoutCost::of(&crate::codec::TableOptions::default())
     }
 }
 
-impl Layout {
-    /// The layout runs built with `run` have in memory: the coding's excess is about 1.95
+impl LayoutCost {
+    /// The cost of tables encoded with `opts` in memory: the coding's excess is about 1.95
     /// bits a value for XOR coding and 0.1 for gap coding (measured at 1M to 100M values).
-    pub fn of(run: &crate::codec::RunOptions) -> Layout {
-        use crate::codec::{Codec, Layout as Kept};
-        match run.layout {
-            Kept::Packed => Layout::Packed,
-            Kept::Blocks => Layout::Blocks {
-                coding_excess_bits: match run.codec {
+    pub fn of(opts: &crate::codec::TableOptions) -> LayoutCost {
+        use crate::codec::{Codec, Layout};
+        match opts.layout {
+            Layout::Packed => LayoutCost::Packed,
+            Layout::Blocks => LayoutCost::Blocks {
+                coding_excess_bits: match opts.codec {
                     Codec::Xor => 1.95,
                     Codec::Gap => 0.1,
                 },
-                block_bytes: run.block_bytes,
+                block_bytes: opts.block_bytes,
             },
         }
     }
@@ -470,24 +476,24 @@ impl Layout {
     /// Values one block holds (1 for the packed layout, which reads values one by one).
     pub fn values_per_block(&self, n: u64) -> f64 {
         match *self {
-            Layout::Blocks { coding_excess_bits, block_bytes } => {
+            LayoutCost::Blocks { coding_excess_bits, block_bytes } => {
                 ((block_bytes.saturating_sub(16)) as f64 * 8.0
                     / Self::raw_bits(coding_excess_bits, n))
                 .max(1.0)
             }
-            Layout::Packed => 1.0,
+            LayoutCost::Packed => 1.0,
         }
     }
 
     /// Bits per table entry: in blocks, the coded value and the block overhead (header,
     /// checksum and directory, about 160 bits a block); packed, the stored low bits and
-    /// the directory's share, as [`crate::codec::PackedRun`] lays them out.
+    /// the directory's share, as [`crate::codec::PackedTable`] lays them out.
     pub fn entry_bits(&self, n: u64) -> f64 {
         match *self {
-            Layout::Blocks { coding_excess_bits, .. } => {
+            LayoutCost::Blocks { coding_excess_bits, .. } => {
                 Self::raw_bits(coding_excess_bits, n) + 160.0 / self.values_per_block(n)
             }
-            Layout::Packed => crate::codec::packed_bits_per_value(n as usize),
+            LayoutCost::Packed => crate::codec::packed_bits_per_value(n as usize),
         }
     }
 }

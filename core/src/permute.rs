@@ -5,7 +5,7 @@
 //! other. A [`Permutation`] is described by the source bit ranges in output order; it is
 //! compiled once into a few shift-and-mask moves (adjacent ranges that stay adjacent are
 //! merged), applied and inverted without any per-bit work. Where the CPU has BMI2 (the
-//! project's builds for x86-64 enable it), a permutation of up to [`GATHERS`] runs of ranges in
+//! project's builds for x86-64 enable it), a permutation of up to `GATHERS` runs of ranges in
 //! source order is applied with one `PEXT` a run instead, and inverted with one `PDEP` (AMD
 //! CPUs before Zen 3 run those in microcode: see `.cargo/config.toml`).
 //!

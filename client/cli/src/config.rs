@@ -16,7 +16,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use neardup_core::codec::RunOptions;
+use neardup_core::codec::TableOptions;
 use neardup_core::{Design, IndexConfig};
 use neardup_router::Limits;
 use neardup_server::ShardConfig;
@@ -272,11 +272,11 @@ impl Config {
         let layout = self.index.layout.parse().map_err(|e| format!("[index] layout: {e}"))?;
         Ok(IndexConfig {
             design,
-            run: RunOptions {
+            tables: TableOptions {
                 block_bytes: self.index.block_bytes,
                 codec,
                 layout,
-                ..RunOptions::default()
+                ..TableOptions::default()
             },
             buffer_docs: self.index.buffer_docs,
             merge_fanout: self.index.merge_fanout,

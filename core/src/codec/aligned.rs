@@ -1,6 +1,6 @@
 //! A growable byte buffer whose start is aligned to 128 bytes.
 //!
-//! A run's blocks are read by random access, and every cache line a block straddles is one
+//! A table's blocks are read by random access, and every cache line a block straddles is one
 //! more miss. A `Vec<u8>` from the system allocator starts 16 bytes past a page boundary,
 //! so a 128-byte block covered three 64-byte lines instead of two. Aligning the buffer to
 //! 128 bytes puts every block of 64 bytes or more on line boundaries, and a 128-byte block

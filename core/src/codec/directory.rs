@@ -1,4 +1,4 @@
-//! A run's top-bits directory, stored compactly so that the directories of all tables stay
+//! A table's top-bits directory, stored compactly so that the directories of all tables stay
 //! in cache.
 //!
 //! Entry `t` is the block where a scan for the keys with top bits `t` starts. Entries grow

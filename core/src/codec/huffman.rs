@@ -1,7 +1,7 @@
 //! Canonical, length-limited Huffman codes over the 64 symbols `h = 0..=63`.
 //!
-//! A run keeps one code: the code lengths are computed from the histogram of `h` over the
-//! whole run by package-merge (optimal under the length limit), codes are assigned
+//! A table keeps one code: the code lengths are computed from the histogram of `h` over the
+//! whole table by package-merge (optimal under the length limit), codes are assigned
 //! canonically (by length, then symbol), and only the 64 lengths are stored. Decoding looks
 //! the next [`MAX_CODE_LEN`] bits up in a table of `2^MAX_CODE_LEN` entries.
 
@@ -72,7 +72,7 @@ impl Huffman {
         Ok(Huffman { lengths: *lengths, codes, lut })
     }
 
-    /// The code lengths (0 = symbol unused), as stored in a run header.
+    /// The code lengths (0 = symbol unused), as stored in a table header.
     pub fn lengths(&self) -> &[u8; SYMBOLS] {
         &self.lengths
     }

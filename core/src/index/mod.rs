@@ -14,10 +14,10 @@
 //! meantime are carried over.
 
 mod buffer;
-mod docs;
-mod packed;
-mod run;
-mod table;
+mod doc_columns;
+mod lsm_run;
+mod packed_column;
+mod permuted_table;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -25,12 +25,12 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use buffer::Buffer;
-use run::BuildContext;
-pub use run::{Run, StoredTable};
-use table::CrowdPolicy;
+use lsm_run::BuildContext;
+pub use lsm_run::{Run, StoredTable};
+use permuted_table::CrowdPolicy;
 
-use crate::codec::{self, Codec, RunOptions};
-use crate::design::{Design, Layout};
+use crate::codec::{self, Codec, TableOptions};
+use crate::design::{Design, LayoutCost};
 use crate::error::{Error, Result};
 
 /// A stored document: the caller's id, its simhash fingerprint and a timestamp.
@@ -67,8 +67,9 @@ pub struct Match {
 pub struct IndexConfig {
     /// The permuted-table design; queries may ask for any `k <= design.max_k()`.
     pub design: Design,
-    /// Block coding, block size and block lookup of every table.
-    pub run: RunOptions,
+    /// How every table is encoded: its in-memory layout, block coding, block size and block
+    /// lookup.
+    pub tables: TableOptions,
     /// Documents the write buffer holds before it becomes a run.
     pub buffer_docs: usize,
     /// How many runs of one size class are merged at once (at least 2).
@@ -94,7 +95,7 @@ impl Default for IndexConfig {
     fn default() -> Self {
         IndexConfig {
             design: Design::parse("paper-10").expect("named design"),
-            run: RunOptions::default(),
+            tables: TableOptions::default(),
             buffer_docs: 4096,
             merge_fanout: 4,
             max_runs: 12,
@@ -109,7 +110,7 @@ impl Default for IndexConfig {
 impl IndexConfig {
     /// Checks every option is in range.
     pub fn validate(&self) -> Result<()> {
-        self.run.validate()?;
+        self.tables.validate()?;
         if self.buffer_docs == 0 {
             return Err(Error::InvalidConfig("buffer_docs must be at least 1".into()));
         }
@@ -135,45 +136,46 @@ impl IndexConfig {
     /// for about `n` documents and queries up to distance `k`: the lowest estimated query
     /// cost whose estimated memory fits `budget_bytes` (see [`Design::estimate_query_ns`]
     /// and [`Design::estimate_bytes`]), or the smallest configuration when nothing fits.
-    /// Packed tables are stored as Huffman-XOR runs in the default blocks. Other options
+    /// Packed tables are stored as Huffman-XOR tables in the default blocks. Other options
     /// keep their defaults.
     pub fn auto(n: u64, k: u32, budget_bytes: u64) -> Result<IndexConfig> {
         if k > 16 {
             return Err(Error::KOutOfRange { k, max: 16 });
         }
-        let mut runs = vec![RunOptions { layout: codec::Layout::Packed, ..RunOptions::default() }];
+        let mut choices =
+            vec![TableOptions { layout: codec::Layout::Packed, ..TableOptions::default() }];
         for codec in [Codec::Xor, Codec::Gap] {
             for block_bytes in [128, 256, 512, 1024, 2048] {
-                runs.push(RunOptions { codec, block_bytes, ..RunOptions::default() });
+                choices.push(TableOptions { codec, block_bytes, ..TableOptions::default() });
             }
         }
-        let mut best: Option<(f64, u64, Design, RunOptions)> = None;
-        let mut smallest: Option<(u64, Design, RunOptions)> = None;
+        let mut best: Option<(f64, u64, Design, TableOptions)> = None;
+        let mut smallest: Option<(u64, Design, TableOptions)> = None;
         for d in Design::candidates(n, k) {
-            for &run in &runs {
-                let layout = Layout::of(&run);
+            for &tables in &choices {
+                let layout = LayoutCost::of(&tables);
                 let bytes = d.estimate_bytes(n, layout);
                 let cost = d.estimate_query_ns(n, layout);
                 if smallest.as_ref().is_none_or(|s| bytes < s.0) {
-                    smallest = Some((bytes, d.clone(), run));
+                    smallest = Some((bytes, d.clone(), tables));
                 }
                 let better = best.as_ref().is_none_or(|b| (cost, bytes) < (b.0, b.1));
                 if bytes <= budget_bytes && better {
-                    best = Some((cost, bytes, d.clone(), run));
+                    best = Some((cost, bytes, d.clone(), tables));
                 }
             }
         }
-        let (design, run) = match (best, smallest) {
+        let (design, tables) = match (best, smallest) {
             (Some((_, _, d, r)), _) | (None, Some((_, d, r))) => (d, r),
             (None, None) => return Err(Error::InvalidDesign(format!("no design answers k = {k}"))),
         };
-        Ok(IndexConfig { design, run, ..IndexConfig::default() })
+        Ok(IndexConfig { design, tables, ..IndexConfig::default() })
     }
 
     fn build_context(&self) -> BuildContext {
         BuildContext {
             design: self.design.clone(),
-            opts: self.run,
+            opts: self.tables,
             policy: CrowdPolicy {
                 min: self.crowd_min,
                 factor: self.crowd_factor,
@@ -191,9 +193,9 @@ pub struct QueryScratch {
     /// Per probed table: the query permuted for it.
     pqs: Vec<u64>,
     /// Per run and probed table: where the table searches for the query.
-    cands: Vec<table::Candidates>,
+    cands: Vec<permuted_table::Candidates>,
     /// What each run's later stages use (see [`Run::finish`]).
-    hits: run::HitScratch,
+    hits: lsm_run::HitScratch,
 }
 
 /// A merge the owner runs off the write path: see [`Index::next_merge`].
@@ -239,7 +241,7 @@ pub struct TableMemory {
 pub struct MemoryReport {
     /// Every byte the index holds: tables, documents, buffer.
     pub total_bytes: usize,
-    /// Per table, in design order. Table 0's run is also the document store's key column.
+    /// Per table, in design order. Table 0's encoded table is also the document store's key column.
     pub tables: Vec<TableMemory>,
     /// Document ids and timestamps (bit-packed), duplicate lists and delete marks.
     pub doc_bytes: usize,
@@ -646,7 +648,7 @@ impl Index {
             r.candidates(tables, pqs, cands);
         }
         for (r, c) in self.runs.iter().zip(cands.chunks_exact(tables.len().max(1))) {
-            r.finish(fp, k, design, run::Staged { tables, pqs, cands: c }, hits, out);
+            r.finish(fp, k, design, lsm_run::Staged { tables, pqs, cands: c }, hits, out);
         }
         self.buffer.scan(fp, k, out);
         Ok(())

@@ -163,7 +163,7 @@ fn exercise(config: IndexConfig, shape: Shape, seed: u64, steps: usize) -> Index
 fn small_config(design: &str) -> IndexConfig {
     IndexConfig {
         design: Design::parse(design).unwrap(),
-        run: RunOptions { codec: Codec::Xor, block_bytes: 64, ..RunOptions::default() },
+        tables: TableOptions { codec: Codec::Xor, block_bytes: 64, ..TableOptions::default() },
         buffer_docs: 32,
         merge_fanout: 3,
         max_runs: 5,
@@ -194,7 +194,7 @@ fn exact_with_the_packed_layout() {
             [Shape::Uniform, Shape::Clustered, Shape::CrowdedPrefix].into_iter().enumerate()
         {
             let mut c = small_config(design);
-            c.run.layout = Layout::Packed;
+            c.tables.layout = Layout::Packed;
             c.auto_merge = j != 1;
             exercise(c, shape, (i * 10 + j) as u64 + 500, 250);
         }
@@ -210,7 +210,7 @@ fn exact_with_background_merges_and_other_codecs() {
     ] {
         for shape in [Shape::Uniform, Shape::Clustered, Shape::CrowdedPrefix] {
             let mut c = small_config("paper-10");
-            c.run = RunOptions { codec, block_bytes: bb, search, ..RunOptions::default() };
+            c.tables = TableOptions { codec, block_bytes: bb, search, ..TableOptions::default() };
             c.auto_merge = false;
             exercise(c, shape, 99, 300);
         }
@@ -232,7 +232,7 @@ fn crowded_prefixes_get_sub_indexes_and_stay_exact() {
     for layout in [Layout::Blocks, Layout::Packed] {
         let mut config = IndexConfig { parallel_build: false, ..IndexConfig::default() };
         config.design = Design::parse("paper-4").unwrap();
-        config.run.layout = layout;
+        config.tables.layout = layout;
         let index = Index::build(config, &model.docs).unwrap();
         let mem = index.memory();
         // Table 0 leads with bits 0..16, inside the shared 30: one huge bucket.
@@ -285,7 +285,7 @@ fn bad_config_is_rejected() {
         IndexConfig { merge_fanout: 1, ..IndexConfig::default() },
         IndexConfig { crowd_factor: 0.5, ..IndexConfig::default() },
         IndexConfig {
-            run: RunOptions { block_bytes: 4, ..RunOptions::default() },
+            tables: TableOptions { block_bytes: 4, ..TableOptions::default() },
             ..IndexConfig::default()
         },
     ];
@@ -303,7 +303,7 @@ fn memory_report_counts_every_table() {
     // 47 bits stored a value, and a directory of 2^17 entries, 22.3 bits a value.
     for (layout, over) in [(Layout::Blocks, 4.0), (Layout::Packed, 20.0)] {
         let mut config = IndexConfig::default();
-        config.run.layout = layout;
+        config.tables.layout = layout;
         let index = Index::build(config, &docs).unwrap();
         let m = index.memory();
         assert_eq!(m.tables.len(), 10);
@@ -362,7 +362,7 @@ fn runs_survive_storage_and_damaged_tables_are_rebuilt() {
     ] {
         let mut c = small_config("paper-10");
         c.auto_merge = true;
-        c.run.layout = layout;
+        c.tables.layout = layout;
         let index = exercise(c, shape, 17, 150);
         assert!(!index.runs().is_empty());
         let mut g = Gen::new(4, shape);
@@ -535,29 +535,29 @@ fn auto_config_answers_k_and_respects_budgets() {
     // At 10M and k = 3, packed tables (faster, and smaller than 64-byte blocks) once the
     // budget holds them; Huffman-XOR blocks below that.
     let roomy = IndexConfig::auto(10_000_000, 3, 1_000_000_000).unwrap();
-    assert_eq!(roomy.run.layout, Layout::Packed);
+    assert_eq!(roomy.tables.layout, Layout::Packed);
     let tight = IndexConfig::auto(10_000_000, 3, 300_000_000).unwrap();
-    assert_eq!(tight.run.layout, Layout::Blocks);
+    assert_eq!(tight.tables.layout, Layout::Blocks);
     let (design, n) = (&roomy.design, 10_000_000);
-    let packed = design.estimate_bytes(n, crate::design::Layout::Packed);
+    let packed = design.estimate_bytes(n, crate::design::LayoutCost::Packed);
     assert!(packed <= 1_000_000_000);
     assert!(
-        design.estimate_query_ns(n, crate::design::Layout::Packed)
-            < design.estimate_query_ns(n, crate::design::Layout::default())
+        design.estimate_query_ns(n, crate::design::LayoutCost::Packed)
+            < design.estimate_query_ns(n, crate::design::LayoutCost::default())
     );
     // A small auto-configured index is exact.
     let mut g = Gen::new(12, Shape::Clustered);
     let docs: Vec<Doc> = (0..3000).map(|_| g.doc()).collect();
     let config =
         IndexConfig { parallel_build: false, ..IndexConfig::auto(3000, 4, 1 << 30).unwrap() };
-    assert_eq!(config.run.layout, Layout::Packed);
+    assert_eq!(config.tables.layout, Layout::Packed);
     let index = Index::build(config, &docs).unwrap();
     let model = Model { docs };
     check_all_k(&index, &model, &mut g, 20);
     // And one the budget holds to blocks.
     let config =
         IndexConfig { parallel_build: false, ..IndexConfig::auto(3000, 4, 125_000).unwrap() };
-    assert_eq!(config.run.layout, Layout::Blocks);
+    assert_eq!(config.tables.layout, Layout::Blocks);
     let index = Index::build(config, &model.docs).unwrap();
     check_all_k(&index, &model, &mut g, 20);
 }
@@ -606,7 +606,7 @@ fn small_runs_beside_a_large_one_are_packed_and_exact() {
         let mut g = Gen::new(11, shape);
         let mut model = Model::default();
         let config = IndexConfig { buffer_docs: 500, ..small_config("paper-4") };
-        assert_eq!(config.run.layout, Layout::Blocks);
+        assert_eq!(config.tables.layout, Layout::Blocks);
         let base: Vec<Doc> = (0..40_000).map(|_| g.doc()).collect();
         model.docs.extend(&base);
         let mut index = Index::build(config, &base).unwrap();

@@ -365,7 +365,7 @@ pub async fn run(args: ServiceArgs) -> Result<(), String> {
             .collect();
         let config = IndexConfig {
             design: design.clone(),
-            run: neardup_core::codec::RunOptions {
+            tables: neardup_core::codec::TableOptions {
                 block_bytes: args.block_bytes,
                 ..Default::default()
             },

@@ -2,17 +2,17 @@
 //!
 //! The index is log-structured: the write buffer is turned into a run when it fills, and
 //! runs are merged as they accumulate. A run holds each distinct fingerprint once per table
-//! and each document once, in the [`DocStore`]; the identity table's compressed run is also
+//! and each document once, in the [`DocStore`]; the identity table's encoded table is also
 //! the document store's key column.
 
 use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::docs::DocStore;
-use super::table::{Candidates, CrowdPolicy, NO_RANK, TableRun};
+use super::doc_columns::DocStore;
+use super::permuted_table::{Candidates, CrowdPolicy, NO_RANK, PermutedTable};
 use super::{Doc, Match};
-use crate::codec::{HxRun, Layout, RunOptions, SortedRun};
+use crate::codec::{EncodedTable, HxTable, Layout, TableHit, TableOptions};
 use crate::design::{Design, TableSpec};
 use crate::error::{Error, Result};
 use crate::permute::VisitMap;
@@ -22,7 +22,7 @@ use crate::util::sort_on_top_bits;
 #[derive(Debug, Clone)]
 pub(crate) struct BuildContext {
     pub design: Design,
-    pub opts: RunOptions,
+    pub opts: TableOptions,
     pub policy: CrowdPolicy,
     /// Build the tables in parallel on rayon's pool.
     pub parallel: bool,
@@ -44,12 +44,12 @@ impl BuildContext {
     /// few steps. Live inserts make such runs; in blocks each costs every query a block
     /// decoded in every table, packed a directory entry and a value or two. Stored runs
     /// are blocks either way, and are loaded as stored.
-    pub(crate) fn opts_for(&self, distinct: usize, beside: usize) -> RunOptions {
+    pub(crate) fn opts_for(&self, distinct: usize, beside: usize) -> TableOptions {
         let small = crate::codec::packed_dir_bits(distinct)
             <= self.design.min_prefix_bits() + PACK_SMALL_RUNS_WITHIN
             && beside >= distinct.max(1).saturating_mul(PACK_SMALL_RUNS_BESIDE);
         if self.opts.layout == Layout::Blocks && small {
-            RunOptions { layout: Layout::Packed, ..self.opts }
+            TableOptions { layout: Layout::Packed, ..self.opts }
         } else {
             self.opts
         }
@@ -60,10 +60,10 @@ const META_MAGIC: [u8; 4] = *b"NDRN";
 /// Version of the run metadata record.
 const META_VERSION: u16 = 1;
 
-/// One table of a stored run: its compressed run's header and blocks, as stored.
+/// One table of a stored run: its encoded table's header and blocks, as stored.
 #[derive(Debug, Clone, Copy)]
 pub struct StoredTable<'a> {
-    /// The header of the run from [`Run::stored_table`].
+    /// The header of the table from [`Run::stored_table`].
     pub header: &'a [u8],
     /// Its blocks, in order.
     pub blocks: &'a [&'a [u8]],
@@ -74,11 +74,11 @@ pub struct StoredTable<'a> {
 pub struct Run {
     id: u64,
     /// Distinct fingerprints in identity order; shared with the identity table.
-    fps: Arc<SortedRun>,
+    fps: Arc<EncodedTable>,
     docs: DocStore,
-    tables: Vec<TableRun>,
+    tables: Vec<PermutedTable>,
     /// How the tables are laid out in memory, and how they are stored.
-    opts: RunOptions,
+    opts: TableOptions,
 }
 
 /// What stages 1 and 2 of a query leave for the rest of it in one run (see
@@ -96,11 +96,22 @@ pub(crate) struct Staged<'a> {
 /// Reusable buffers for the stages of a query that [`Run::finish`] runs.
 #[derive(Debug, Default)]
 pub(crate) struct HitScratch {
-    /// `(value in its table's space, rank, index into the probed tables)`.
-    hits: Vec<(u64, u32, u32)>,
-    /// `(fingerprint, rank or NO_RANK, where the key column searches for its rank)`, one
-    /// per fingerprint hit.
-    found: Vec<(u64, u32, (usize, usize))>,
+    /// What the probed tables found; a hit's probe is its table's index into the probed
+    /// tables.
+    hits: Vec<TableHit>,
+    /// One per fingerprint hit.
+    found: Vec<FingerprintHit>,
+}
+
+/// A fingerprint a query found in a run, whichever tables found it.
+#[derive(Debug, Clone, Copy)]
+struct FingerprintHit {
+    /// The fingerprint (identity order).
+    fp: u64,
+    /// Its rank in the key column, or [`NO_RANK`] until it is looked up there.
+    rank: u32,
+    /// Where the key column searches for the rank (when there is one to look up).
+    candidates: (usize, usize),
 }
 
 /// Up to this many hits in a query's tables are merged per fingerprint one by one, more
@@ -132,11 +143,11 @@ impl Run {
         fill: impl Fn(usize, &TableSpec, &[u64], &mut Vec<u64>, &mut Vec<u64>) + Sync,
     ) -> Result<Run> {
         let opts = ctx.opts_for(distinct.len(), beside);
-        let fps = Arc::new(SortedRun::encode(&distinct, opts)?);
-        let build = |t: usize, v: &mut Vec<u64>, tmp: &mut Vec<u64>| -> Result<TableRun> {
+        let fps = Arc::new(EncodedTable::encode(&distinct, opts)?);
+        let build = |t: usize, v: &mut Vec<u64>, tmp: &mut Vec<u64>| -> Result<PermutedTable> {
             let spec = &ctx.design.tables()[t];
             if spec.perm.is_identity() {
-                TableRun::build(
+                PermutedTable::build(
                     &distinct,
                     Some(fps.clone()),
                     spec.prefix_bits,
@@ -146,7 +157,7 @@ impl Run {
                 )
             } else {
                 fill(t, spec, &distinct, v, tmp);
-                TableRun::build(v, None, spec.prefix_bits, opts, &ctx.policy, 0)
+                PermutedTable::build(v, None, spec.prefix_bits, opts, &ctx.policy, 0)
             }
         };
         let n = ctx.design.tables().len();
@@ -212,8 +223,10 @@ impl Run {
                     permuted_sorted(distinct, spec, v, tmp);
                     return;
                 }
-                let mut merged =
-                    merge_sorted(runs.iter().map(|r| r.tables[t].hx.to_vec()).collect(), |&x| x);
+                let mut merged = merge_sorted(
+                    runs.iter().map(|r| r.tables[t].encoded.to_vec()).collect(),
+                    |&x| x,
+                );
                 merged.dedup();
                 if !gone.is_empty() {
                     let mut drop_t = Vec::new();
@@ -242,7 +255,7 @@ impl Run {
     /// Whether the run's tables are packed in memory (see [`BuildContext::opts_for`]).
     #[cfg(test)]
     pub(crate) fn is_packed(&self) -> bool {
-        matches!(*self.fps, SortedRun::Packed(_))
+        matches!(*self.fps, EncodedTable::Packed(_))
     }
 
     /// The run's id, unique within its index and increasing with creation.
@@ -367,36 +380,52 @@ impl Run {
         // fingerprint or a few: merging them as they come beats sorting, up to a handful.
         found.clear();
         let few = hits.len() <= FEW_HITS;
-        for &(v, rank, tag) in hits.iter() {
-            let perm = &specs[tables[tag as usize]].perm;
-            let hit = if perm.is_identity() { (v, rank) } else { (perm.invert(v), NO_RANK) };
-            let seen = if few { found.iter_mut().find(|f| f.0 == hit.0) } else { None };
+        for &TableHit { value, rank, probe } in hits.iter() {
+            let perm = &specs[tables[probe as usize]].perm;
+            let (fp, rank) =
+                if perm.is_identity() { (value, rank) } else { (perm.invert(value), NO_RANK) };
+            let seen = if few { found.iter_mut().find(|f| f.fp == fp) } else { None };
             match seen {
-                Some(f) => f.1 = f.1.min(hit.1),
-                None => found.push((hit.0, hit.1, (0, 0))),
+                Some(f) => f.rank = f.rank.min(rank),
+                None => found.push(FingerprintHit { fp, rank, candidates: (0, 0) }),
             }
         }
         if !few {
-            found.sort_unstable_by_key(|f| (f.0, f.1));
-            found.dedup_by_key(|f| f.0);
+            found.sort_unstable_by_key(|f| (f.fp, f.rank));
+            found.dedup_by_key(|f| f.fp);
         }
-        for f in found.iter().filter(|f| f.1 == NO_RANK) {
-            self.fps.prefetch_directory(f.0);
+        for f in found.iter().filter(|f| f.rank == NO_RANK) {
+            self.fps.prefetch_directory(f.fp);
         }
-        for f in found.iter_mut().filter(|f| f.1 == NO_RANK) {
-            f.2 = self.fps.rank_candidates(f.0);
+        for f in found.iter_mut().filter(|f| f.rank == NO_RANK) {
+            f.candidates = self.fps.rank_candidates(f.fp);
         }
         for f in found.iter_mut() {
-            if f.1 == NO_RANK {
-                // Every table holds the same values, so the rank is there; a miss would only
-                // skip the hit.
-                f.1 = self.fps.rank_in(f.2, f.0).map_or(NO_RANK, |r| r as u32);
+            if f.rank == NO_RANK {
+                let rank = self.fps.rank_in(f.candidates, f.fp);
+                // A miss here would drop the hit's documents from an exact answer. It cannot
+                // happen: every table of a run holds exactly the run's distinct fingerprints,
+                // permuted by its table's permutation, and the key column holds them all.
+                // `build` permutes `distinct`; `merge` merges its sources' tables (each that
+                // of its source's fingerprints) less the permuted fingerprints no live
+                // document keeps; `load` keeps a stored table only when every checksum holds
+                // and it has the run's count of values, and rebuilds it from the fingerprints
+                // otherwise. A hit goes back to identity order through the inverse of its
+                // table's permutation (and of its sub-table's, in a crowded bucket), and the
+                // index queries a run with the design it was built or loaded for.
+                debug_assert!(
+                    rank.is_some(),
+                    "run {}: fingerprint {:#x} not in its key column",
+                    self.id,
+                    f.fp
+                );
+                f.rank = rank.map_or(NO_RANK, |r| r as u32);
             }
-            if f.1 != NO_RANK {
-                self.docs.prefetch_rank(f.1 as usize);
+            if f.rank != NO_RANK {
+                self.docs.prefetch_rank(f.rank as usize);
             }
         }
-        for &(fp, rank, _) in found.iter().filter(|f| f.1 != NO_RANK) {
+        for &FingerprintHit { fp, rank, .. } in found.iter().filter(|f| f.rank != NO_RANK) {
             let distance = (fp ^ q).count_ones();
             for pos in self.docs.range_of_rank(rank as usize) {
                 if !self.docs.is_deleted(pos) {
@@ -408,7 +437,8 @@ impl Run {
 
     /// The run's metadata record: ids, counts, the design it was built for, the document
     /// columns, and a CRC-32. Together with every table's
-    /// [`stored_table`](Self::stored_table) it is everything [`Run::load`] needs.
+    /// [`stored_table`](Self::stored_table) it is everything
+    /// [`Index::load_run`](super::Index::load_run) needs.
     /// Deletion marks are not included: see [`deleted_positions`](Self::deleted_positions).
     pub fn meta_bytes(&self, design: &Design) -> Vec<u8> {
         let text = design.to_string();
@@ -433,11 +463,11 @@ impl Run {
         self.tables.len()
     }
 
-    /// Table `t` as it is stored: its Huffman-XOR run, whose
-    /// [`header_bytes`](HxRun::header_bytes) and [`block_slices`](HxRun::block_slices) go to
+    /// Table `t` as it is stored: its Huffman-XOR table, whose
+    /// [`header_bytes`](HxTable::header_bytes) and [`block_slices`](HxTable::block_slices) go to
     /// disk. Tables laid out in blocks are stored as they are; packed ones are encoded here.
-    pub fn stored_table(&self, t: usize) -> Result<std::borrow::Cow<'_, HxRun>> {
-        self.tables[t].hx.stored(self.opts)
+    pub fn stored_table(&self, t: usize) -> Result<std::borrow::Cow<'_, HxTable>> {
+        self.tables[t].encoded.stored(self.opts)
     }
 
     /// Marks documents deleted by position (as returned by
@@ -467,15 +497,15 @@ impl Run {
             .map_err(|e| Error::corrupt(format!("run {id}: stored design: {e}")))?;
         let same_design = stored_design == ctx.design;
         // Decode what is intact and encoded as this index encodes.
-        let decoded: Vec<Option<HxRun>> = tables
+        let decoded: Vec<Option<HxTable>> = tables
             .iter()
             .map(|st| {
-                HxRun::from_parts(st.header, st.blocks.iter().copied(), ctx.opts.search)
+                HxTable::from_parts(st.header, st.blocks.iter().copied(), ctx.opts.search)
                     .ok()
                     .filter(|hx| hx.len() == distinct)
             })
             .collect();
-        let usable = |hx: &HxRun| {
+        let usable = |hx: &HxTable| {
             let o = hx.options();
             o.codec == ctx.opts.codec && o.block_bytes == ctx.opts.block_bytes
         };
@@ -503,23 +533,23 @@ impl Run {
         if fps_sorted.len() != distinct || docs.len() != n_docs {
             return Err(Error::corrupt(format!("run {id}: counts disagree with its metadata")));
         }
-        let mut decoded: Vec<Option<HxRun>> =
+        let mut decoded: Vec<Option<HxTable>> =
             decoded.into_iter().map(|d| d.filter(|hx| usable(hx))).collect();
         let mut rebuilt = Vec::new();
         let packed = ctx.opts.layout == Layout::Packed;
         let fps = Arc::new(match decoded.first_mut().and_then(Option::take) {
-            Some(hx) if !packed => SortedRun::Blocks(hx),
+            Some(hx) if !packed => EncodedTable::Blocks(hx),
             intact => {
                 if intact.is_none() {
                     rebuilt.push(0);
                 }
-                SortedRun::encode(&fps_sorted, ctx.opts)?
+                EncodedTable::encode(&fps_sorted, ctx.opts)?
             }
         });
         let mut built = Vec::with_capacity(ctx.design.tables().len());
         for (t, spec) in ctx.design.tables().iter().enumerate() {
             let table = if t == 0 {
-                TableRun::build(
+                PermutedTable::build(
                     &fps_sorted,
                     Some(fps.clone()),
                     spec.prefix_bits,
@@ -535,14 +565,14 @@ impl Run {
                         hx.drop_ranks();
                         let v = hx.to_vec();
                         // Kept as it is, or packed from its values.
-                        let run = (!packed).then(|| Arc::new(SortedRun::Blocks(hx)));
-                        TableRun::build(&v, run, spec.prefix_bits, ctx.opts, &ctx.policy, 0)?
+                        let kept = (!packed).then(|| Arc::new(EncodedTable::Blocks(hx)));
+                        PermutedTable::build(&v, kept, spec.prefix_bits, ctx.opts, &ctx.policy, 0)?
                     }
                     None => {
                         rebuilt.push(t);
                         let mut v = Vec::new();
                         permuted_sorted(&fps_sorted, spec, &mut v, &mut Vec::new());
-                        TableRun::build(&v, None, spec.prefix_bits, ctx.opts, &ctx.policy, 0)?
+                        PermutedTable::build(&v, None, spec.prefix_bits, ctx.opts, &ctx.policy, 0)?
                     }
                 }
             };
@@ -568,9 +598,11 @@ impl Run {
             });
         }
         let rest = body.get(8..).ok_or_else(|| bad("truncated"))?;
-        let (id, rest) = super::packed::take_u64(rest).ok_or_else(|| bad("truncated"))?;
-        let (n_docs, rest) = super::packed::take_u64(rest).ok_or_else(|| bad("truncated"))?;
-        let (distinct, rest) = super::packed::take_u64(rest).ok_or_else(|| bad("truncated"))?;
+        let (id, rest) = super::packed_column::take_u64(rest).ok_or_else(|| bad("truncated"))?;
+        let (n_docs, rest) =
+            super::packed_column::take_u64(rest).ok_or_else(|| bad("truncated"))?;
+        let (distinct, rest) =
+            super::packed_column::take_u64(rest).ok_or_else(|| bad("truncated"))?;
         let (_tables, rest) = rest.split_first_chunk::<4>().ok_or_else(|| bad("truncated"))?;
         let (len, rest) = rest.split_first_chunk::<4>().ok_or_else(|| bad("truncated"))?;
         let len = u32::from_le_bytes(*len) as usize;
@@ -588,7 +620,7 @@ impl Run {
         Ok((id, n_docs, distinct, text, docs))
     }
 
-    /// Memory of each table (the identity table's run counted with the documents), of the
+    /// Memory of each table (the identity table's encoded table counted with the documents), of the
     /// documents, and the crowded-bucket statistics of each table.
     pub(crate) fn memory(&self) -> RunMemory {
         let tables = self

@@ -1,4 +1,4 @@
-//! One permuted table of a run, with sub-indexes for crowded prefixes.
+//! One permuted table of a run ([`PermutedTable`]), with sub-indexes for crowded prefixes.
 //!
 //! Simhash clusters similar documents, so one prefix of a table can hold far more than
 //! `n / 2^p` entries (the paper's Figure 2), and a query landing there would scan them all.
@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use crate::codec::{RunOptions, SortedRun};
+use crate::codec::{EncodedTable, TableHit, TableOptions};
 use crate::design::{Design, Level};
 use crate::error::Result;
 use crate::permute::{BitRange, Permutation};
@@ -38,8 +38,9 @@ pub(crate) struct CrowdPolicy {
 
 /// A sorted, compressed table of permuted fingerprints.
 #[derive(Debug)]
-pub(crate) struct TableRun {
-    pub(crate) hx: Arc<SortedRun>,
+pub(crate) struct PermutedTable {
+    /// The table's values, encoded in the run's layout.
+    pub(crate) encoded: Arc<EncodedTable>,
     prefix_bits: u32,
     /// The bits below the prefix (see [`bucket`](Self::bucket)).
     low: u64,
@@ -59,7 +60,7 @@ struct Crowded {
 struct SubTable {
     /// Acts on the table's permuted values; keeps the outer prefix in place.
     perm: Permutation,
-    table: TableRun,
+    table: PermutedTable,
 }
 
 /// `[lo, hi]`: the values sharing `v`'s top `p` bits.
@@ -73,25 +74,25 @@ fn prefix_range(v: u64, p: u32) -> (u64, u64) {
     }
 }
 
-impl TableRun {
-    /// Builds a table from its sorted, distinct, permuted values. `hx`, if given, is the
-    /// already encoded run of exactly these values (the identity table shares the
+impl PermutedTable {
+    /// Builds a table from its sorted, distinct, permuted values. `encoded`, if given, is the
+    /// already encoded table of exactly these values (the identity table shares the
     /// document store's).
     pub(crate) fn build(
         sorted: &[u64],
-        hx: Option<Arc<SortedRun>>,
+        encoded: Option<Arc<EncodedTable>>,
         prefix_bits: u32,
-        opts: RunOptions,
+        opts: TableOptions,
         policy: &CrowdPolicy,
         depth: u32,
-    ) -> Result<TableRun> {
-        let hx = match hx {
-            Some(hx) => hx,
+    ) -> Result<PermutedTable> {
+        let encoded = match encoded {
+            Some(encoded) => encoded,
             None => {
                 // Only the document store's key column (passed in) needs ranks.
-                let mut hx = SortedRun::encode(sorted, opts)?;
-                hx.drop_ranks();
-                Arc::new(hx)
+                let mut encoded = EncodedTable::encode(sorted, opts)?;
+                encoded.drop_ranks();
+                Arc::new(encoded)
             }
         };
         let mut crowded = Vec::new();
@@ -141,7 +142,7 @@ impl TableRun {
             }
         }
         let low = prefix_range(0, prefix_bits).1;
-        Ok(TableRun { hx, prefix_bits, low, crowded })
+        Ok(PermutedTable { encoded, prefix_bits, low, crowded })
     }
 
     fn sub_index(
@@ -149,7 +150,7 @@ impl TableRun {
         prefix_bits: u32,
         design: &Design,
         for_k: &Arc<Vec<Vec<usize>>>,
-        opts: RunOptions,
+        opts: TableOptions,
         policy: &CrowdPolicy,
         depth: u32,
     ) -> Result<Crowded> {
@@ -166,7 +167,7 @@ impl TableRun {
             let perm = Permutation::from_ranges(64, &ranges)?;
             let mut vals: Vec<u64> = bucket.iter().map(|&v| perm.apply(v)).collect();
             vals.sort_unstable();
-            let table = TableRun::build(
+            let table = PermutedTable::build(
                 &vals,
                 None,
                 prefix_bits + spec.prefix_bits,
@@ -188,7 +189,7 @@ impl TableRun {
     /// Stage 1 of a probe: starts loading the directory entry for `pq`.
     #[inline(always)]
     pub(crate) fn prefetch_directory(&self, pq: u64) {
-        self.hx.prefetch_directory(self.bucket(pq).0)
+        self.encoded.prefetch_directory(self.bucket(pq).0)
     }
 
     /// Stage 2: where `pq`'s bucket lies (one directory load), whose loading it starts;
@@ -197,63 +198,56 @@ impl TableRun {
     #[inline(always)]
     pub(crate) fn candidates(&self, pq: u64) -> Candidates {
         let (lo, hi) = self.bucket(pq);
-        let c = self.hx.candidates(lo, hi);
-        (!self.hx.holds_none(c) || !self.crowded.is_empty()).then_some(c)
+        let c = self.encoded.candidates(lo, hi);
+        (!self.encoded.holds_none(c) || !self.crowded.is_empty()).then_some(c)
     }
 
     /// Stage 3: probes this table for the permuted query `pq`: scans its prefix bucket, or,
-    /// when the bucket is crowded, probes its sub-index. Hits are `(value in this table's
-    /// space, rank, tag)`; the rank is the value's rank in the main run, or [`NO_RANK`] for
-    /// hits from a sub-index.
+    /// when the bucket is crowded, probes its sub-index. Each hit's value is in this table's
+    /// (permuted) space, its rank is the value's rank in the main table, or [`NO_RANK`] for
+    /// hits from a sub-index, and its probe is `probe`.
     #[inline]
     pub(crate) fn probe(
         &self,
         pq: u64,
         candidates: (usize, usize),
         k: u32,
-        tag: u32,
-        hits: &mut Vec<(u64, u32, u32)>,
+        probe: u32,
+        hits: &mut Vec<TableHit>,
     ) {
         if !self.crowded.is_empty() {
             let prefix = pq >> (64 - self.prefix_bits);
             if let Ok(i) = self.crowded.binary_search_by_key(&prefix, |c| c.prefix) {
-                self.probe_crowded(&self.crowded[i], pq, k, tag, hits);
+                self.probe_crowded(&self.crowded[i], pq, k, probe, hits);
                 return;
             }
         }
-        self.hx.probe(candidates, self.bucket(pq), pq, k, tag, hits);
+        self.encoded.probe(candidates, self.bucket(pq), pq, k, probe, hits);
     }
 
     /// Probes a crowded bucket's sub-tables one after the other.
-    fn probe_crowded(
-        &self,
-        c: &Crowded,
-        pq: u64,
-        k: u32,
-        tag: u32,
-        hits: &mut Vec<(u64, u32, u32)>,
-    ) {
+    fn probe_crowded(&self, c: &Crowded, pq: u64, k: u32, probe: u32, hits: &mut Vec<TableHit>) {
         for &s in &c.for_k[k.min(c.for_k.len() as u32 - 1) as usize] {
             let sub = &c.subs[s];
             let start = hits.len();
             let spq = sub.perm.apply(pq);
             if let Some(c) = sub.table.candidates(spq) {
-                sub.table.probe(spq, c, k, tag, hits);
+                sub.table.probe(spq, c, k, probe, hits);
             }
             for hit in &mut hits[start..] {
-                *hit = (sub.perm.invert(hit.0), NO_RANK, tag);
+                *hit = TableHit { value: sub.perm.invert(hit.value), rank: NO_RANK, probe };
             }
         }
     }
 
-    /// Number of distinct values in the main run.
+    /// Number of distinct values in the main table.
     pub(crate) fn len(&self) -> usize {
-        self.hx.len()
+        self.encoded.len()
     }
 
-    /// Heap bytes of the main run (when `with_main`) and of every sub-index.
+    /// Heap bytes of the main table (when `with_main`) and of every sub-index.
     pub(crate) fn heap_bytes(&self, with_main: bool) -> usize {
-        let main = if with_main { self.hx.heap_bytes() } else { 0 };
+        let main = if with_main { self.encoded.heap_bytes() } else { 0 };
         main + self.crowded_bytes()
     }
 
@@ -300,8 +294,8 @@ mod tests {
                 assert_eq!(bucket.len(), size);
                 values.extend(bucket);
             }
-            let table =
-                TableRun::build(&values, None, 8, RunOptions::default(), &policy, 0).unwrap();
+            let table = PermutedTable::build(&values, None, 8, TableOptions::default(), &policy, 0)
+                .unwrap();
             let want: Vec<u64> = sizes
                 .iter()
                 .enumerate()

@@ -4,23 +4,23 @@
 
 /// A read-only column of `u64` values, bit-packed.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Packed {
+pub(crate) struct PackedColumn {
     base: u64,
     bits: u32,
     len: usize,
     words: Vec<u64>,
 }
 
-impl Packed {
+impl PackedColumn {
     /// Packs the values yielded by `values` (which must yield exactly `len` of them).
     #[cfg(test)]
-    pub(crate) fn new(len: usize, values: impl Iterator<Item = u64> + Clone) -> Packed {
+    pub(crate) fn new(len: usize, values: impl Iterator<Item = u64> + Clone) -> PackedColumn {
         let (mut min, mut max) = (u64::MAX, 0u64);
         for v in values.clone() {
             min = min.min(v);
             max = max.max(v);
         }
-        let mut w = PackedWriter::new(len, min, max);
+        let mut w = PackedColumnWriter::new(len, min, max);
         values.for_each(|v| w.push(v));
         w.finish()
     }
@@ -70,7 +70,7 @@ impl Packed {
 
 /// Packs a column value by value, in order, when its range is known beforehand: several
 /// columns can then be filled in one pass over their source.
-pub(crate) struct PackedWriter {
+pub(crate) struct PackedColumnWriter {
     base: u64,
     bits: u32,
     len: usize,
@@ -79,18 +79,18 @@ pub(crate) struct PackedWriter {
     at: usize,
 }
 
-impl PackedWriter {
+impl PackedColumnWriter {
     /// A writer for `len` values within `min..=max` (any range when `len` is 0).
-    pub(crate) fn new(len: usize, min: u64, max: u64) -> PackedWriter {
+    pub(crate) fn new(len: usize, min: u64, max: u64) -> PackedColumnWriter {
         if len == 0 {
-            return PackedWriter { base: 0, bits: 0, len: 0, words: Vec::new(), at: 0 };
+            return PackedColumnWriter { base: 0, bits: 0, len: 0, words: Vec::new(), at: 0 };
         }
         let bits = 64 - (max - min).leading_zeros();
         // Read at random by every hit of a query: in huge pages, as the tables are.
         let n = (len * bits as usize).div_ceil(64) + 1;
         let mut words = crate::util::huge_page_vec(n);
         words.resize(n, 0);
-        PackedWriter { base: min, bits, len, words, at: 0 }
+        PackedColumnWriter { base: min, bits, len, words, at: 0 }
     }
 
     /// Appends `v` (within the range given to [`new`](Self::new)).
@@ -109,17 +109,17 @@ impl PackedWriter {
     }
 
     /// The packed column (of `len` values: all must have been pushed).
-    pub(crate) fn finish(mut self) -> Packed {
+    pub(crate) fn finish(mut self) -> PackedColumn {
         debug_assert_eq!(self.at, self.len * self.bits as usize);
         if self.len == 0 {
-            return Packed::default();
+            return PackedColumn::default();
         }
         self.words.shrink_to_fit();
-        Packed { base: self.base, bits: self.bits, len: self.len, words: self.words }
+        PackedColumn { base: self.base, bits: self.bits, len: self.len, words: self.words }
     }
 }
 
-impl Packed {
+impl PackedColumn {
     /// Appends the column's bytes: base, bit width, length, words.
     pub(crate) fn write(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.base.to_le_bytes());
@@ -133,7 +133,7 @@ impl Packed {
 
     /// Reads a column written by [`write`](Self::write) from the front of `bytes`,
     /// returning it and the rest.
-    pub(crate) fn read(bytes: &[u8]) -> Option<(Packed, &[u8])> {
+    pub(crate) fn read(bytes: &[u8]) -> Option<(PackedColumn, &[u8])> {
         let (base, rest) = take_u64(bytes)?;
         let (bits, rest) = rest.split_first_chunk::<4>()?;
         let bits = u32::from_le_bytes(*bits);
@@ -148,7 +148,7 @@ impl Packed {
         let (body, rest) = rest.split_at(nwords * 8);
         let mut words = crate::util::huge_page_vec(nwords);
         words.extend(body.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8"))));
-        Some((Packed { base, bits, len, words }, rest))
+        Some((PackedColumn { base, bits, len, words }, rest))
     }
 }
 
@@ -186,25 +186,25 @@ mod tests {
                     base.wrapping_add(off)
                 })
                 .collect();
-            let p = Packed::new(vals.len(), vals.iter().copied());
+            let p = PackedColumn::new(vals.len(), vals.iter().copied());
             assert!(p.bits() <= bits.max(1) || bits == 0);
             assert_eq!(p.iter().collect::<Vec<_>>(), vals, "bits {bits}");
         }
-        assert_eq!(Packed::new(0, std::iter::empty()).len(), 0);
+        assert_eq!(PackedColumn::new(0, std::iter::empty()).len(), 0);
     }
 
     #[test]
     fn bytes_round_trip_and_reject_garbage() {
         let vals: Vec<u64> = (0..1000u64).map(|i| i * 7919 % 1_000_003).collect();
-        let p = Packed::new(vals.len(), vals.iter().copied());
+        let p = PackedColumn::new(vals.len(), vals.iter().copied());
         let mut b = Vec::new();
         p.write(&mut b);
         b.extend_from_slice(b"tail");
-        let (q, rest) = Packed::read(&b).unwrap();
+        let (q, rest) = PackedColumn::read(&b).unwrap();
         assert_eq!(rest, b"tail");
         assert_eq!(q.iter().collect::<Vec<_>>(), vals);
         for cut in 0..40 {
-            assert!(Packed::read(&b[..cut]).is_none());
+            assert!(PackedColumn::read(&b[..cut]).is_none());
         }
     }
 

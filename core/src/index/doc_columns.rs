@@ -11,14 +11,14 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::Doc;
-use super::packed::{Packed, PackedWriter, order_i64, unorder_i64};
+use super::packed_column::{PackedColumn, PackedColumnWriter, order_i64, unorder_i64};
 use crate::util::{for_each_sorted_group, group_by_top_byte, top_byte_starts};
 
 /// Document columns of one run.
 #[derive(Debug)]
 pub(crate) struct DocStore {
-    ids: Packed,
-    ts: Packed,
+    ids: PackedColumn,
+    ts: PackedColumn,
     /// `(distinct rank, extra documents at ranks <= this one)` for every fingerprint held by
     /// more than one document, by rank.
     dups: Vec<(u32, u32)>,
@@ -90,8 +90,8 @@ impl IdTs {
 /// A [`DocStore`] and its distinct fingerprints under construction, from documents given in
 /// fingerprint order (ties in insertion order), piece by piece.
 struct Columns {
-    ids: PackedWriter,
-    ts: PackedWriter,
+    ids: PackedColumnWriter,
+    ts: PackedColumnWriter,
     distinct: Vec<u64>,
     dups: Vec<(u32, u32)>,
     extra: u32,
@@ -101,8 +101,8 @@ impl Columns {
     /// Room for `len` documents whose ids and timestamps lie in `ranges`.
     fn new(len: usize, ranges: &ColumnRanges) -> Columns {
         Columns {
-            ids: PackedWriter::new(len, ranges.id.0, ranges.id.1),
-            ts: PackedWriter::new(len, ranges.ts.0, ranges.ts.1),
+            ids: PackedColumnWriter::new(len, ranges.id.0, ranges.id.1),
+            ts: PackedColumnWriter::new(len, ranges.ts.0, ranges.ts.1),
             // Scanned in order, and dropped once the run's tables are built.
             distinct: Vec::with_capacity(len),
             dups: Vec::new(),
@@ -241,9 +241,9 @@ impl DocStore {
     /// Reads columns written by [`write`](Self::write), checking they describe `distinct`
     /// fingerprints.
     pub(crate) fn read(bytes: &[u8], distinct: usize) -> Option<(DocStore, &[u8])> {
-        let (ids, rest) = Packed::read(bytes)?;
-        let (ts, rest) = Packed::read(rest)?;
-        let (n, mut rest) = super::packed::take_u64(rest)?;
+        let (ids, rest) = PackedColumn::read(bytes)?;
+        let (ts, rest) = PackedColumn::read(rest)?;
+        let (n, mut rest) = super::packed_column::take_u64(rest)?;
         let n = usize::try_from(n).ok()?;
         if n > distinct || rest.len() < n.checked_mul(8)? {
             return None;

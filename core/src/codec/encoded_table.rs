@@ -1,42 +1,44 @@
-//! [`SortedRun`]: a sorted run of distinct values in either in-memory layout.
+//! [`EncodedTable`]: a sorted table of distinct values in either in-memory layout.
 
 use std::borrow::Cow;
 
-use crate::codec::packed::PackedRun;
-use crate::codec::run::{HxRun, Layout, RunOptions};
+use crate::codec::TableHit;
+use crate::codec::hx_table::HxTable;
+use crate::codec::options::{Layout, TableOptions};
+use crate::codec::packed_table::PackedTable;
 use crate::error::Result;
 
-/// A sorted run of distinct values, laid out as [`RunOptions::layout`] says. Lookups go
+/// A sorted table of distinct values, laid out as [`TableOptions::layout`] says. Lookups go
 /// through the same stages in both layouts; `candidates` are blocks in one and value
 /// positions in the other.
 #[derive(Debug)]
 // One per table, behind an `Arc`: the size of the smaller variant does not matter, and
 // boxing the larger would put one more load on every lookup.
 #[allow(clippy::large_enum_variant)]
-pub enum SortedRun {
+pub enum EncodedTable {
     /// Huffman-XOR blocks.
-    Blocks(HxRun),
+    Blocks(HxTable),
     /// Fixed-width low bits under a top-bits directory.
-    Packed(PackedRun),
+    Packed(PackedTable),
 }
 
-impl SortedRun {
+impl EncodedTable {
     /// Lays out strictly increasing `values` as `opts` says.
-    pub fn encode(values: &[u64], opts: RunOptions) -> Result<SortedRun> {
+    pub fn encode(values: &[u64], opts: TableOptions) -> Result<EncodedTable> {
         Ok(match opts.layout {
-            Layout::Blocks => SortedRun::Blocks(HxRun::encode(values, opts)?),
+            Layout::Blocks => EncodedTable::Blocks(HxTable::encode(values, opts)?),
             Layout::Packed => {
-                // The block options still say how the run is stored.
+                // The block options still say how the table is stored.
                 opts.validate()?;
-                SortedRun::Packed(PackedRun::encode(values)?)
+                EncodedTable::Packed(PackedTable::encode(values)?)
             }
         })
     }
 
-    /// Frees what only rank lookups need, when the layout keeps it apart (a packed run's
+    /// Frees what only rank lookups need, when the layout keeps it apart (a packed table's
     /// ranks are its positions and cost nothing).
     pub fn drop_ranks(&mut self) {
-        if let SortedRun::Blocks(hx) = self {
+        if let EncodedTable::Blocks(hx) = self {
             hx.drop_ranks();
         }
     }
@@ -44,12 +46,12 @@ impl SortedRun {
     /// Number of values.
     pub fn len(&self) -> usize {
         match self {
-            SortedRun::Blocks(hx) => hx.len(),
-            SortedRun::Packed(p) => p.len(),
+            EncodedTable::Blocks(hx) => hx.len(),
+            EncodedTable::Packed(p) => p.len(),
         }
     }
 
-    /// Whether the run holds no values.
+    /// Whether the table holds no values.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -57,8 +59,8 @@ impl SortedRun {
     /// Bytes of memory held.
     pub fn heap_bytes(&self) -> usize {
         match self {
-            SortedRun::Blocks(hx) => hx.heap_bytes(),
-            SortedRun::Packed(p) => p.heap_bytes(),
+            EncodedTable::Blocks(hx) => hx.heap_bytes(),
+            EncodedTable::Packed(p) => p.heap_bytes(),
         }
     }
 
@@ -66,22 +68,22 @@ impl SortedRun {
     #[inline(always)]
     pub fn prefetch_directory(&self, lo: u64) {
         match self {
-            SortedRun::Blocks(hx) => hx.prefetch_directory(lo),
-            SortedRun::Packed(p) => p.prefetch_directory(lo),
+            EncodedTable::Blocks(hx) => hx.prefetch_directory(lo),
+            EncodedTable::Packed(p) => p.prefetch_directory(lo),
         }
     }
 
-    /// Stage 2: where the lookup of `lo..=hi` searches (see [`HxRun::candidates`] and
-    /// [`PackedRun::candidates`]), whose loading it starts.
+    /// Stage 2: where the lookup of `lo..=hi` searches (see [`HxTable::candidates`] and
+    /// [`PackedTable::candidates`]), whose loading it starts.
     #[inline(always)]
     pub fn candidates(&self, lo: u64, hi: u64) -> (usize, usize) {
         match self {
-            SortedRun::Blocks(hx) => {
+            EncodedTable::Blocks(hx) => {
                 let c = hx.candidates(lo);
                 hx.prefetch_blocks(c);
                 c
             }
-            SortedRun::Packed(p) => {
+            EncodedTable::Packed(p) => {
                 let c = p.candidates(lo, hi);
                 p.prefetch_candidates(c);
                 c
@@ -89,15 +91,16 @@ impl SortedRun {
         }
     }
 
-    /// Whether `candidates` shows by itself that the run holds nothing there: an empty
-    /// bucket of a packed run. (Candidate blocks always hold something to search.)
+    /// Whether `candidates` shows by itself that the table holds nothing there: an empty
+    /// bucket of a packed table. (Candidate blocks always hold something to search.)
     #[inline(always)]
     pub fn holds_none(&self, (from, to): (usize, usize)) -> bool {
-        matches!(self, SortedRun::Packed(_)) && from == to
+        matches!(self, EncodedTable::Packed(_)) && from == to
     }
 
-    /// Stage 3: appends `(value, rank, tag)` for every value in `lo..=hi` within `k` of
-    /// `pq`; the rank is [`NO_RANK`](crate::codec::NO_RANK) for blocks without ranks.
+    /// Stage 3: appends a [`TableHit`] (reported with `probe`) for every value in `lo..=hi`
+    /// within `k` of `pq`; the rank is [`NO_RANK`](crate::codec::NO_RANK) for blocks without
+    /// ranks.
     #[inline(always)]
     pub(crate) fn probe(
         &self,
@@ -105,12 +108,12 @@ impl SortedRun {
         range: (u64, u64),
         pq: u64,
         k: u32,
-        tag: u32,
-        out: &mut Vec<(u64, u32, u32)>,
+        probe: u32,
+        out: &mut Vec<TableHit>,
     ) {
         match self {
-            SortedRun::Blocks(hx) => hx.probe(candidates, range, pq, k, tag, out),
-            SortedRun::Packed(p) => p.probe(candidates, range, pq, k, tag, out),
+            EncodedTable::Blocks(hx) => hx.probe(candidates, range, pq, k, probe, out),
+            EncodedTable::Packed(p) => p.probe(candidates, range, pq, k, probe, out),
         }
     }
 
@@ -119,8 +122,8 @@ impl SortedRun {
     #[inline(always)]
     pub fn rank_candidates(&self, value: u64) -> (usize, usize) {
         let c = self.candidates(value, value);
-        // A packed run's ranks are its positions; blocks keep theirs apart.
-        if let SortedRun::Blocks(hx) = self {
+        // A packed table's ranks are its positions; blocks keep theirs apart.
+        if let EncodedTable::Blocks(hx) = self {
             hx.prefetch_rank(c);
         }
         c
@@ -131,49 +134,49 @@ impl SortedRun {
     #[inline(always)]
     pub fn rank_in(&self, candidates: (usize, usize), value: u64) -> Option<usize> {
         match self {
-            SortedRun::Blocks(hx) => hx.rank_in(candidates, value),
-            SortedRun::Packed(p) => p.rank_in(candidates, value),
+            EncodedTable::Blocks(hx) => hx.rank_in(candidates, value),
+            EncodedTable::Packed(p) => p.rank_in(candidates, value),
         }
     }
 
     /// The rank (position in sorted order) of `value`, if present and ranks are kept.
     pub fn rank_of(&self, value: u64) -> Option<usize> {
         match self {
-            SortedRun::Blocks(hx) => hx.rank_of(value),
-            SortedRun::Packed(p) => p.rank_of(value),
+            EncodedTable::Blocks(hx) => hx.rank_of(value),
+            EncodedTable::Packed(p) => p.rank_of(value),
         }
     }
 
     /// The value of rank `rank`, if `rank < len` and ranks are kept.
     pub fn get(&self, rank: usize) -> Option<u64> {
         match self {
-            SortedRun::Blocks(hx) => hx.get(rank),
-            SortedRun::Packed(p) => p.get(rank),
+            EncodedTable::Blocks(hx) => hx.get(rank),
+            EncodedTable::Packed(p) => p.get(rank),
         }
     }
 
     /// Calls `visit(value, rank)` for every value in `lo..=hi`, in increasing order.
     pub fn scan_range(&self, lo: u64, hi: u64, visit: impl FnMut(u64, usize)) {
         match self {
-            SortedRun::Blocks(hx) => hx.scan_range(lo, hi, visit),
-            SortedRun::Packed(p) => p.scan_range(lo, hi, visit),
+            EncodedTable::Blocks(hx) => hx.scan_range(lo, hi, visit),
+            EncodedTable::Packed(p) => p.scan_range(lo, hi, visit),
         }
     }
 
     /// Every value, in order.
     pub fn to_vec(&self) -> Vec<u64> {
         match self {
-            SortedRun::Blocks(hx) => hx.to_vec(),
-            SortedRun::Packed(p) => p.to_vec(),
+            EncodedTable::Blocks(hx) => hx.to_vec(),
+            EncodedTable::Packed(p) => p.to_vec(),
         }
     }
 
-    /// The run as it is stored: its blocks as they are, or a packed run's values encoded in
+    /// The table as it is stored: its blocks as they are, or a packed table's values encoded in
     /// blocks with `opts`.
-    pub fn stored(&self, opts: RunOptions) -> Result<Cow<'_, HxRun>> {
+    pub fn stored(&self, opts: TableOptions) -> Result<Cow<'_, HxTable>> {
         match self {
-            SortedRun::Blocks(hx) => Ok(Cow::Borrowed(hx)),
-            SortedRun::Packed(p) => Ok(Cow::Owned(HxRun::encode(&p.to_vec(), opts)?)),
+            EncodedTable::Blocks(hx) => Ok(Cow::Borrowed(hx)),
+            EncodedTable::Packed(p) => Ok(Cow::Owned(HxTable::encode(&p.to_vec(), opts)?)),
         }
     }
 }

@@ -1,4 +1,4 @@
-//! [`PackedRun`]: a sorted run of distinct `u64` values as fixed-width low bits under a
+//! [`PackedTable`]: a sorted table of distinct `u64` values as fixed-width low bits under a
 //! directory on the top bits, the layout of the fastest configuration.
 //!
 //! A Huffman-XOR block must be decoded from its first value up to the one a lookup wants:
@@ -19,10 +19,11 @@
 //! within a bucket are not compressed further, which is what the Huffman-XOR code's gap
 //! coding would buy; the default layout keeps it.
 //!
-//! A packed run lives in memory only: what is stored on disk is always the Huffman-XOR run
-//! of the same values ([`crate::codec::HxRun`]), with its checksums and format version, from
-//! which a packed run is rebuilt when it is loaded.
+//! A packed table lives in memory only: what is stored on disk is always the Huffman-XOR table
+//! of the same values ([`crate::codec::HxTable`]), with its checksums and format version, from
+//! which a packed table is rebuilt when it is loaded.
 
+use crate::codec::TableHit;
 use crate::codec::aligned::AlignedBytes;
 use crate::codec::directory::Directory;
 use crate::error::{Error, Result};
@@ -35,10 +36,10 @@ const SCAN_LIMIT: usize = 16;
 /// Most directory bits (a directory of `2^d + 1` entries of about a byte each).
 const MAX_DIR_BITS: u32 = 30;
 
-/// A sorted run of distinct values: fixed-width low bits under a top-bits directory. See the
+/// A sorted table of distinct values: fixed-width low bits under a top-bits directory. See the
 /// module documentation.
 #[derive(Debug, Clone)]
-pub struct PackedRun {
+pub struct PackedTable {
     len: usize,
     /// Bits stored per value: those below its bucket (`64 - d` for `d` directory bits).
     width: u32,
@@ -58,7 +59,7 @@ pub(crate) fn dir_bits(n: usize) -> u32 {
     if t < 2 { 0 } else { (63 - t.leading_zeros()).min(MAX_DIR_BITS) }
 }
 
-/// Bits a packed run of `n` values holds a value: the low bits it stores and its share of
+/// Bits a packed table of `n` values holds a value: the low bits it stores and its share of
 /// the directory (an offset byte a bucket, a 32-bit base a group of buckets).
 pub(crate) fn bits_per_value(n: usize) -> f64 {
     let d = dir_bits(n);
@@ -67,14 +68,14 @@ pub(crate) fn bits_per_value(n: usize) -> f64 {
     f64::from(64 - d) + entries * dir_bits_per_entry / n.max(1) as f64
 }
 
-impl PackedRun {
+impl PackedTable {
     /// Packs strictly increasing `values`.
-    pub fn encode(values: &[u64]) -> Result<PackedRun> {
+    pub fn encode(values: &[u64]) -> Result<PackedTable> {
         if values.len() > u32::MAX as usize - 1 {
-            return Err(Error::InvalidConfig("a run holds at most 2^32 - 2 values".into()));
+            return Err(Error::InvalidConfig("a table holds at most 2^32 - 2 values".into()));
         }
         if values.windows(2).any(|w| w[1] <= w[0]) {
-            return Err(Error::InvalidConfig("run values must be strictly increasing".into()));
+            return Err(Error::InvalidConfig("table values must be strictly increasing".into()));
         }
         let d = dir_bits(values.len());
         let width = 64 - d;
@@ -107,7 +108,7 @@ impl PackedRun {
             entries[t] += entries[t - 1];
         }
         let dir = Directory::new(width, &entries);
-        Ok(PackedRun { len: values.len(), width, mask, data, dir })
+        Ok(PackedTable { len: values.len(), width, mask, data, dir })
     }
 
     /// Number of values.
@@ -115,12 +116,12 @@ impl PackedRun {
         self.len
     }
 
-    /// Whether the run holds no values.
+    /// Whether the table holds no values.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
-    /// Bytes of memory this run holds (values and directory).
+    /// Bytes of memory this table holds (values and directory).
     pub fn heap_bytes(&self) -> usize {
         self.data.capacity() + self.dir.heap_bytes() + std::mem::size_of::<Self>()
     }
@@ -130,7 +131,7 @@ impl PackedRun {
     fn low(&self, i: usize) -> u64 {
         let bit = i * self.width as usize;
         let at = bit >> 3;
-        // Up to 57 bits (all but the smallest runs) fit in the 8 bytes from the first.
+        // Up to 57 bits (all but the smallest tables) fit in the 8 bytes from the first.
         let w = if self.width <= 57 {
             u64::from_le_bytes(self.data[at..at + 8].try_into().expect("8 bytes")) >> (bit & 7)
         } else {
@@ -192,8 +193,8 @@ impl PackedRun {
         }
     }
 
-    /// Stage 3: appends `(value, rank, tag)` for every value in `lo..=hi` within `k` of `pq`,
-    /// searching the positions `candidates` gave for `lo` and `hi`.
+    /// Stage 3: appends a [`TableHit`] (reported with `probe`) for every value in `lo..=hi`
+    /// within `k` of `pq`, searching the positions `candidates` gave for `lo` and `hi`.
     #[inline(always)]
     pub(crate) fn probe(
         &self,
@@ -201,13 +202,13 @@ impl PackedRun {
         (lo, hi): (u64, u64),
         pq: u64,
         k: u32,
-        tag: u32,
-        out: &mut Vec<(u64, u32, u32)>,
+        probe: u32,
+        out: &mut Vec<TableHit>,
     ) {
         if self.dir.bucket(lo) != self.dir.bucket(hi) {
             self.scan_range(lo, hi, |v, i| {
                 if (v ^ pq).count_ones() <= k {
-                    out.push((v, i as u32, tag));
+                    out.push(TableHit { value: v, rank: i as u32, probe });
                 }
             });
             return;
@@ -221,7 +222,7 @@ impl PackedRun {
                 break;
             }
             if v >= lo && (v ^ pq).count_ones() <= k {
-                out.push((v, i as u32, tag));
+                out.push(TableHit { value: v, rank: i as u32, probe });
             }
             i += 1;
         }
@@ -296,7 +297,7 @@ mod tests {
     use super::*;
     use crate::util::SplitMix64;
 
-    /// Random values, values crowded under one prefix, and tiny runs (down to none).
+    /// Random values, values crowded under one prefix, and tiny tables (down to none).
     fn samples() -> Vec<Vec<u64>> {
         let mut r = SplitMix64::new(11);
         let mut out = vec![vec![], vec![0], vec![u64::MAX], vec![0, u64::MAX], vec![5, 6, 7]];
@@ -321,18 +322,18 @@ mod tests {
     #[test]
     fn values_read_back_and_rank() {
         for values in samples() {
-            let run = PackedRun::encode(&values).unwrap();
-            assert_eq!(run.len(), values.len());
-            assert_eq!(run.to_vec(), values);
+            let table = PackedTable::encode(&values).unwrap();
+            assert_eq!(table.len(), values.len());
+            assert_eq!(table.to_vec(), values);
             for (i, &v) in values.iter().enumerate() {
-                assert_eq!(run.get(i), Some(v));
-                assert_eq!(run.rank_of(v), Some(i));
+                assert_eq!(table.get(i), Some(v));
+                assert_eq!(table.rank_of(v), Some(i));
                 // Neighbours that are not stored have no rank.
                 for w in [v.wrapping_add(1), v.wrapping_sub(1)] {
-                    assert_eq!(run.rank_of(w), values.binary_search(&w).ok());
+                    assert_eq!(table.rank_of(w), values.binary_search(&w).ok());
                 }
             }
-            assert_eq!(run.get(values.len()), None);
+            assert_eq!(table.get(values.len()), None);
         }
     }
 
@@ -340,7 +341,7 @@ mod tests {
     fn scans_and_probes_match_a_plain_filter() {
         let mut r = SplitMix64::new(12);
         for values in samples() {
-            let run = PackedRun::encode(&values).unwrap();
+            let table = PackedTable::encode(&values).unwrap();
             for _ in 0..300 {
                 let pq = match values.len() {
                     0 => r.next_u64(),
@@ -353,7 +354,7 @@ mod tests {
                     let low = u64::MAX.checked_shr(p).unwrap_or(0);
                     let (lo, hi) = (pq & !low, pq | low);
                     let mut got = Vec::new();
-                    run.scan_range(lo, hi, |v, i| got.push((v, i)));
+                    table.scan_range(lo, hi, |v, i| got.push((v, i)));
                     let want: Vec<(u64, usize)> = values
                         .iter()
                         .enumerate()
@@ -362,11 +363,11 @@ mod tests {
                         .collect();
                     assert_eq!(got, want, "p {p}");
                     let mut hits = Vec::new();
-                    run.probe(run.candidates(lo, hi), (lo, hi), pq, 3, 7, &mut hits);
-                    let want: Vec<(u64, u32, u32)> = want
+                    table.probe(table.candidates(lo, hi), (lo, hi), pq, 3, 7, &mut hits);
+                    let want: Vec<TableHit> = want
                         .iter()
                         .filter(|&&(v, _)| (v ^ pq).count_ones() <= 3)
-                        .map(|&(v, i)| (v, i as u32, 7))
+                        .map(|&(v, i)| TableHit { value: v, rank: i as u32, probe: 7 })
                         .collect();
                     assert_eq!(hits, want, "p {p}");
                 }
@@ -387,8 +388,8 @@ mod tests {
         }
     }
 
-    /// The estimate of a run's size agrees with the bytes a run holds (but for a few hundred
-    /// bytes of fixed overhead, which small runs feel).
+    /// The estimate of a table's size agrees with the bytes a table holds (but for a few hundred
+    /// bytes of fixed overhead, which small tables feel).
     #[test]
     fn bits_per_value_matches_a_run() {
         let mut r = SplitMix64::new(9);
@@ -396,8 +397,8 @@ mod tests {
             let mut v: Vec<u64> = (0..n).map(|_| r.next_u64()).collect();
             v.sort_unstable();
             v.dedup();
-            let run = PackedRun::encode(&v).unwrap();
-            let held = run.heap_bytes() as f64 * 8.0 / v.len() as f64;
+            let table = PackedTable::encode(&v).unwrap();
+            let held = table.heap_bytes() as f64 * 8.0 / v.len() as f64;
             let est = bits_per_value(v.len());
             assert!((held - est).abs() < 0.5, "n {n}: held {held} estimated {est}");
             let mean = v.len() as f64 / (1u64 << dir_bits(v.len())) as f64;
@@ -407,7 +408,7 @@ mod tests {
 
     #[test]
     fn unsorted_or_repeated_values_are_refused() {
-        assert!(PackedRun::encode(&[3, 2]).is_err());
-        assert!(PackedRun::encode(&[3, 3]).is_err());
+        assert!(PackedTable::encode(&[3, 2]).is_err());
+        assert!(PackedTable::encode(&[3, 3]).is_err());
     }
 }
