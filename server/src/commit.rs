@@ -44,7 +44,12 @@ pub struct Committer {
 impl Committer {
     /// Starts the sync thread. `durable` is the sequence already durable (after recovery,
     /// everything stored).
-    pub fn start(store: Arc<dyn Store>, durable: u64, metrics: ShardMetrics) -> Committer {
+    pub fn start(
+        store: Arc<dyn Store>,
+        durable: u64,
+        metrics: ShardMetrics,
+        _on_failure: impl Fn(&str) + Send + Sync + 'static,
+    ) -> Committer {
         let (tx, _) = watch::channel(durable);
         let inner = Arc::new(Inner {
             store,
@@ -125,6 +130,11 @@ impl Committer {
         self.inner.requested.fetch_max(seq, Ordering::AcqRel);
         let _g = self.inner.lock.lock();
         self.inner.wake.notify_one();
+    }
+
+    /// A sync outside group commit (checkpoints, snapshots, shutdown).
+    pub fn sync(&self) -> Result<()> {
+        self.inner.store.sync()
     }
 
     /// Stops the sync thread after a last sync, and waits for it.

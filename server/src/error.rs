@@ -18,6 +18,9 @@ pub enum ErrorClass {
     /// The shard cannot answer now (starting, shutting down, storage failing); a retry may
     /// work.
     Unavailable,
+    /// The shard is in a state that only an operator can end (a restart after a failed
+    /// sync); retrying the request unchanged fails until then.
+    FailedPrecondition,
     /// Stored data is damaged; the shard does not serve it.
     DataLoss,
     /// A bug.
@@ -45,6 +48,13 @@ pub enum Error {
     /// A stored tablet is damaged beyond repair; nothing is served from it.
     #[error("tablet is corrupt and not served: {0}")]
     CorruptTablet(String),
+    /// A sync of the store failed. Records appended before it may have been lost whatever a
+    /// later sync reports, so the shard acknowledges and serves nothing until restarted.
+    #[error(
+        "the shard's storage failed to sync ({0}); it acknowledges nothing until it is \
+         restarted and has recovered from its disk"
+    )]
+    SyncFailed(String),
     /// The storage engine failed (I/O error, disk full, damaged database files).
     #[error("storage failed: {0}")]
     Storage(String),
@@ -76,6 +86,7 @@ impl Error {
             Error::NotFound(_) => ErrorClass::NotFound,
             Error::Recovering | Error::ShuttingDown | Error::Storage(_) => ErrorClass::Unavailable,
             Error::CorruptTablet(_) => ErrorClass::DataLoss,
+            Error::SyncFailed(_) => ErrorClass::FailedPrecondition,
             Error::DataDir { .. } | Error::Incompatible(_) => ErrorClass::Unavailable,
             Error::Internal(_) => ErrorClass::Internal,
         }
@@ -102,6 +113,7 @@ impl From<Error> for tonic::Status {
             ErrorClass::InvalidInput => tonic::Status::invalid_argument(msg),
             ErrorClass::NotFound => tonic::Status::not_found(msg),
             ErrorClass::Unavailable => tonic::Status::unavailable(msg),
+            ErrorClass::FailedPrecondition => tonic::Status::failed_precondition(msg),
             ErrorClass::DataLoss => tonic::Status::data_loss(msg),
             ErrorClass::Internal => tonic::Status::internal(msg),
         }
