@@ -366,4 +366,6 @@ impl Shard {
 }
 
 #[cfg(test)]
+mod durability_tests;
+#[cfg(test)]
 mod shard_tests;
