@@ -37,8 +37,11 @@ pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|_| std::io::Error::other("path contains a NUL byte"))?;
+    // SAFETY: `statvfs` is a C struct of integers (and padding), for which all-zero bytes
+    // are a valid value; the call below overwrites it.
     let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c` is a valid NUL-terminated path and `s` a writable statvfs.
+    // SAFETY: `c` is a valid NUL-terminated path that outlives the call, and `s` a writable
+    // statvfs the call may fill; neither is kept by libc after it returns.
     if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
