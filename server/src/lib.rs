@@ -9,7 +9,8 @@
 //!   [`fault_store`]: a store that fails on command, for durability tests.
 //! - [`record`], [`persist`], [`doc_table`], [`commit`]: the log record format, the stored
 //!   layout, the document table and group commit.
-//! - [`service`]: the internal gRPC service (`neardup.internal.v1.Shard`) over a [`Shard`].
+//! - [`service`]: the internal gRPC service (`neardup.internal.v1.Shard`) over a [`Shard`],
+//!   and the one conversion between the shard's types and the wire types.
 //! - [`node`]: a shard node's gRPC server (shard, reserved Raft, health).
 //! - [`metrics`]: the shard's Prometheus series.
 //!
@@ -38,4 +39,7 @@ pub mod storage;
 pub use error::{Error, ErrorClass, Result};
 pub use metrics::ShardMetrics;
 pub use service::{RaftService, ShardService};
-pub use shard::{Shard, ShardConfig, Status, WriteOutcome};
+pub use shard::{
+    Admission, DocMatch, NewDocument, ProbeHits, Shard, ShardConfig, ShardStats, Status,
+    WriteOutcome,
+};

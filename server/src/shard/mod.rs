@@ -25,6 +25,18 @@
 //! (verifying every checksum; a damaged table is rebuilt from an intact one, a run that
 //! cannot be loaded makes the tablet corrupt: it is reported and not served) and replay the
 //! log after F into them. Only then does the shard serve.
+//!
+//! # A failed sync
+//! Once a sync of the store fails, the shard acknowledges nothing more and serves nothing
+//! ([`Status::Failed`]) until it is restarted; [`crate::commit`] says why.
+//!
+//! # Where things are
+//! This file holds the state and [`Shard::open`]; the rest is split by concern: the types
+//! of the shard's API (`shard_types`), the data-directory check (`dir_check`), the status
+//! (`status`), recovery (`recovery`), writes and admissions (`write_path`), probes and
+//! statistics (`read_path`), background merges and rebuilds (`maintenance`), checkpoints
+//! and document snapshots (`checkpoint`).
+
 mod checkpoint;
 mod dir_check;
 mod maintenance;

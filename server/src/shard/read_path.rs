@@ -34,7 +34,7 @@ impl Shard {
         }
     }
 
-    /// Turns index matches into a public result, skipping internal id `skip`.
+    /// Turns index matches into the documents they name, skipping internal id `skip`.
     pub(super) fn result(
         docs: &DocTable,
         fp: u64,

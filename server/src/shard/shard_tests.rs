@@ -387,3 +387,32 @@ fn quiet_writes_are_checkpointed_without_waiting_for_the_interval() {
     let queries: Vec<u64> = docs.iter().map(|d| d.fingerprint ^ 0b11).collect();
     check(&shard, &model, &queries);
 }
+
+/// A rebuilt index numbers its runs afresh, so a run id alone could name a run stored from
+/// the old index: the checkpoint after a rebuild stores the new run and drops the old one.
+#[test]
+fn the_checkpoint_after_a_rebuild_stores_the_rebuilt_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config();
+    c.max_runs = 1000;
+    let shard = open(dir.path(), c);
+    let (mut model, mut rng) = (Model::default(), SplitMix64::new(5));
+    let queries = workload(&shard, &mut model, &mut rng, 30);
+    let run_id = || shard.state.read().index.runs()[0].id();
+    shard.compact_all().unwrap();
+    shard.checkpoint().unwrap();
+    let (first_id, first_sids) = (run_id(), persist::stored_run_ids(&shard.spaces).unwrap());
+    assert_eq!(first_sids.len(), 1);
+    shard.compact_all().unwrap();
+    assert_eq!(run_id(), first_id, "each rebuilt index numbers its runs from the start");
+    assert!(shard.stats().unwrap().checkpoint_pending);
+    shard.checkpoint().unwrap();
+    assert!(!shard.stats().unwrap().checkpoint_pending);
+    let sids = persist::stored_run_ids(&shard.spaces).unwrap();
+    assert_eq!(sids.len(), 1, "{sids:?}");
+    assert_ne!(sids, first_sids, "stored anew, the old run removed");
+    check(&shard, &model, &queries);
+    shard.close_without_checkpoint();
+    drop(shard);
+    restart_and_check(dir.path(), &model, &queries);
+}
