@@ -1,7 +1,9 @@
 //! The one error type of `neardup-router`, and its mapping to gRPC status codes.
 //!
-//! Errors from the shard arrive as statuses already mapped by the shard (one mapping per
-//! crate, each in one place) and pass through unchanged.
+//! Errors from the shard arrive as statuses already mapped by the shard and pass through
+//! unchanged. Errors of the engine (`neardup_core`, met when fingerprinting a text) are
+//! mapped by the shard's mapping ([`neardup_server::error::core_error_code`]), so each
+//! engine error has one code whichever service reports it.
 
 use tonic::Status;
 
@@ -30,6 +32,9 @@ pub enum RouterError {
     /// The shard answered with an error status.
     #[error("{}", .0.message())]
     Shard(Status),
+    /// The engine refused the request or failed.
+    #[error(transparent)]
+    Engine(neardup_core::Error),
     /// A bug.
     #[error("internal error: {0}")]
     Internal(String),
@@ -43,10 +48,7 @@ impl From<Status> for RouterError {
 
 impl From<neardup_core::Error> for RouterError {
     fn from(e: neardup_core::Error) -> Self {
-        match e.kind() {
-            neardup_core::ErrorKind::InvalidInput => RouterError::InvalidArgument(e.to_string()),
-            neardup_core::ErrorKind::Corrupt => RouterError::Internal(e.to_string()),
-        }
+        RouterError::Engine(e)
     }
 }
 
@@ -59,6 +61,9 @@ impl From<RouterError> for Status {
             RouterError::Overloaded { .. } => Status::resource_exhausted(e.to_string()),
             RouterError::Unavailable(m) => Status::unavailable(m),
             RouterError::Shard(s) => s,
+            RouterError::Engine(e) => {
+                Status::new(neardup_server::error::core_error_code(&e), e.to_string())
+            }
             RouterError::Internal(m) => Status::internal(m),
         }
     }
@@ -68,5 +73,28 @@ impl RouterError {
     /// Shorthand for [`RouterError::InvalidArgument`].
     pub fn invalid(msg: impl Into<String>) -> Self {
         RouterError::InvalidArgument(msg.into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic::Code;
+
+    use super::*;
+
+    /// A damaged run is DATA_LOSS whether the router or the shard reports it.
+    #[test]
+    fn a_corrupt_run_is_data_loss_through_the_router_and_the_shard() {
+        let corrupt = || neardup_core::Error::Corrupt("run 3: checksum mismatch".into());
+        assert_eq!(Status::from(RouterError::from(corrupt())).code(), Code::DataLoss);
+        let shard = tonic::Status::from(neardup_server::Error::from(corrupt()));
+        assert_eq!(shard.code(), Code::DataLoss);
+        // And bad input is INVALID_ARGUMENT on both, with the engine's message.
+        let bad_k = || neardup_core::Error::KOutOfRange { k: 9, max: 3 };
+        let routed = Status::from(RouterError::from(bad_k()));
+        assert_eq!(routed.code(), Code::InvalidArgument);
+        assert_eq!(routed.message(), bad_k().to_string());
+        let shard = tonic::Status::from(neardup_server::Error::from(bad_k()));
+        assert_eq!(shard.code(), Code::InvalidArgument);
     }
 }

@@ -5,10 +5,12 @@
 //!
 //! - [`shard`]: the index and document table made durable — write-ahead log with group
 //!   commit, runs stored as Huffman-XOR blocks, background merges and checkpoints, recovery.
-//! - [`storage`]: the storage contract ([`storage::Store`]) and its sled implementation.
-//! - [`record`], [`persist`], [`docs`], [`commit`]: the log record format, the stored
+//! - [`storage`]: the storage contract ([`storage::Store`]) and its sled implementation;
+//!   [`fault_store`]: a store that fails on command, for durability tests.
+//! - [`record`], [`persist`], [`doc_table`], [`commit`]: the log record format, the stored
 //!   layout, the document table and group commit.
-//! - [`service`]: the internal gRPC service (`neardup.internal.v1.Shard`) over a [`Shard`].
+//! - [`service`]: the internal gRPC service (`neardup.internal.v1.Shard`) over a [`Shard`],
+//!   and the one conversion between the shard's types and the wire types.
 //! - [`node`]: a shard node's gRPC server (shard, reserved Raft, health).
 //! - [`metrics`]: the shard's Prometheus series.
 //!
@@ -23,8 +25,9 @@
 #![deny(missing_docs)]
 
 pub mod commit;
-pub mod docs;
+pub mod doc_table;
 pub mod error;
+pub mod fault_store;
 pub mod metrics;
 pub mod node;
 pub mod persist;
@@ -36,4 +39,7 @@ pub mod storage;
 pub use error::{Error, ErrorClass, Result};
 pub use metrics::ShardMetrics;
 pub use service::{RaftService, ShardService};
-pub use shard::{Shard, ShardConfig, Status, WriteOutcome};
+pub use shard::{
+    Admission, DocMatch, NewDocument, ProbeHits, Shard, ShardConfig, ShardStats, Status,
+    WriteOutcome,
+};

@@ -4,7 +4,7 @@
 //! document a write replaced is named by id and fingerprint), so replaying it needs no
 //! lookups and gives the same state whatever state it is replayed on top of: a record can be
 //! replayed onto a document snapshot taken while it was being written (see
-//! [`crate::docs::DocTable`]) and still give the right answer.
+//! [`crate::doc_table::DocTable`]) and still give the right answer.
 //!
 //! Layout (little-endian): format `u8` = 1, operation count `u32`, the operations, then a
 //! CRC-32 of everything before it. A `Put` is tag 1, id, fingerprint, timestamp, cluster

@@ -10,14 +10,17 @@ use std::sync::Arc;
 use neardup_proto::internal::raft_server::Raft;
 use neardup_proto::internal::shard_server::Shard as ShardRpc;
 use neardup_proto::internal::{
-    AdmitRequest, AdmitResponse, ProbeRequest, ProbeResponse, RaftAck, RaftMessage,
+    AdmitRequest, AdmitResponse, ProbeRequest, ProbeResponse, RaftAck, RaftMessage, ShardDocument,
     ShardStatsRequest, ShardStatsResponse, WaitDurableRequest, WaitDurableResponse, WriteRequest,
     WriteResponse,
 };
+use neardup_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use crate::error::Error;
-use crate::shard::Shard;
+use crate::shard::{
+    Admission, DocMatch, NewDocument, ProbeHits, Shard, ShardStats, TableFootprint, WriteOutcome,
+};
 
 /// Probe batches at least this large leave the async worker.
 const BLOCKING_PROBE: usize = 64;
@@ -48,17 +51,12 @@ impl ShardRpc for ShardService {
     ) -> Result<Response<WriteResponse>, Status> {
         let WriteRequest { documents, deletes, deletes_must_exist, skip_sync } =
             request.into_inner();
+        let documents: Vec<NewDocument> = documents.into_iter().map(new_document).collect();
         let out = self.shard.write(&documents, &deletes, deletes_must_exist)?;
         if !skip_sync {
             self.shard.wait_durable(out.seq).await?;
         }
-        Ok(Response::new(WriteResponse {
-            inserted: out.inserted,
-            replaced: out.replaced,
-            deleted: out.deleted,
-            missing: out.missing,
-            seq: out.seq,
-        }))
+        Ok(Response::new(write_response(out)))
     }
 
     async fn wait_durable(
@@ -83,7 +81,9 @@ impl ShardRpc for ShardService {
         } else {
             self.shard.probe(&fingerprints, k, limit as usize)?
         };
-        Ok(Response::new(ProbeResponse { results }))
+        Ok(Response::new(ProbeResponse {
+            results: results.into_iter().map(query_result).collect(),
+        }))
     }
 
     async fn admit(
@@ -94,16 +94,109 @@ impl ShardRpc for ShardService {
         let doc =
             document.ok_or_else(|| Error::InvalidInput("an admission needs a document".into()))?;
         let (decision, seq) =
-            self.shard.admit(&doc, k, limit as usize, skip_insert_if_duplicate)?;
+            self.shard.admit(&new_document(doc), k, limit as usize, skip_insert_if_duplicate)?;
         self.shard.wait_durable(seq).await?;
-        Ok(Response::new(AdmitResponse { decision: Some(decision) }))
+        Ok(Response::new(AdmitResponse { decision: Some(check_and_insert_response(decision)) }))
     }
 
     async fn stats(
         &self,
         _request: Request<ShardStatsRequest>,
     ) -> Result<Response<ShardStatsResponse>, Status> {
-        Ok(Response::new(ShardStatsResponse { stats: Some(self.shard.stats()?) }))
+        Ok(Response::new(ShardStatsResponse { stats: Some(stats_response(self.shard.stats()?)) }))
+    }
+}
+
+// Conversions between the wire types and the shard's own: every struct is destructured
+// whole, so a field added on either side fails to compile here until it is carried over.
+
+fn new_document(d: ShardDocument) -> NewDocument {
+    let ShardDocument { id, fingerprint, timestamp_ms } = d;
+    NewDocument { id, fingerprint, timestamp_ms }
+}
+
+fn write_response(out: WriteOutcome) -> WriteResponse {
+    let WriteOutcome { inserted, replaced, deleted, missing, seq } = out;
+    WriteResponse { inserted, replaced, deleted, missing, seq }
+}
+
+fn matches(matches: Vec<DocMatch>) -> Vec<pb::Match> {
+    matches
+        .into_iter()
+        .map(|m| {
+            let DocMatch { id, fingerprint, distance, timestamp_ms, cluster_id } = m;
+            pb::Match { id, fingerprint, distance, timestamp_ms, cluster_id }
+        })
+        .collect()
+}
+
+fn query_result(hits: ProbeHits) -> pb::QueryResult {
+    let ProbeHits { fingerprint, matches: found, truncated } = hits;
+    pb::QueryResult { matches: matches(found), truncated, fingerprint }
+}
+
+fn check_and_insert_response(a: Admission) -> pb::CheckAndInsertResponse {
+    let Admission {
+        duplicate,
+        matches: found,
+        truncated,
+        cluster_id,
+        original_id,
+        inserted,
+        replaced,
+        fingerprint,
+    } = a;
+    pb::CheckAndInsertResponse {
+        duplicate,
+        matches: matches(found),
+        truncated,
+        cluster_id,
+        original_id,
+        inserted,
+        replaced,
+        fingerprint,
+    }
+}
+
+fn stats_response(s: ShardStats) -> pb::StatsResponse {
+    let ShardStats {
+        documents,
+        design,
+        max_k,
+        tables,
+        index_bytes,
+        buffered,
+        runs,
+        deleted_pending,
+        merges,
+        wal_bytes,
+        disk_bytes,
+        version,
+        checkpoint_pending,
+        merging,
+    } = s;
+    let tables = tables
+        .into_iter()
+        .map(|t| {
+            let TableFootprint { bytes, entries, bits_per_fingerprint } = t;
+            pb::TableStats { bytes, entries, bits_per_fingerprint }
+        })
+        .collect();
+    pb::StatsResponse {
+        documents,
+        design,
+        max_k,
+        tables,
+        index_bytes,
+        buffered,
+        runs,
+        deleted_pending,
+        merges,
+        wal_bytes,
+        disk_bytes,
+        version,
+        checkpoint_pending,
+        merging,
     }
 }
 

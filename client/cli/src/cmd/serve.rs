@@ -28,6 +28,7 @@ pub fn health_of(shard: &Shard) -> watch::Receiver<ShardHealth> {
                 Status::Serving => ShardHealth::Serving,
                 Status::Recovering => ShardHealth::NotServing("recovering".into()),
                 Status::Corrupt(m) => ShardHealth::NotServing(format!("corrupt tablet: {m}")),
+                Status::Failed(m) => ShardHealth::NotServing(format!("storage failed: {m}")),
                 Status::ShuttingDown => ShardHealth::NotServing("shutting down".into()),
             };
             tx.send_replace(h);

@@ -7,8 +7,9 @@ use neardup_core::util::SplitMix64;
 
 use super::*;
 use crate::ErrorClass;
+use crate::persist::key64;
 
-fn config() -> ShardConfig {
+pub(super) fn config() -> ShardConfig {
     let mut c = ShardConfig::default();
     c.index.buffer_docs = 64;
     c.checkpoint_ops = 200;
@@ -30,7 +31,7 @@ fn open(dir: &Path, c: ShardConfig) -> Arc<Shard> {
 }
 
 /// Writes and waits until the log holds it.
-fn durable_write(shard: &Shard, docs: &[ShardDocument], dels: &[String]) -> WriteOutcome {
+fn durable_write(shard: &Shard, docs: &[NewDocument], dels: &[String]) -> WriteOutcome {
     let out = shard.write(docs, dels, false).unwrap();
     shard.wait_durable_blocking(out.seq).unwrap();
     out
@@ -43,8 +44,8 @@ fn restart_and_check(dir: &Path, model: &Model, queries: &[u64]) {
     shard.shutdown().unwrap();
 }
 
-fn doc(name: &str, fp: u64, ts: i64) -> ShardDocument {
-    ShardDocument { id: name.into(), fingerprint: fp, timestamp_ms: ts }
+pub(super) fn doc(name: &str, fp: u64, ts: i64) -> NewDocument {
+    NewDocument { id: name.into(), fingerprint: fp, timestamp_ms: ts }
 }
 
 /// The truth: name -> (fp, ts).
@@ -236,7 +237,7 @@ fn deletions_replayed_after_a_crash_survive_the_next_checkpoint() {
     let mut rng = SplitMix64::new(11);
     let shard = open(dir.path(), config());
     for batch in 0..4 {
-        let docs: Vec<ShardDocument> = (0..50)
+        let docs: Vec<NewDocument> = (0..50)
             .map(|i| doc(&format!("d{}", batch * 50 + i), rng.next_u64(), i as i64))
             .collect();
         durable_write(&shard, &docs, &[]);
@@ -246,7 +247,7 @@ fn deletions_replayed_after_a_crash_survive_the_next_checkpoint() {
     }
     shard.checkpoint().unwrap();
     // Replacements and deletes of stored documents, in the log only, then a crash.
-    let docs: Vec<ShardDocument> =
+    let docs: Vec<NewDocument> =
         (0..30).map(|i| doc(&format!("d{}", i * 3), rng.next_u64(), 7)).collect();
     durable_write(&shard, &docs, &[]);
     let dels: Vec<String> = (0..20).map(|i| format!("d{}", 101 + i * 2)).collect();
@@ -385,4 +386,33 @@ fn quiet_writes_are_checkpointed_without_waiting_for_the_interval() {
     assert!(!shard.stats().unwrap().checkpoint_pending, "a quiet shard stores its index");
     let queries: Vec<u64> = docs.iter().map(|d| d.fingerprint ^ 0b11).collect();
     check(&shard, &model, &queries);
+}
+
+/// A rebuilt index numbers its runs afresh, so a run id alone could name a run stored from
+/// the old index: the checkpoint after a rebuild stores the new run and drops the old one.
+#[test]
+fn the_checkpoint_after_a_rebuild_stores_the_rebuilt_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config();
+    c.max_runs = 1000;
+    let shard = open(dir.path(), c);
+    let (mut model, mut rng) = (Model::default(), SplitMix64::new(5));
+    let queries = workload(&shard, &mut model, &mut rng, 30);
+    let run_id = || shard.state.read().index.runs()[0].id();
+    shard.compact_all().unwrap();
+    shard.checkpoint().unwrap();
+    let (first_id, first_sids) = (run_id(), persist::stored_run_ids(&shard.spaces).unwrap());
+    assert_eq!(first_sids.len(), 1);
+    shard.compact_all().unwrap();
+    assert_eq!(run_id(), first_id, "each rebuilt index numbers its runs from the start");
+    assert!(shard.stats().unwrap().checkpoint_pending);
+    shard.checkpoint().unwrap();
+    assert!(!shard.stats().unwrap().checkpoint_pending);
+    let sids = persist::stored_run_ids(&shard.spaces).unwrap();
+    assert_eq!(sids.len(), 1, "{sids:?}");
+    assert_ne!(sids, first_sids, "stored anew, the old run removed");
+    check(&shard, &model, &queries);
+    shard.close_without_checkpoint();
+    drop(shard);
+    restart_and_check(dir.path(), &model, &queries);
 }

@@ -1,0 +1,221 @@
+//! Background maintenance: merges off the request path, idle flushes and compaction, the
+//! rebuild of an index with too many runs, and the decision to checkpoint or snapshot.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use neardup_core::index::MergeJob;
+use neardup_core::{Doc, Index};
+
+use super::{Shard, State, Status};
+use crate::doc_table::DocTable;
+use crate::error::{Error, Result};
+use crate::persist::key64;
+use crate::record::{self, Op};
+
+impl Shard {
+    pub(super) fn refresh_gauges(&self, disk: bool) {
+        let st = self.state.read();
+        let mem = st.index.memory();
+        let tables: Vec<usize> = mem.tables.iter().map(|t| t.bytes).collect();
+        let s = st.index.stats();
+        self.metrics.set_index(st.docs.len(), s.runs, s.buffered, &tables);
+        let log = st.log_bytes;
+        drop(st);
+        self.metrics.set_sizes(log, if disk { self.store.disk_bytes().ok() } else { None });
+    }
+
+    /// The background loop: merges, idle flushes, checkpoints, document snapshots.
+    pub(super) fn maintenance_loop(self: Arc<Self>) {
+        let mut last_disk = Instant::now();
+        while !self.stop.load(Ordering::Acquire) {
+            {
+                let mut w = self.wake.0.lock();
+                if !*w {
+                    self.wake.1.wait_for(&mut w, Duration::from_millis(200));
+                }
+                *w = false;
+            }
+            if self.stop.load(Ordering::Acquire) {
+                return;
+            }
+            if let Err(e) = self.maintain_once() {
+                tracing::error!(error = %e, "background maintenance failed; retrying");
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            let disk = last_disk.elapsed() > Duration::from_secs(5);
+            if disk {
+                last_disk = Instant::now();
+            }
+            self.refresh_gauges(disk);
+        }
+    }
+
+    /// Runs a merge off the lock and installs its run: the documents merged and the seconds
+    /// it took, or `None` if the shard began stopping meanwhile (the merge is dropped).
+    pub(super) fn run_merge(&self, job: MergeJob) -> Result<Option<(usize, f64)>> {
+        let started = Instant::now();
+        self.metrics.merge_running(true);
+        let merged = job.run();
+        self.metrics.merge_running(false);
+        let merged = merged?;
+        let docs = merged.len();
+        if self.stop.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        self.state.write().index.finish_merge(job, merged)?;
+        let seconds = started.elapsed().as_secs_f64();
+        self.metrics.merged(docs, seconds);
+        Ok(Some((docs, seconds)))
+    }
+
+    /// One round of maintenance; public so tests and benchmarks can drive it.
+    pub fn maintain_once(&self) -> Result<()> {
+        let _one = self.maintaining.lock();
+        // After a failed sync nothing more is written: the shard waits for its restart.
+        if matches!(self.status(), Status::Failed(_)) {
+            return Ok(());
+        }
+        // Merges, one at a time, until the policy wants none.
+        loop {
+            let Some(job) = self.state.write().index.next_merge() else { break };
+            let Some((docs, seconds)) = self.run_merge(job)? else { return Ok(()) };
+            tracing::debug!(docs, seconds, "merged runs");
+        }
+        if self.state.read().index.runs().len() > self.config.max_runs {
+            self.metrics.merge_running(true);
+            let r = self.compact_all();
+            self.metrics.merge_running(false);
+            r?;
+        }
+        // After a burst of writes, merge everything into one run so that queries visit a
+        // single run again.
+        let quiet = {
+            let st = self.state.read();
+            st.index.runs().len() > 1 && st.last_write.elapsed() >= self.config.compact_idle
+        };
+        // Take the job in a statement of its own: the write guard must be gone before the
+        // merge runs and before finish_merge takes the lock again.
+        let job = if quiet { self.state.write().index.compact_job() } else { None };
+        if let Some(job) = job {
+            let Some((docs, seconds)) = self.run_merge(job)? else { return Ok(()) };
+            tracing::info!(docs, seconds, "compacted to one run");
+            // Writes are still quiet, so the checkpoint below stores the compacted run now
+            // rather than in the middle of busy traffic later.
+        }
+        // An idle buffer becomes a run, so queries skip its linear scan.
+        {
+            let idle = {
+                let st = self.state.read();
+                !st.index.buffered().is_empty() && st.last_write.elapsed() >= self.config.idle_flush
+            };
+            if idle {
+                let mut st = self.state.write();
+                if !st.index.buffered().is_empty() {
+                    st.index.flush()?;
+                    st.covered = st.last_seq;
+                }
+            }
+        }
+        let (due, log_bytes) = {
+            let ck = self.checkpoints.lock();
+            let st = self.state.read();
+            let uncovered = st.last_seq.saturating_sub(ck.manifest.covered);
+            // Also once writes have been quiet for `compact_idle` (as after an idle
+            // compaction): the index is stored while nothing else is going on, and a
+            // restart then replays no log.
+            let due = uncovered >= self.config.checkpoint_ops
+                || (ck.runs_changed(&st)
+                    && (ck.last.elapsed() >= self.config.checkpoint_interval
+                        || st.last_write.elapsed() >= self.config.compact_idle));
+            (due, st.log_bytes)
+        };
+        if due {
+            self.checkpoint()?;
+        }
+        let snap_due = {
+            let ck = self.checkpoints.lock();
+            log_bytes >= self.config.snapshot_log_bytes.max(ck.snapshot_bytes)
+        };
+        if snap_due {
+            self.snapshot_docs()?;
+        }
+        Ok(())
+    }
+
+    /// Rebuilds the index as one run from the document table, off the request path: the
+    /// documents as of log sequence `s0` are built into a fresh index without any lock, the
+    /// records appended meanwhile are replayed into it (most of them without a lock, the
+    /// last few under the write lock), and it replaces the old index.
+    pub fn compact_all(&self) -> Result<()> {
+        let started = Instant::now();
+        let (docs, s0) = {
+            let st = self.state.read();
+            let (entries, _) = st.docs.entries_from(0, usize::MAX);
+            let docs: Vec<Doc> =
+                entries.iter().map(|e| Doc { id: e.id, fp: e.fp, ts: e.ts }).collect();
+            (docs, st.last_seq)
+        };
+        let mut fresh = State {
+            index: Index::build(self.config.index.clone(), &docs)?,
+            docs: DocTable::new(),
+            last_seq: s0,
+            covered: s0,
+            last_write: Instant::now(),
+            log_bytes: 0,
+            generation: 0,
+        };
+        drop(docs);
+        // Catch up without the lock, then the remainder under it.
+        let replay = |fresh: &mut State, upto: u64| -> Result<()> {
+            for e in self.spaces.log.scan(&key64(fresh.last_seq + 1), &key64(upto + 1)) {
+                let (k, v) = e?;
+                let seq = u64::from_be_bytes(
+                    k.as_slice().try_into().map_err(|_| Error::CorruptTablet("log key".into()))?,
+                );
+                let ops = record::decode(&v)?;
+                Self::apply_index(fresh, seq, &ops)?;
+                fresh.last_seq = seq;
+            }
+            Ok(())
+        };
+        let s1 = self.state.read().last_seq;
+        replay(&mut fresh, s1)?;
+        let mut st = self.state.write();
+        let last = st.last_seq;
+        replay(&mut fresh, last)?;
+        if fresh.index.len() != st.docs.len() {
+            return Err(Error::Internal(format!(
+                "rebuilt index holds {} documents, the table {}",
+                fresh.index.len(),
+                st.docs.len()
+            )));
+        }
+        st.index = fresh.index;
+        st.covered = fresh.covered;
+        st.generation += 1;
+        drop(st);
+        tracing::info!(seconds = started.elapsed().as_secs_f64(), "index rebuilt as one run");
+        Ok(())
+    }
+
+    /// Applies a record to the index only (the document table already has it).
+    pub(super) fn apply_index(st: &mut State, seq: u64, ops: &[Op<'_>]) -> Result<()> {
+        let puts = ops.iter().filter(|o| matches!(o, Op::Put { .. })).count();
+        let cap = st.index.config().buffer_docs;
+        if !st.index.buffered().is_empty() && st.index.buffered().len() + puts >= cap {
+            st.index.flush()?;
+            st.covered = seq - 1;
+        }
+        for op in ops {
+            match *op {
+                Op::Put { id, fp, ts, .. } => st.index.insert(Doc { id, fp, ts })?,
+                Op::Remove { id, fp } => {
+                    st.index.delete_doc(id, fp)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}

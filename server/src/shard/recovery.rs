@@ -1,0 +1,243 @@
+//! Recovery: the stored runs and document snapshot loaded, the log replayed after them,
+//! before the shard serves (see the shard's module docs).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use neardup_core::{Doc, Index};
+use rayon::prelude::*;
+
+use super::{RunKey, Shard, State, Status, StoredRun};
+use crate::commit::Committer;
+use crate::doc_table::{DocEntry, DocTable};
+use crate::error::{Error, Result};
+use crate::persist::{self, DocSnapshot, Manifest, key64};
+use crate::record::{self, Op};
+
+impl Shard {
+    /// Loads the stored data and starts the background threads; blocks until done. On a
+    /// damaged tablet the shard becomes [`Status::Corrupt`] (and this returns the error); on
+    /// other failures it stays [`Status::Recovering`].
+    pub fn recover(self: &Arc<Self>) -> Result<()> {
+        let started = Instant::now();
+        match self.recover_inner() {
+            Ok(()) => {
+                let secs = started.elapsed().as_secs_f64();
+                self.metrics.recovered(secs);
+                self.refresh_gauges(true);
+                let st = self.state.read();
+                tracing::info!(
+                    documents = st.docs.len(),
+                    runs = st.index.runs().len(),
+                    seconds = secs,
+                    "recovered"
+                );
+                drop(st);
+                self.set_status(Status::Serving);
+                let me = self.clone();
+                let handle = std::thread::Builder::new()
+                    .name("neardup-maintenance".into())
+                    .spawn(move || me.maintenance_loop())
+                    .expect("spawn the maintenance thread");
+                *self.maintenance.lock() = Some(handle);
+                Ok(())
+            }
+            Err(e) => {
+                if let Error::CorruptTablet(msg) = &e {
+                    tracing::error!(error = %msg, path = %self.path.display(),
+                        "tablet is corrupt; it is not served");
+                    self.metrics.set_corrupt(true);
+                    self.set_status(Status::Corrupt(msg.clone()));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    pub(super) fn recover_inner(&self) -> Result<()> {
+        let s = &self.spaces;
+        let manifest = match s.meta.get(b"manifest")? {
+            Some(b) => Manifest::decode(&b)?,
+            None => Manifest { next_sid: 1, ..Default::default() },
+        };
+        let docsnap = match s.meta.get(b"docsnap")? {
+            Some(b) => DocSnapshot::decode(&b)?,
+            None => DocSnapshot::default(),
+        };
+        // Documents (snapshot, then the log after it) and the index (runs, then the log after
+        // the manifest) are independent: load them at once.
+        let (docs_part, index_part) =
+            rayon::join(|| self.recover_docs(&docsnap), || self.recover_index(&manifest));
+        let (docs, mut last_seq, log_bytes) = docs_part?;
+        let (index, stored_runs, rebuilt, buffer_empty) = index_part?;
+        let sids: Vec<u64> = stored_runs.iter().map(|&(sid, _)| sid).collect();
+        last_seq = last_seq.max(manifest.last_seq).max(manifest.covered).max(docsnap.covered);
+        let covered = if buffer_empty { last_seq } else { manifest.covered };
+        if docs.len() != index.len() {
+            return Err(Error::CorruptTablet(format!(
+                "documents ({}) and index ({}) disagree after recovery",
+                docs.len(),
+                index.len()
+            )));
+        }
+        // Remember what is stored; repair rebuilt tables; drop garbage.
+        {
+            let mut ck = self.checkpoints.lock();
+            // Deletion marks as stored, not as replayed from the log: the next checkpoint
+            // writes the replayed ones before its manifest passes their records.
+            // The recovered index is installed below as generation 0.
+            for (run, &(sid, deletes_written)) in index.runs().iter().zip(&stored_runs) {
+                let key = RunKey { generation: 0, run: run.id() };
+                ck.stored.insert(key, StoredRun { sid, deletes_written });
+            }
+            for (sid, tables) in &rebuilt {
+                if let Some(pos) = sids.iter().position(|s| s == sid) {
+                    persist::rewrite_tables(s, *sid, &index.runs()[pos], tables)?;
+                }
+            }
+            for sid in persist::stored_run_ids(s)? {
+                if !manifest.runs.contains(&sid) {
+                    persist::remove_run(s, sid)?;
+                }
+            }
+            // Chunks of older snapshots: every key outside the current snapshot's prefix.
+            if docsnap.id == 0 {
+                s.docs.remove_range(&[], &[0xFF; 13])?;
+            } else {
+                s.docs.remove_range(&[], &key64(docsnap.id))?;
+                s.docs.remove_range(&key64(docsnap.id + 1), &[0xFF; 13])?;
+            }
+            ck.manifest = Manifest { last_seq, ..manifest };
+            ck.docsnap = docsnap;
+            ck.snapshot_bytes = log_bytes.min(self.config.snapshot_log_bytes);
+        }
+        self.sync()?;
+        let mut st = self.state.write();
+        *st = State {
+            index,
+            docs,
+            last_seq,
+            covered,
+            last_write: Instant::now(),
+            log_bytes,
+            generation: 0,
+        };
+        drop(st);
+        let status = self.status.clone();
+        let on_failure = move |msg: &str| {
+            status.send_replace(Status::Failed(msg.to_string()));
+        };
+        let committer =
+            Committer::start(self.store.clone(), last_seq, self.metrics.clone(), on_failure);
+        self.commit.set(committer).ok();
+        Ok(())
+    }
+
+    /// Recovery of the document table: the snapshot, then every later log record. Returns
+    /// the table, the last log sequence and the log's size.
+    pub(super) fn recover_docs(&self, docsnap: &DocSnapshot) -> Result<(DocTable, u64, u64)> {
+        let s = &self.spaces;
+        let mut docs = DocTable::new();
+        if docsnap.id != 0 {
+            // Chunks decoded on every core, then the table built at once.
+            let chunks: Vec<Vec<DocEntry>> = (0..docsnap.chunks)
+                .into_par_iter()
+                .map(|c| {
+                    let bytes =
+                        s.docs.get(&DocSnapshot::chunk_key(docsnap.id, c))?.ok_or_else(|| {
+                            Error::CorruptTablet(format!("document snapshot chunk {c} is missing"))
+                        })?;
+                    record::decode(&bytes)?
+                        .into_iter()
+                        .map(|op| match op {
+                            Op::Put { id, fp, ts, cluster, name } => {
+                                Ok(DocEntry { id, fp, ts, cluster, name: name.into() })
+                            }
+                            Op::Remove { .. } => Err(Error::CorruptTablet(format!(
+                                "document snapshot chunk {c} holds a removal"
+                            ))),
+                        })
+                        .collect()
+                })
+                .collect::<Result<_>>()?;
+            let mut entries = Vec::with_capacity(chunks.iter().map(Vec::len).sum());
+            for c in chunks {
+                entries.extend(c);
+            }
+            docs = DocTable::from_entries(entries);
+        }
+        let (mut last_seq, mut log_bytes) = (0, 0u64);
+        for e in s.log.scan(&key64(0), &[0xFF; 9]) {
+            let (k, v) = e?;
+            let seq = u64::from_be_bytes(
+                k.as_slice().try_into().map_err(|_| Error::CorruptTablet("log key".into()))?,
+            );
+            log_bytes += v.len() as u64;
+            last_seq = last_seq.max(seq);
+            if seq > docsnap.covered {
+                for op in record::decode(&v)? {
+                    docs.apply(&op);
+                }
+            }
+        }
+        Ok((docs, last_seq, log_bytes))
+    }
+
+    /// Recovery of the index: the manifest's runs (checksums verified, damaged tables
+    /// rebuilt), then the log records after the manifest. Returns the index, each run's
+    /// storage id and deletion count as stored, the rebuilt tables, and whether the write
+    /// buffer is empty.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn recover_index(
+        &self,
+        manifest: &Manifest,
+    ) -> Result<(Index, Vec<(u64, usize)>, Vec<(u64, Vec<usize>)>, bool)> {
+        let s = &self.spaces;
+        let mut index = Index::new(self.config.index.clone())?;
+        let loaded: Vec<(u64, persist::LoadedRun)> = manifest
+            .runs
+            .par_iter()
+            .map(|&sid| persist::load_run(s, sid, &index).map(|l| (sid, l)))
+            .collect::<Result<_>>()?;
+        let mut rebuilt = Vec::new();
+        for (sid, l) in &loaded {
+            if !l.rebuilt.is_empty() {
+                tracing::warn!(run = sid, tables = ?l.rebuilt,
+                    "damaged or missing tables were rebuilt from intact ones");
+                self.metrics.rebuilt(l.rebuilt.len());
+                rebuilt.push((*sid, l.rebuilt.clone()));
+            }
+        }
+        let stored: Vec<(u64, usize)> =
+            loaded.iter().map(|(sid, l)| (*sid, l.run.deleted())).collect();
+        index.restore(loaded.into_iter().map(|(_, l)| l.run).collect())?;
+        let mut pending: Vec<Doc> = Vec::new();
+        let mut pending_ids: HashSet<u64> = HashSet::new();
+        let mut removed: HashSet<u64> = HashSet::new();
+        for e in s.log.scan(&key64(manifest.covered + 1), &[0xFF; 9]) {
+            let (_, v) = e?;
+            for op in record::decode(&v)? {
+                match op {
+                    Op::Put { id, fp, ts, .. } => {
+                        pending.push(Doc { id, fp, ts });
+                        pending_ids.insert(id);
+                    }
+                    Op::Remove { id, fp } => {
+                        if pending_ids.remove(&id) {
+                            removed.insert(id);
+                        } else {
+                            index.delete_doc(id, fp)?;
+                        }
+                    }
+                }
+            }
+        }
+        pending.retain(|d| !removed.contains(&d.id));
+        // Restored runs leave the buffer empty; replayed documents form one run, or stay in
+        // the buffer when they are fewer than it holds.
+        index.insert_batch(&pending)?;
+        let empty = index.buffered().is_empty();
+        Ok((index, stored, rebuilt, empty))
+    }
+}

@@ -1,0 +1,120 @@
+//! The shard's own types for what goes in and what comes out: plain Rust, no wire types,
+//! so the shard is read and tested without the gRPC API. [`crate::service`] converts them
+//! to and from `neardup.internal.v1` and `neardup.v1`, in one place.
+
+/// A document to store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewDocument {
+    /// The caller's id.
+    pub id: String,
+    /// Its simhash.
+    pub fingerprint: u64,
+    /// Its timestamp (ms since the Unix epoch): the earliest of a cluster is its original.
+    pub timestamp_ms: i64,
+}
+
+/// What a write did; `seq` is the log sequence to wait for before acknowledging it.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct WriteOutcome {
+    /// Documents stored.
+    pub inserted: u64,
+    /// Of those, replacements.
+    pub replaced: u64,
+    /// Documents removed.
+    pub deleted: u64,
+    /// Delete ids that were not stored.
+    pub missing: Vec<String>,
+    /// Wait for this sequence to be durable before acknowledging.
+    pub seq: u64,
+}
+
+/// A stored document within the asked distance of a query.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DocMatch {
+    /// The caller's id.
+    pub id: String,
+    /// Its fingerprint.
+    pub fingerprint: u64,
+    /// Hamming distance to the query.
+    pub distance: u32,
+    /// Its timestamp (ms).
+    pub timestamp_ms: i64,
+    /// Its duplicate cluster.
+    pub cluster_id: u64,
+}
+
+/// The answer to one query of a probe.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbeHits {
+    /// The query.
+    pub fingerprint: u64,
+    /// The documents within `k`, by distance, timestamp and id; at most the limit.
+    pub matches: Vec<DocMatch>,
+    /// Whether more documents matched than the limit let through.
+    pub truncated: bool,
+}
+
+/// What a crawl-frontier admission ([`Shard::admit`](super::Shard::admit)) decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admission {
+    /// A stored document (other than one with the same id) is within `k`.
+    pub duplicate: bool,
+    /// Those documents, as a probe returns them.
+    pub matches: Vec<DocMatch>,
+    /// Whether more documents matched than the limit let through.
+    pub truncated: bool,
+    /// The document's cluster: its original's, or a new one.
+    pub cluster_id: u64,
+    /// The id of the cluster's original (the earliest document); its own if it founds it.
+    pub original_id: String,
+    /// Whether it was stored.
+    pub inserted: bool,
+    /// Whether storing it replaced a document with the same id.
+    pub replaced: bool,
+    /// Its fingerprint.
+    pub fingerprint: u64,
+}
+
+/// One table's share of the index's memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TableFootprint {
+    /// Bytes in memory.
+    pub bytes: u64,
+    /// Fingerprints held.
+    pub entries: u64,
+    /// Bits per fingerprint.
+    pub bits_per_fingerprint: f64,
+}
+
+/// What the shard holds and how it is doing.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShardStats {
+    /// Documents stored.
+    pub documents: u64,
+    /// The table design.
+    pub design: String,
+    /// The largest k the design answers exactly.
+    pub max_k: u32,
+    /// Each table's memory.
+    pub tables: Vec<TableFootprint>,
+    /// Bytes of the index in memory.
+    pub index_bytes: u64,
+    /// Documents in the write buffer.
+    pub buffered: u64,
+    /// Runs in the index.
+    pub runs: u64,
+    /// Deleted documents that merges have not yet dropped.
+    pub deleted_pending: u64,
+    /// Merges done since start.
+    pub merges: u64,
+    /// Bytes of write-ahead log stored.
+    pub wal_bytes: u64,
+    /// Bytes the store takes on disk.
+    pub disk_bytes: u64,
+    /// The server's version.
+    pub version: String,
+    /// Whether the index in memory differs from the last checkpoint.
+    pub checkpoint_pending: bool,
+    /// Whether a merge is running.
+    pub merging: bool,
+}

@@ -1,0 +1,240 @@
+//! Writes: ids checked and resolved under the write lock, operations cut into log records,
+//! appended and applied; admissions; the wait for group commit.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
+
+use neardup_core::index::QueryScratch;
+
+use super::{Admission, NewDocument, Shard, State, WriteOutcome};
+use crate::doc_table::DocEntry;
+use crate::error::{Error, Result};
+use crate::persist::key64;
+use crate::record::{self, Op, RecordWriter};
+
+/// Checks a caller id.
+fn check_name(name: &str, max: usize) -> Result<()> {
+    if name.is_empty() {
+        return Err(Error::InvalidInput("a document id must not be empty".into()));
+    }
+    if name.len() > max {
+        return Err(Error::InvalidInput(format!(
+            "document id is {} bytes, more than the limit of {max}",
+            name.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Groups of operations (a replacement's remove and put stay together) cut into records.
+struct RecordPlan<'a> {
+    groups: Vec<([Option<Op<'a>>; 2], usize)>,
+}
+
+impl<'a> RecordPlan<'a> {
+    fn new() -> Self {
+        RecordPlan { groups: Vec::new() }
+    }
+
+    fn push(&mut self, first: Op<'a>, second: Option<Op<'a>>) {
+        let bytes = first.encoded_len() + second.map_or(0, |o| o.encoded_len());
+        self.groups.push(([Some(first), second], bytes));
+    }
+
+    /// Records of at most `max_bytes` (unless one group is larger) and `max_puts` puts.
+    fn records(&self, max_bytes: usize, max_puts: usize) -> Vec<Vec<Op<'a>>> {
+        let mut out = Vec::new();
+        let mut cur: Vec<Op<'a>> = Vec::new();
+        let (mut bytes, mut puts) = (record::RECORD_OVERHEAD, 0);
+        for (ops, b) in &self.groups {
+            let p = ops.iter().flatten().filter(|o| matches!(o, Op::Put { .. })).count();
+            if !cur.is_empty() && (bytes + b > max_bytes || puts + p > max_puts) {
+                out.push(std::mem::take(&mut cur));
+                bytes = record::RECORD_OVERHEAD;
+                puts = 0;
+            }
+            cur.extend(ops.iter().flatten().copied());
+            bytes += b;
+            puts += p;
+        }
+        if !cur.is_empty() {
+            out.push(cur);
+        }
+        out
+    }
+}
+
+impl Shard {
+    /// Stores documents and removes ids (see [`WriteOutcome`]). The caller must wait for
+    /// `seq` to be durable ([`wait_durable`](Self::wait_durable)) before acknowledging. A
+    /// request that fails validation changes nothing.
+    pub fn write(
+        &self,
+        docs: &[NewDocument],
+        deletes: &[String],
+        must_exist: bool,
+    ) -> Result<WriteOutcome> {
+        self.check_serving()?;
+        let max = self.config.max_id_bytes;
+        for d in docs {
+            check_name(&d.id, max)?;
+        }
+        for name in deletes {
+            check_name(name, max)?;
+        }
+        // The last document with a given id wins.
+        let mut last: HashMap<&str, usize> = HashMap::with_capacity(docs.len());
+        for (i, d) in docs.iter().enumerate() {
+            last.insert(d.id.as_str(), i);
+        }
+        if let Some(n) = deletes.iter().find(|n| last.contains_key(n.as_str())) {
+            return Err(Error::InvalidInput(format!(
+                "id {n:?} is both stored and deleted by one request"
+            )));
+        }
+        let mut st = self.state.write();
+        let st = &mut *st;
+        let mut out = WriteOutcome::default();
+        let mut plan = RecordPlan::new();
+        let mut deleting: HashSet<u64> = HashSet::new();
+        for name in deletes {
+            match st.docs.by_name(name) {
+                Some(e) if deleting.insert(e.id) => {
+                    plan.push(Op::Remove { id: e.id, fp: e.fp }, None);
+                    out.deleted += 1;
+                }
+                Some(_) => {}
+                None => out.missing.push(name.clone()),
+            }
+        }
+        if must_exist && !out.missing.is_empty() {
+            return Err(Error::NotFound(out.missing));
+        }
+        for (i, d) in docs.iter().enumerate() {
+            if last[d.id.as_str()] != i {
+                continue;
+            }
+            let old = st.docs.by_name(&d.id).map(|e| Op::Remove { id: e.id, fp: e.fp });
+            let id = st.docs.allocate_id();
+            let put =
+                Op::Put { id, fp: d.fingerprint, ts: d.timestamp_ms, cluster: id, name: &d.id };
+            out.inserted += 1;
+            match old {
+                Some(r) => {
+                    out.replaced += 1;
+                    plan.push(r, Some(put));
+                }
+                None => plan.push(put, None),
+            }
+        }
+        out.seq = self.append(st, &plan)?;
+        Ok(out)
+    }
+
+    /// Appends the plan's records and applies each once it is appended; returns the last
+    /// sequence. On a storage error, what was appended is applied and the error returned.
+    fn append(&self, st: &mut State, plan: &RecordPlan<'_>) -> Result<u64> {
+        let max_puts = self.config.index.buffer_docs - 1;
+        let records = plan.records(self.config.max_record_bytes, max_puts);
+        let commit = self.committer()?;
+        for ops in &records {
+            let mut w = RecordWriter::new();
+            for op in ops {
+                w.push(op);
+            }
+            let bytes = w.finish();
+            let seq = st.last_seq + 1;
+            self.spaces.log.put(&key64(seq), &bytes)?;
+            st.last_seq = seq;
+            st.log_bytes += bytes.len() as u64;
+            commit.appended(seq);
+            Self::apply(st, seq, ops)?;
+        }
+        if !records.is_empty() {
+            self.metrics.appended(records.len() as u64);
+            st.last_write = Instant::now();
+            if st.index.runs().len() >= self.config.index.merge_fanout {
+                self.wake();
+            }
+        }
+        Ok(st.last_seq)
+    }
+
+    /// Applies one appended record to memory. The buffer becomes a run only between records.
+    fn apply(st: &mut State, seq: u64, ops: &[Op<'_>]) -> Result<()> {
+        for op in ops {
+            st.docs.apply(op);
+        }
+        Self::apply_index(st, seq, ops)
+    }
+
+    /// Waits until log sequence `seq` is durable.
+    pub async fn wait_durable(&self, seq: u64) -> Result<()> {
+        let c = self.committer()?;
+        if seq > c.appended_seq() {
+            return Err(Error::InvalidInput(format!("log sequence {seq} was never written")));
+        }
+        c.wait(seq).await
+    }
+
+    /// Blocking form of [`wait_durable`](Self::wait_durable).
+    pub fn wait_durable_blocking(&self, seq: u64) -> Result<()> {
+        self.committer()?.wait_blocking(seq)
+    }
+
+    /// Crawl-frontier admission: finds the stored documents within `k` of `doc` (other than
+    /// one with the same id), picks its original (the earliest of them) and cluster, and
+    /// stores it unless `skip_if_duplicate` is set and it is a near-duplicate. Atomic: two
+    /// near-duplicates admitted at once see each other in one order.
+    pub fn admit(
+        &self,
+        doc: &NewDocument,
+        k: u32,
+        limit: usize,
+        skip_if_duplicate: bool,
+    ) -> Result<(Admission, u64)> {
+        self.check_serving()?;
+        check_name(&doc.id, self.config.max_id_bytes)?;
+        let limit = limit.max(1);
+        let mut st = self.state.write();
+        let st = &mut *st;
+        st.index.check_k(k)?;
+        let mut matches = Vec::new();
+        st.index.query_into(doc.fingerprint, k, &mut QueryScratch::default(), &mut matches)?;
+        let own = st.docs.by_name(&doc.id).map(|e| (e.id, e.fp));
+        let result =
+            Self::result(&st.docs, doc.fingerprint, &matches, limit, own.map(|(id, _)| id))?;
+        let original: Option<(u64, String)> = matches
+            .iter()
+            .filter(|m| Some(m.id) != own.map(|(id, _)| id))
+            .min_by_key(|m| (m.ts, m.id))
+            .and_then(|m| st.docs.by_id(m.id))
+            .map(|o: &DocEntry| (o.cluster, o.name.to_string()));
+        let duplicate = original.is_some();
+        let insert = !(duplicate && skip_if_duplicate);
+        let id = if insert { st.docs.allocate_id() } else { st.docs.next_id() };
+        let (cluster, original_id) = original.unwrap_or_else(|| (id, doc.id.clone()));
+        let mut seq = st.last_seq;
+        if insert {
+            let mut plan = RecordPlan::new();
+            let put =
+                Op::Put { id, fp: doc.fingerprint, ts: doc.timestamp_ms, cluster, name: &doc.id };
+            match own {
+                Some((old, fp)) => plan.push(Op::Remove { id: old, fp }, Some(put)),
+                None => plan.push(put, None),
+            }
+            seq = self.append(st, &plan)?;
+        }
+        let response = Admission {
+            duplicate,
+            matches: result.matches,
+            truncated: result.truncated,
+            cluster_id: cluster,
+            original_id,
+            inserted: insert,
+            replaced: insert && own.is_some(),
+            fingerprint: doc.fingerprint,
+        };
+        Ok((response, seq))
+    }
+}
