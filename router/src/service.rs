@@ -2,7 +2,7 @@
 //! admission control, metrics, and the call to the shard.
 //!
 //! Every method validates its whole request before anything reaches the shard, so a bad
-//! request changes nothing. Every method runs under [`Router::call`], which refuses work
+//! request changes nothing. Every method runs under `Router::call`, which refuses work
 //! beyond the in-flight limit (RESOURCE_EXHAUSTED), gives up at the caller's deadline
 //! (DEADLINE_EXCEEDED, a little before the deadline so the answer still arrives), records
 //! the request's metrics, and maps errors to statuses in one place ([`crate::error`]).

@@ -54,3 +54,55 @@ pub async fn serve(
     follow.abort();
     result
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus as Health;
+    use tonic_health::pb::health_client::HealthClient;
+
+    use super::*;
+    use crate::fault_store::FaultyStore;
+    use crate::shard::{NewDocument, ShardConfig};
+    use crate::storage::SledStore;
+    use crate::{ErrorClass, ShardMetrics};
+
+    /// After a failed sync, health reports NOT_SERVING for the shard service.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn health_is_not_serving_after_a_failed_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = ShardConfig { min_free_bytes: 0, cache_bytes: 8 << 20, ..Default::default() };
+        let sled = Arc::new(SledStore::open(&dir.path().join("db"), config.cache_bytes).unwrap());
+        let store = FaultyStore::new(sled);
+        let shard =
+            Shard::open_with_store(dir.path(), store.clone(), config, ShardMetrics::default())
+                .unwrap();
+        shard.recover().unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, shard.clone(), 4 << 20, std::future::pending()));
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let health = HealthClient::new(channel);
+        let status = || {
+            let req = HealthCheckRequest { service: neardup_proto::SHARD_SERVICE.to_string() };
+            let mut h = health.clone();
+            async move { h.check(req).await.unwrap().into_inner().status }
+        };
+        assert_eq!(status().await, Health::Serving as i32);
+        store.fail_syncs(1);
+        let doc = NewDocument { id: "a".into(), fingerprint: 1, timestamp_ms: 1 };
+        let out = shard.write(&[doc], &[], false).unwrap();
+        let e = shard.wait_durable(out.seq).await.unwrap_err();
+        assert_eq!(e.class(), ErrorClass::FailedPrecondition, "{e}");
+        while status().await != Health::NotServing as i32 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        shard.close_without_checkpoint();
+    }
+}
