@@ -24,6 +24,14 @@ pub struct Limits {
     pub max_message_bytes: usize,
     /// Most requests in flight at once (more: RESOURCE_EXHAUSTED).
     pub max_in_flight: usize,
+    /// Most matches in one response, over all its queries (the shard's bound, 100,000, is
+    /// also the most this may be). Past it, later results hold fewer matches, marked
+    /// `truncated`.
+    pub max_response_matches: usize,
+    /// Most bytes of matches in one response (each counted as its id's length plus 40; at
+    /// most the shard's bound, 3 MiB, which keeps a full answer under the 4 MiB gRPC
+    /// clients accept by default).
+    pub max_response_bytes: usize,
 }
 
 impl Default for Limits {
@@ -36,6 +44,8 @@ impl Default for Limits {
             default_limit: 100,
             max_message_bytes: 64 << 20,
             max_in_flight: 4096,
+            max_response_matches: 100_000,
+            max_response_bytes: 3 << 20,
         }
     }
 }

@@ -172,8 +172,14 @@ impl Router {
         let contents: Vec<Content<'_>> =
             queries.iter().map(|q| limits.target(Some(q))).collect::<Result<_>>()?;
         let fingerprints = fingerprints(&contents)?;
-        let resp =
-            self.inner.shard.probe(ProbeRequest { fingerprints, k, limit }, deadline).await?;
+        let request = ProbeRequest {
+            fingerprints,
+            k,
+            limit,
+            max_matches: limits.max_response_matches as u64,
+            max_bytes: limits.max_response_bytes as u64,
+        };
+        let resp = self.inner.shard.probe(request, deadline).await?;
         if resp.results.len() != queries.len() {
             return Err(RouterError::Internal(format!(
                 "the shard answered {} of {} queries",

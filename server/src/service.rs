@@ -19,7 +19,8 @@ use tonic::{Request, Response, Status};
 
 use crate::error::Error;
 use crate::shard::{
-    Admission, DocMatch, NewDocument, ProbeHits, Shard, ShardStats, TableFootprint, WriteOutcome,
+    Admission, DocMatch, NewDocument, ProbeBudget, ProbeHits, Shard, ShardStats, TableFootprint,
+    WriteOutcome,
 };
 
 /// Probe batches at least this large leave the async worker.
@@ -72,14 +73,20 @@ impl ShardRpc for ShardService {
         &self,
         request: Request<ProbeRequest>,
     ) -> Result<Response<ProbeResponse>, Status> {
-        let ProbeRequest { fingerprints, k, limit } = request.into_inner();
+        let ProbeRequest { fingerprints, k, limit, max_matches, max_bytes } = request.into_inner();
+        let budget = ProbeBudget::at_most(
+            usize::try_from(max_matches).unwrap_or(usize::MAX),
+            usize::try_from(max_bytes).unwrap_or(usize::MAX),
+        );
         let results = if fingerprints.len() >= BLOCKING_PROBE {
             let shard = self.shard.clone();
-            tokio::task::spawn_blocking(move || shard.probe(&fingerprints, k, limit as usize))
-                .await
-                .map_err(|e| Error::Internal(format!("probe task failed: {e}")))??
+            tokio::task::spawn_blocking(move || {
+                shard.probe_within(&fingerprints, k, limit as usize, budget)
+            })
+            .await
+            .map_err(|e| Error::Internal(format!("probe task failed: {e}")))??
         } else {
-            self.shard.probe(&fingerprints, k, limit as usize)?
+            self.shard.probe_within(&fingerprints, k, limit as usize, budget)?
         };
         Ok(Response::new(ProbeResponse {
             results: results.into_iter().map(query_result).collect(),

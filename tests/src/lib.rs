@@ -109,7 +109,8 @@ impl Node {
         Client::connect_with(&self.addr, options).await.unwrap()
     }
 
-    fn pid(&self) -> i32 {
+    /// The process id.
+    pub fn pid(&self) -> i32 {
         self.child.as_ref().expect("running").id() as i32
     }
 

@@ -65,7 +65,8 @@ use crate::storage::{SledStore, Store};
 
 pub use dir_check::{check_data_dir, free_bytes};
 pub use shard_types::{
-    Admission, DocMatch, NewDocument, ProbeHits, ShardStats, TableFootprint, WriteOutcome,
+    Admission, DocMatch, NewDocument, ProbeBudget, ProbeHits, ShardStats, TableFootprint,
+    WriteOutcome,
 };
 pub use status::Status;
 

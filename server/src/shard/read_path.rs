@@ -4,56 +4,111 @@ use neardup_core::Match;
 use neardup_core::index::QueryScratch;
 use rayon::prelude::*;
 
-use super::{DocMatch, ProbeHits, RunKey, Shard, ShardStats, TableFootprint};
+use super::{DocMatch, ProbeBudget, ProbeHits, RunKey, Shard, ShardStats, TableFootprint};
 use crate::doc_table::DocTable;
 use crate::error::{Error, Result};
 
+/// Most queries a probe answers at a time (fewer while the budget has little left): each
+/// slice's raw matches are held at once.
+pub const PROBE_SLICE: usize = 64;
+
 impl Shard {
     /// Answers queries: `result[i]` holds the documents within `k` of `fps[i]`, ordered by
-    /// distance, timestamp and id, at most `limit`. Large batches use every core.
+    /// distance, timestamp and id, at most `limit`, within the default [`ProbeBudget`].
     pub fn probe(&self, fps: &[u64], k: u32, limit: usize) -> Result<Vec<ProbeHits>> {
+        self.probe_within(fps, k, limit, ProbeBudget::DEFAULT)
+    }
+
+    /// As [`probe`](Self::probe), with the whole answer held to `budget`: queries are served
+    /// in order, and once it is spent the rest get what is left (possibly nothing), marked
+    /// `truncated`. Matches are turned into documents only within the budget, and the batch
+    /// runs in slices (each on every core) of at most [`PROBE_SLICE`] queries and about as
+    /// many raw matches as the budget has left, so memory stays bounded however many
+    /// documents each query finds.
+    pub fn probe_within(
+        &self,
+        fps: &[u64],
+        k: u32,
+        limit: usize,
+        budget: ProbeBudget,
+    ) -> Result<Vec<ProbeHits>> {
         self.check_serving()?;
         let limit = limit.max(1);
         let st = self.state.read();
         st.index.check_k(k)?;
-        let one = |fp: u64, scratch: &mut QueryScratch, out: &mut Vec<Match>| {
+        // Each query's raw matches, cut to `keep`: one more than it may return, so that
+        // `truncated` can still be told.
+        let query = |fp: u64, keep: usize, scratch: &mut QueryScratch, out: &mut Vec<Match>| {
             st.index.query_into(fp, k, scratch, out)?;
-            Self::result(&st.docs, fp, out, limit, None)
+            Ok(out[..out.len().min(keep)].to_vec())
         };
-        if fps.len() >= 256 {
-            fps.par_chunks(64)
-                .map(|chunk| {
-                    let (mut scratch, mut out) = (QueryScratch::default(), Vec::new());
-                    chunk.iter().map(|&fp| one(fp, &mut scratch, &mut out)).collect::<Vec<_>>()
-                })
-                .flatten_iter()
-                .collect()
-        } else {
-            let (mut scratch, mut out) = (QueryScratch::default(), Vec::new());
-            fps.iter().map(|&fp| one(fp, &mut scratch, &mut out)).collect()
+        let mut left = budget;
+        let mut results = Vec::with_capacity(fps.len());
+        let mut rest = fps;
+        while !rest.is_empty() {
+            // A slice holds at most about what the budget has left, so the raw matches held
+            // at once stay within it too.
+            let keep = limit.min(left.max_matches) + 1;
+            let len = (left.max_matches / limit).clamp(1, PROBE_SLICE).min(rest.len());
+            let (slice, next) = rest.split_at(len);
+            rest = next;
+            let found: Vec<Vec<Match>> = if slice.len() >= 32 {
+                slice
+                    .par_chunks(16)
+                    .map(|c| {
+                        let (mut scratch, mut out) = (QueryScratch::default(), Vec::new());
+                        c.iter()
+                            .map(|&fp| query(fp, keep, &mut scratch, &mut out))
+                            .collect::<Vec<_>>()
+                    })
+                    .flatten_iter()
+                    .collect::<Result<_>>()?
+            } else {
+                let (mut scratch, mut out) = (QueryScratch::default(), Vec::new());
+                slice
+                    .iter()
+                    .map(|&fp| query(fp, keep, &mut scratch, &mut out))
+                    .collect::<Result<_>>()?
+            };
+            for (&fp, matches) in slice.iter().zip(found) {
+                results.push(Self::result(&st.docs, fp, &matches, limit, None, &mut left)?);
+            }
         }
+        Ok(results)
     }
 
-    /// Turns index matches into the documents they name, skipping internal id `skip`.
+    /// Turns index matches into the documents they name, skipping internal id `skip`: at
+    /// most `limit`, and no more than `left` still allows (which they spend).
     pub(super) fn result(
         docs: &DocTable,
         fp: u64,
         matches: &[Match],
         limit: usize,
         skip: Option<u64>,
+        left: &mut ProbeBudget,
     ) -> Result<ProbeHits> {
-        let mut out = Vec::with_capacity(matches.len().min(limit));
-        let mut total = 0;
+        let mut out = Vec::with_capacity(matches.len().min(limit).min(left.max_matches));
+        let mut truncated = false;
         for m in matches {
             if Some(m.id) == skip {
                 continue;
             }
-            total += 1;
-            if out.len() < limit {
-                out.push(Self::to_match(docs, m)?);
+            if out.len() == limit || left.max_matches == 0 {
+                truncated = true;
+                break;
             }
+            let doc = Self::to_match(docs, m)?;
+            let bytes = DocMatch::wire_bytes(&doc.id);
+            if bytes > left.max_bytes {
+                truncated = true;
+                left.max_matches = 0;
+                break;
+            }
+            left.max_matches -= 1;
+            left.max_bytes -= bytes;
+            out.push(doc);
         }
-        Ok(ProbeHits { matches: out, truncated: total > limit, fingerprint: fp })
+        Ok(ProbeHits { matches: out, truncated, fingerprint: fp })
     }
 
     pub(super) fn to_match(docs: &DocTable, m: &Match) -> Result<DocMatch> {

@@ -416,3 +416,37 @@ fn the_checkpoint_after_a_rebuild_stores_the_rebuilt_run() {
     drop(shard);
     restart_and_check(dir.path(), &model, &queries);
 }
+
+/// A batch whose every query finds every document (10,000 copies of one page, asked 200
+/// times with the largest limit) is held to the budget: queries are served in order, the
+/// matches stop where the budget does, and every result past it says `truncated`.
+#[test]
+fn probe_answers_are_held_to_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = open(dir.path(), config());
+    let fp = 0xABCD_EF01_2345_6789;
+    let docs: Vec<NewDocument> = (0..10_000).map(|i| doc(&format!("page-{i:05}"), fp, i)).collect();
+    for chunk in docs.chunks(1000) {
+        durable_write(&shard, chunk, &[]);
+    }
+    let queries = vec![fp; 200];
+    // Each match counts its id (10 bytes) and 40: 50 bytes.
+    for budget in [
+        ProbeBudget { max_matches: 25_000, max_bytes: usize::MAX },
+        ProbeBudget { max_matches: usize::MAX, max_bytes: 25_000 * 50 },
+    ] {
+        let got = shard.probe_within(&queries, 0, 10_000, budget).unwrap();
+        assert_eq!(got.len(), 200);
+        let counts: Vec<usize> = got.iter().map(|r| r.matches.len()).collect();
+        assert_eq!(&counts[..4], [10_000, 10_000, 5_000, 0], "{budget:?}");
+        assert!(counts[3..].iter().all(|&c| c == 0));
+        assert!(!got[0].truncated && !got[1].truncated);
+        assert!(got[2..].iter().all(|r| r.truncated), "every result past the budget says so");
+        // Within the budget, the answer is the exact one: by timestamp among equals.
+        assert_eq!(got[2].matches[4_999].id, "page-04999");
+    }
+    // The default budget: 3 MiB of 50-byte matches come before 100,000 of them.
+    let got = shard.probe(&queries, 0, 10_000).unwrap();
+    assert_eq!(got.iter().map(|r| r.matches.len()).sum::<usize>(), (3 << 20) / 50);
+    shard.shutdown().unwrap();
+}

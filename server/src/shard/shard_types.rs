@@ -118,3 +118,46 @@ pub struct ShardStats {
     /// Whether a merge is running.
     pub merging: bool,
 }
+
+/// How much one probe's answer may hold in all, over every query of its batch: a bound on
+/// the memory a request can make the node spend, whatever the data. Queries are served in
+/// order; once the budget is spent, later queries get fewer matches (possibly none) and say
+/// so with `truncated`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeBudget {
+    /// Most matches in all.
+    pub max_matches: usize,
+    /// Most bytes of matches in all, counted as [`DocMatch::wire_bytes`].
+    pub max_bytes: usize,
+}
+
+impl ProbeBudget {
+    /// 100,000 matches or 3 MiB of them, whichever comes first: with the framing of a full
+    /// batch's 10,000 results, an answer stays under the 4 MiB that gRPC clients accept by
+    /// default.
+    pub const DEFAULT: ProbeBudget = ProbeBudget { max_matches: 100_000, max_bytes: 3 << 20 };
+
+    /// `max_matches` and `max_bytes` as asked, 0 meaning the default, and never above it.
+    pub fn at_most(max_matches: usize, max_bytes: usize) -> ProbeBudget {
+        let pick =
+            |asked: usize, default: usize| if asked == 0 { default } else { asked.min(default) };
+        ProbeBudget {
+            max_matches: pick(max_matches, Self::DEFAULT.max_matches),
+            max_bytes: pick(max_bytes, Self::DEFAULT.max_bytes),
+        }
+    }
+}
+
+impl Default for ProbeBudget {
+    fn default() -> Self {
+        ProbeBudget::DEFAULT
+    }
+}
+
+impl DocMatch {
+    /// An upper bound on the bytes this match takes in an encoded answer: its id and 40
+    /// bytes for the numbers and the framing.
+    pub fn wire_bytes(id: &str) -> usize {
+        id.len() + 40
+    }
+}

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use neardup_core::index::QueryScratch;
 
-use super::{Admission, NewDocument, Shard, State, WriteOutcome};
+use super::{Admission, NewDocument, ProbeBudget, Shard, State, WriteOutcome};
 use crate::doc_table::DocEntry;
 use crate::error::{Error, Result};
 use crate::persist::key64;
@@ -202,8 +202,14 @@ impl Shard {
         let mut matches = Vec::new();
         st.index.query_into(doc.fingerprint, k, &mut QueryScratch::default(), &mut matches)?;
         let own = st.docs.by_name(&doc.id).map(|e| (e.id, e.fp));
-        let result =
-            Self::result(&st.docs, doc.fingerprint, &matches, limit, own.map(|(id, _)| id))?;
+        let result = Self::result(
+            &st.docs,
+            doc.fingerprint,
+            &matches,
+            limit,
+            own.map(|(id, _)| id),
+            &mut ProbeBudget::default(),
+        )?;
         let original: Option<(u64, String)> = matches
             .iter()
             .filter(|m| Some(m.id) != own.map(|(id, _)| id))
