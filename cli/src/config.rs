@@ -348,7 +348,7 @@ mod tests {
 
     #[test]
     fn the_deployed_file_holds_the_defaults() {
-        let text = include_str!("../../../deploy/neardup.toml");
+        let text = include_str!("../../deploy/neardup.toml");
         let deployed: Config = toml::from_str(text).unwrap();
         let defaults = Config { data: PathBuf::from("/var/lib/neardup"), ..Config::default() };
         assert_eq!(deployed, defaults, "deploy/neardup.toml must hold every default");
