@@ -6,16 +6,15 @@
 //! - `shard`, `router`: the two roles as separate processes;
 //! - `insert`, `query`, `check`, `delete`, `stats`, `fingerprint`: client calls, printing
 //!   JSON lines;
-//! - `dedup`, `eval`: corpus dedup and quality evaluation, offline (the `neardup-dedup`
-//!   library);
-//! - `bench service`: the service benchmark on loopback; `bench corpus`: a seeded
-//!   web-page-like corpus with planted duplicates.
+//! - `dedup`: corpus dedup, offline (the `neardup-dedup` library).
+//!
+//! Benchmarks and the quality evaluation are measurement programs: they are subcommands of
+//! `neardup-bench`, so this binary links no load generator and no plotting.
 //!
 //! Adding a subcommand: a module under `cmd/` with an `Args` struct and a `run` function,
 //! a variant of [`Command`], and its arm in [`main`].
 #![deny(missing_docs)]
 
-pub mod bench;
 pub mod cmd;
 pub mod config;
 pub mod ops;
@@ -58,30 +57,19 @@ pub enum Command {
     Fingerprint(cmd::fingerprint::FingerprintArgs),
     /// Every document's duplicate cluster and original, for a whole corpus (offline).
     Dedup(neardup_dedup::DedupArgs),
-    /// Precision and recall of detection against exact word-shingle Jaccard ground truth.
-    Eval(neardup_dedup::EvalArgs),
-    /// Benchmarks.
-    #[command(subcommand)]
-    Bench(bench::BenchCommand),
 }
 
 /// Runs the command line; returns the process exit code.
 pub fn main() -> i32 {
     let cli = Cli::parse();
-    // The offline commands need no async runtime: they use every core through rayon.
-    let offline = match cli.command {
-        Command::Dedup(a) => {
-            Some(neardup_dedup::run_dedup(a).map(|_| ()).map_err(|e| e.to_string()))
-        }
-        Command::Eval(a) => Some(neardup_dedup::run_eval(a).map(|_| ()).map_err(|e| e.to_string())),
-        Command::Bench(bench::BenchCommand::Corpus(a)) => Some(bench::corpus(a)),
-        command => {
-            return run_online(command);
-        }
+    // The offline command needs no async runtime: it uses every core through rayon.
+    let result = match cli.command {
+        Command::Dedup(a) => neardup_dedup::run_dedup(a).map(|_| ()).map_err(|e| e.to_string()),
+        command => return run_online(command),
     };
-    match offline {
-        Some(Ok(())) | None => 0,
-        Some(Err(e)) => {
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
             eprintln!("neardup: {e}");
             1
         }
@@ -109,8 +97,7 @@ fn run_online(command: Command) -> i32 {
             Command::Delete(a) => cmd::delete::run(a).await,
             Command::Stats(a) => cmd::stats::run(a).await,
             Command::Fingerprint(a) => cmd::fingerprint::run(a).await,
-            Command::Bench(b) => bench::run(b).await,
-            Command::Dedup(_) | Command::Eval(_) => unreachable!("handled without a runtime"),
+            Command::Dedup(_) => unreachable!("handled without a runtime"),
         }
     });
     // Background threads (merges, syncs) must not keep a finished process alive.

@@ -21,9 +21,9 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use crate::jaccard::jaccard;
 use neardup_core::cluster::Rule;
 use neardup_core::fingerprint::Fingerprinter;
-use neardup_core::jaccard::jaccard;
 use neardup_core::util::hamming;
 use rayon::prelude::*;
 

@@ -6,7 +6,10 @@
 
 use std::fmt;
 
-/// Errors of `neardup dedup` and `neardup eval`.
+/// Result alias of `neardup-dedup`.
+pub type Result<T, E = DedupError> = std::result::Result<T, E>;
+
+/// Errors of `neardup dedup` and `neardup-bench eval`.
 #[derive(Debug, thiserror::Error)]
 pub enum DedupError {
     /// Reading or writing a file (or stdin/stdout) failed.
@@ -32,7 +35,7 @@ pub enum DedupError {
     /// The engine refused something (a design for this k, a fingerprint configuration).
     #[error(transparent)]
     Core(#[from] neardup_core::Error),
-    /// A plot could not be drawn or written.
+    /// A plot of `neardup-bench eval` could not be drawn or written.
     #[error("plot {path}: {message}")]
     Plot {
         /// The PNG being written.
@@ -43,7 +46,8 @@ pub enum DedupError {
 }
 
 impl DedupError {
-    pub(crate) fn io(path: impl fmt::Display, source: std::io::Error) -> Self {
+    /// An [`Io`](DedupError::Io) error on `path`.
+    pub fn io(path: impl fmt::Display, source: std::io::Error) -> Self {
         DedupError::Io { path: path.to_string(), source }
     }
 }

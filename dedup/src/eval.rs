@@ -1,5 +1,5 @@
-//! `neardup eval`: precision and recall of near-duplicate detection against exact ground
-//! truth.
+//! `neardup-bench eval`: precision and recall of near-duplicate detection against exact
+//! ground truth.
 //!
 //! # Why this module exists
 //!
@@ -10,16 +10,17 @@
 //! * **Truth.** Each document's word 3-gram shingle set over normalised units
 //!   (`Fingerprinter::word_shingles`: words, and each Chinese/Japanese/Thai character as a
 //!   unit), and the exact Jaccard similarity of every pair at or above `--join-threshold`
-//!   (0.5), from the exact similarity join of `neardup_core::jaccard` (no sampling). A pair
+//!   (0.5), from the exact similarity join of [`crate::jaccard`] (no sampling). A pair
 //!   is a true near-duplicate at threshold `t` (0.8 and 0.9) when its similarity is `>= t`.
 //! * **Simhash at k.** The pairs of documents whose fingerprints differ in at most `k` bits,
 //!   for every `k` from 0 to `--max-k` (12), from the core index's self-join.
 //! * **Verify at (k, J).** The pairs within `k` whose exact Jaccard similarity is `>= J`:
 //!   what `neardup dedup --verify J -k k` keeps.
-//! * **Scores** (`neardup_core::quality`): precision, recall and F1 per unordered pair and
+//! * **Scores** ([`crate::quality`]): precision, recall and F1 per unordered pair and
 //!   per document (a document is flagged if it is in any pair).
 //!
-//! Outputs: a table on stdout, `report.json`, and two PNG plots in the output directory:
+//! Outputs: a table on stdout and `report.json` in the output directory. The measurement
+//! program (`neardup-bench eval`) adds two PNG plots from the [`EvalReport`]:
 //! `precision_recall.png` (precision and recall against `k`: the paper's Figure 1) and
 //! `xor_leading_bit.png` (where the leading 1-bit of the XOR of successive sorted
 //! fingerprints falls: Figure 2, which the table designs and the compression rely on).
@@ -28,9 +29,9 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use crate::jaccard::{jaccard, similarity_join};
+use crate::quality::{Scores, evaluate};
 use neardup_core::fingerprint::Fingerprinter;
-use neardup_core::jaccard::{jaccard, similarity_join};
-use neardup_core::quality::{Scores, evaluate};
 use rayon::prelude::*;
 
 use crate::clusters::near_pairs;
@@ -39,7 +40,6 @@ use crate::dedup::{VERIFY_NGRAM, report_skipped, threads};
 use crate::error::{DedupError, SkipReason};
 use crate::input::{InputFormat, Inputs, OrderedFields, read_all};
 use crate::pipeline::{OnError, ScanOptions, scan};
-use crate::plot;
 
 /// A `--verify-at` point: candidate distance `k` and Jaccard threshold `j`, written `k:j`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -70,7 +70,7 @@ impl std::fmt::Display for VerifyPoint {
     }
 }
 
-/// Options of `neardup eval`.
+/// Options of `neardup-bench eval` (without its plot options).
 #[derive(Debug, Clone, clap::Args)]
 pub struct EvalArgs {
     /// The corpus: JSONL with `id` and `text` (e.g. from `scripts/build-eval-set`).
@@ -90,13 +90,6 @@ pub struct EvalArgs {
     /// Verify settings to score, as K:J.
     #[arg(long, value_delimiter = ',', default_value = DEFAULT_VERIFY_AT)]
     pub verify_at: Vec<VerifyPoint>,
-    /// TrueType font for the plots [default: DejaVu Sans or Liberation Sans from the
-    /// system's font packages].
-    #[arg(long)]
-    pub font: Option<PathBuf>,
-    /// Do not draw the plots.
-    #[arg(long)]
-    pub no_plots: bool,
     /// Weigh features by term frequency times inverse document frequency learnt from the
     /// corpus (two more passes over it) instead of term frequency alone.
     #[arg(long)]
@@ -139,8 +132,6 @@ impl EvalArgs {
             truth: vec![0.8, 0.9],
             join_threshold: 0.5,
             verify_at: default_verify_points(),
-            font: None,
-            no_plots: false,
             by: None,
             idf: false,
             threads: None,
@@ -169,7 +160,7 @@ pub struct EvalRow {
     pub docs: Scores,
 }
 
-/// What `neardup eval` measured.
+/// What `neardup-bench eval` measured.
 #[derive(Debug, Clone)]
 pub struct EvalReport {
     /// Documents scored.
@@ -193,8 +184,8 @@ pub struct EvalReport {
     pub json: serde_json::Value,
 }
 
-/// Runs `neardup eval`; writes `report.json` (and the plots) into `args.out` and returns the
-/// report.
+/// Runs the evaluation; writes `report.json` into `args.out`, prints the table (unless
+/// `quiet`) and returns the report.
 pub fn run_eval(args: EvalArgs) -> Result<EvalReport, DedupError> {
     let start = Instant::now();
     let config = args.fingerprint.config()?;
@@ -412,11 +403,6 @@ pub fn run_eval(args: EvalArgs) -> Result<EvalReport, DedupError> {
         xor_leading_bit,
         json,
     };
-    if !args.no_plots {
-        let font = plot::load_font(args.font.as_deref())?;
-        plot::precision_recall(&args.out.join("precision_recall.png"), &report, &font)?;
-        plot::xor_leading_bit(&args.out.join("xor_leading_bit.png"), &report, &font)?;
-    }
     if !args.quiet {
         print!("{}", table(&report));
         println!("report: {}", report_path.display());

@@ -2,9 +2,11 @@
 //!
 //! The offline half of neardup: point it at a corpus and get every document's duplicate
 //! cluster and the original of each cluster (`neardup dedup`), and measure how good the
-//! detection is against exact ground truth (`neardup eval`).
+//! detection is against exact ground truth ([`eval`], with [`jaccard`] and [`quality`]:
+//! `neardup-bench eval`, which adds the plots).
 //!
-//! This crate is a library so that the `neardup` command line only wires two subcommands:
+//! This crate is a library so that the `neardup` command line and the `neardup-bench`
+//! measurement program only wire subcommands:
 //!
 //! ```no_run
 //! use clap::Parser;
@@ -38,9 +40,10 @@ pub mod eval;
 pub mod html;
 mod idf;
 mod input;
+pub mod jaccard;
 mod output;
 mod pipeline;
-mod plot;
+pub mod quality;
 pub mod synth;
 pub mod timestamp;
 

@@ -3,12 +3,12 @@
 //! by how the two documents are related. The figures in `docs/eval-set.md` come from here.
 //!
 //! ```text
-//! cargo run --release -p neardup-core --example eval_set_stats -- eval-set.jsonl [T...]
+//! neardup-bench eval-set-stats eval-set.jsonl [T...]
 //! ```
 //!
 //! Shingles: `Fingerprinter::word_shingles(text, 3)`, the word 3-grams over the normalised
 //! units of `docs/fingerprint.md` (each Chinese, Japanese or Thai character is a unit of its
-//! own; Hangul words stay whole), exactly the sets `neardup eval` uses as ground truth.
+//! own; Hangul words stay whole), exactly the sets `neardup-bench eval` uses as ground truth.
 //! Thresholds default to 0.5, 0.8 and 0.9.
 
 use std::collections::{BTreeMap, HashMap};
@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use neardup_core::cluster::{DocTime, NearPair, Rule, cluster};
 use neardup_core::fingerprint::{FingerprintConfig, Fingerprinter};
-use neardup_core::jaccard::similarity_join_with_stats;
+use neardup_dedup::jaccard::similarity_join_with_stats;
 use xxhash_rust::xxh3::xxh3_64;
 
 struct Doc {
@@ -29,7 +29,7 @@ struct Doc {
 }
 
 /// Word 3-gram shingles over normalised units (each Chinese/Japanese/Thai character a unit
-/// of its own), as the ground truth of `neardup eval` and `dedup --verify` computes them.
+/// of its own), as the ground truth of `neardup-bench eval` and `dedup --verify` computes them.
 fn shingles(f: &mut Fingerprinter, text: &str) -> Vec<u64> {
     f.word_shingles(text, 3).expect("n = 3 is valid")
 }
@@ -45,10 +45,17 @@ fn relation(a: &Doc, b: &Doc) -> &'static str {
     }
 }
 
-fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+/// Options of `neardup-bench eval-set-stats`: `FILE.jsonl [THRESHOLD...]`.
+#[derive(Debug, clap::Args)]
+pub struct EvalSetStatsArgs {
+    /// The evaluation set (JSONL), then Jaccard thresholds [default: 0.5 0.8 0.9].
+    args: Vec<String>,
+}
+
+/// Runs `neardup-bench eval-set-stats`.
+pub fn run(EvalSetStatsArgs { args }: EvalSetStatsArgs) {
     let Some(path) = args.first() else {
-        eprintln!("usage: eval_set_stats FILE.jsonl [THRESHOLD...]");
+        eprintln!("usage: neardup-bench eval-set-stats FILE.jsonl [THRESHOLD...]");
         std::process::exit(2);
     };
     let mut thresholds: Vec<f64> = args[1..].iter().filter_map(|a| a.parse().ok()).collect();

@@ -2,7 +2,7 @@
 //! the figures (no assertions on time anywhere else).
 //!
 //! ```text
-//! cargo run --release -p neardup-core --example join_speed -- [DOCS] [THRESHOLD...]
+//! neardup-bench join [DOCS] [THRESHOLD...]
 //! ```
 //!
 //! Defaults: 50,000 documents, thresholds 0.5 and 0.8. The corpus: 500 sites, each with its
@@ -14,8 +14,8 @@
 
 use std::time::Instant;
 
-use neardup_core::jaccard::{brute_force_join, similarity_join, similarity_join_with_stats};
 use neardup_core::util::SplitMix64;
+use neardup_dedup::jaccard::{brute_force_join, similarity_join, similarity_join_with_stats};
 
 fn mix(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -59,8 +59,15 @@ fn shingles(w: &[u32]) -> Vec<u64> {
     v
 }
 
-fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+/// Options of `neardup-bench join`: `[DOCS] [THRESHOLD...]`, as the defaults above.
+#[derive(Debug, clap::Args)]
+pub struct JoinArgs {
+    /// Documents [default: 50000], then Jaccard thresholds [default: 0.5 0.8].
+    args: Vec<String>,
+}
+
+/// Runs `neardup-bench join`.
+pub fn run(JoinArgs { args }: JoinArgs) {
     let n: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(50_000);
     let mut thresholds: Vec<f64> = args.iter().skip(1).filter_map(|a| a.parse().ok()).collect();
     if thresholds.is_empty() {

@@ -1,12 +1,27 @@
 //! Prints raw decoding speed of Huffman-XOR runs (ns per value): one scan at a time versus
 //! several scans advanced together as lanes. For profiling the codec.
+//!
+//! ```text
+//! neardup-bench decode [VALUES] [LANES]
+//! ```
 use neardup_core::codec::{HxRun, RunOptions, scan_lanes};
 use neardup_core::util::SplitMix64;
 use std::time::Instant;
 
-fn main() {
-    let n: usize = std::env::args().nth(1).map_or(5_000, |s| s.parse().unwrap());
-    let lanes_n: usize = std::env::args().nth(2).map_or(10, |s| s.parse().unwrap());
+/// Options of `neardup-bench decode`.
+#[derive(Debug, clap::Args)]
+pub struct DecodeArgs {
+    /// Values per run.
+    #[arg(default_value_t = 5_000)]
+    values: usize,
+    /// Runs, scanned one at a time and then together as lanes.
+    #[arg(default_value_t = 10)]
+    lanes: usize,
+}
+
+/// Runs `neardup-bench decode`.
+pub fn run(args: DecodeArgs) {
+    let (n, lanes_n) = (args.values, args.lanes);
     let mut r = SplitMix64::new(1);
     let runs: Vec<HxRun> = (0..lanes_n)
         .map(|_| {

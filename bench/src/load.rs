@@ -1,4 +1,4 @@
-//! The open-loop load generator of `neardup bench service`, and the machine's own floor.
+//! The open-loop load generator of `neardup-bench service`, and the machine's own floor.
 //!
 //! Request `i` of a slice is due at `start + i / rate`; its latency counts from that moment,
 //! so a stall delays every request behind it and shows in the percentiles (no coordinated
@@ -29,6 +29,8 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
+
+use crate::latency::Latencies;
 
 /// What one slice of load sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,10 +71,10 @@ pub struct Load {
     pub kinds: Vec<Kind>,
 }
 
-/// Latencies (ns) and errors of one kind.
+/// Latencies and errors of one kind.
 #[derive(Debug, Default)]
 struct Tally {
-    latencies: Vec<u64>,
+    latencies: Latencies,
     errors: u64,
     busy: Duration,
 }
@@ -133,8 +135,7 @@ impl Load {
             sent += self.rate as usize;
         }
         let mut out = serde_json::Map::new();
-        for (kind, mut tally) in self.kinds.iter().zip(tallies) {
-            tally.latencies.sort_unstable();
+        for (kind, tally) in self.kinds.iter().zip(tallies) {
             let lat = &tally.latencies;
             out.insert(
                 kind.name().into(),
@@ -143,10 +144,10 @@ impl Load {
                     "sent": lat.len(),
                     "achieved_qps": lat.len() as f64 / tally.busy.as_secs_f64().max(1e-9),
                     "errors": tally.errors,
-                    "p50_us": percentile(lat, 0.50),
-                    "p99_us": percentile(lat, 0.99),
-                    "p999_us": percentile(lat, 0.999),
-                    "max_us": lat.last().copied().unwrap_or(0) as f64 / 1000.0,
+                    "p50_us": lat.percentile_us(0.50),
+                    "p99_us": lat.percentile_us(0.99),
+                    "p999_us": lat.percentile_us(0.999),
+                    "max_us": lat.max_us(),
                 }),
             );
         }
@@ -196,7 +197,7 @@ impl Load {
         for call in calls {
             let (ok, ns) = call.await.map_err(|e| e.to_string())?;
             tally.errors += u64::from(!ok);
-            tally.latencies.push(ns);
+            tally.latencies.record(ns);
         }
         Ok(())
     }
@@ -260,7 +261,9 @@ impl Echo {
         };
         let (got, wrote) = tokio::join!(reader, writer);
         wrote?;
-        tally.latencies.extend(got?);
+        for ns in got? {
+            tally.latencies.record(ns);
+        }
         Ok(())
     }
 }
@@ -345,15 +348,6 @@ impl Timer {
     }
 }
 
-/// The `p` quantile of sorted nanoseconds, in microseconds.
-pub fn percentile(sorted: &[u64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i] as f64 / 1000.0
-}
-
 /// How often the machine took the CPU away from a thread that never sleeps: `seconds` of
 /// spinning on the clock, counting the gaps over 1 ms (the other work of a 2-core VM, the
 /// hypervisor's own). Run it while nothing else of the benchmark does.
@@ -385,16 +379,6 @@ pub fn stall_probe(seconds: f64) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn percentiles_pick_the_nearest_rank() {
-        let v: Vec<u64> = (1..=1000).map(|x| x * 1000).collect();
-        assert_eq!(percentile(&v, 0.5), 500.0);
-        assert_eq!(percentile(&v, 0.99), 990.0);
-        assert_eq!(percentile(&v, 0.999), 999.0);
-        assert_eq!(percentile(&v[..1], 0.99), 1.0);
-        assert_eq!(percentile(&[], 0.5), 0.0);
-    }
 
     #[test]
     fn the_timer_never_wakes_before_its_due_time() {

@@ -29,7 +29,7 @@
 
 use std::collections::HashSet;
 
-use crate::error::{Error, Result};
+use crate::error::{DedupError, Result};
 
 /// Counts and ratios at one level (pairs or documents).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -84,7 +84,7 @@ pub struct Quality {
 
 /// Scores `predicted` pairs against `truth` pairs over documents `0..n`.
 ///
-/// Errors ([`Error::InvalidConfig`]): a pair naming an index `>= n`, or a document paired
+/// Errors ([`DedupError::Usage`]): a pair naming an index `>= n`, or a document paired
 /// with itself.
 pub fn evaluate(
     n: usize,
@@ -127,12 +127,12 @@ fn normalize(n: usize, pairs: &[(usize, usize)], what: &str) -> Result<HashSet<(
     let mut set = HashSet::with_capacity(pairs.len());
     for &(a, b) in pairs {
         if a >= n || b >= n {
-            return Err(Error::InvalidConfig(format!(
+            return Err(DedupError::Usage(format!(
                 "{what} pair ({a}, {b}) names a document beyond the {n} given"
             )));
         }
         if a == b {
-            return Err(Error::InvalidConfig(format!(
+            return Err(DedupError::Usage(format!(
                 "{what} pair ({a}, {b}) pairs a document with itself"
             )));
         }
@@ -144,7 +144,7 @@ fn normalize(n: usize, pairs: &[(usize, usize)], what: &str) -> Result<HashSet<(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::util::SplitMix64;
+    use neardup_core::util::SplitMix64;
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-12
@@ -196,8 +196,8 @@ mod tests {
     #[test]
     fn invalid_pairs() {
         for bad in [(0, 3), (3, 0), (1, 1)] {
-            assert!(matches!(evaluate(3, &[bad], &[]), Err(Error::InvalidConfig(_))));
-            assert!(matches!(evaluate(3, &[], &[bad]), Err(Error::InvalidConfig(_))));
+            assert!(matches!(evaluate(3, &[bad], &[]), Err(DedupError::Usage(_))));
+            assert!(matches!(evaluate(3, &[], &[bad]), Err(DedupError::Usage(_))));
         }
     }
 

@@ -1,12 +1,14 @@
-//! `neardup bench service`: the gRPC service measured on loopback, with the in-process index
-//! measured in the same run as the baseline.
+//! `neardup-bench service`: the gRPC service measured on loopback, with the in-process
+//! index measured in the same run as the baseline.
 //!
-//! It starts `neardup serve` as a child process on 127.0.0.1 with a fresh data directory,
+//! It starts `neardup serve` (the binary given with `--neardup`, by default the `neardup`
+//! next to this program, else the one on `PATH`) as a child process on 127.0.0.1 with a
+//! fresh data directory,
 //! then, in order:
 //! 1. durable streaming inserts of `--n` generated documents (several streams at once);
 //! 2. waits for background merges to settle;
 //! 3. the in-process index over the same documents: one thread and all threads;
-//! 4. unary Query latency at each `--rates` value, open loop (see [`super::load`]), with two
+//! 4. unary Query latency at each `--rates` value, open loop (see [`crate::load`]), with two
 //!    floors at the same rate in interleaved one-second slices: a gRPC Health check (the
 //!    stack with no index work) and a plain loopback TCP echo (the machine itself);
 //! 5. QueryBatch throughput over several streams;
@@ -28,11 +30,11 @@ use neardup_core::{Design, Doc, Index, IndexConfig};
 use neardup_proto::v1::InsertRequest;
 use serde_json::{Value, json};
 
-use super::load::{Kind, Load, stall_probe};
+use crate::load::{Kind, Load, stall_probe};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-/// Options of `neardup bench service`.
+/// Options of `neardup-bench service`.
 #[derive(Debug, clap::Args)]
 pub struct ServiceArgs {
     /// Documents stored.
@@ -48,7 +50,7 @@ pub struct ServiceArgs {
     #[arg(long, default_value = "paper-10")]
     design: String,
     /// Block size of the server's and the baseline's tables (the service's default).
-    #[arg(long, default_value_t = crate::config::SERVICE_BLOCK_BYTES)]
+    #[arg(long, default_value_t = neardup_cli::config::SERVICE_BLOCK_BYTES)]
     block_bytes: usize,
     /// Offered rates (queries/s) for the unary latency phase.
     #[arg(long, value_delimiter = ',', default_value = "1000,5000,10000")]
@@ -86,6 +88,24 @@ pub struct ServiceArgs {
     /// Extra `--set key=value` settings for the server (repeatable).
     #[arg(long = "server-set")]
     server_set: Vec<String>,
+    /// The `neardup` binary to start as the server [default: `neardup` next to this
+    /// program, else the one on PATH].
+    #[arg(long, value_name = "FILE")]
+    neardup: Option<PathBuf>,
+}
+
+impl ServiceArgs {
+    /// The `neardup` binary the server runs.
+    fn neardup(&self) -> PathBuf {
+        if let Some(path) = &self.neardup {
+            return path.clone();
+        }
+        std::env::current_exe()
+            .ok()
+            .and_then(|exe| Some(exe.parent()?.join("neardup")))
+            .filter(|p| p.is_file())
+            .unwrap_or_else(|| PathBuf::from("neardup"))
+    }
 }
 
 /// The generated workload: stored fingerprints (id = position) and queries.
@@ -133,9 +153,9 @@ fn free_port() -> Result<u16, String> {
 
 impl ServerProcess {
     fn start(data: &std::path::Path, port: u16, args: &ServiceArgs) -> Result<Self, String> {
-        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let exe = args.neardup();
         let addr = format!("127.0.0.1:{port}");
-        let mut cmd = Command::new(exe);
+        let mut cmd = Command::new(&exe);
         cmd.args(["serve", "--data"]).arg(data).args(["--listen", &addr, "--metrics-listen", ""]);
         cmd.args(["--design", &args.design]);
         cmd.args(["--set", &format!("index.block_bytes={}", args.block_bytes)]);
@@ -147,7 +167,8 @@ impl ServerProcess {
         }
         cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::inherit());
         cmd.env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()));
-        let child = cmd.spawn().map_err(|e| format!("cannot start the server: {e}"))?;
+        let child =
+            cmd.spawn().map_err(|e| format!("cannot start the server {}: {e}", exe.display()))?;
         Ok(ServerProcess { child, addr })
     }
 
@@ -296,7 +317,7 @@ async fn settle(client: &Client, limit: Duration) -> Result<(f64, u64), String> 
     Ok((t.elapsed().as_secs_f64(), last.0))
 }
 
-/// Runs `neardup bench service`.
+/// Runs `neardup-bench service`.
 pub async fn run(args: ServiceArgs) -> Result<(), String> {
     let design = Design::parse(&args.design).map_err(|e| e.to_string())?;
     let tmp;
@@ -544,6 +565,18 @@ pub async fn run(args: ServiceArgs) -> Result<(), String> {
     }
     println!("{}", Value::Object(report));
     Ok(())
+}
+
+/// Runs `neardup-bench service` on a multi-threaded tokio runtime of its own.
+pub fn main(args: ServiceArgs) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let result = runtime.block_on(run(args));
+    // Background threads must not keep a finished process alive.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    result
 }
 
 /// The 1-minute load average: other work on the machine skews every figure.

@@ -54,7 +54,7 @@
 
 use rayon::prelude::*;
 
-use crate::error::{Error, Result};
+use crate::error::{DedupError, Result};
 
 /// A pair of documents whose Jaccard similarity reaches the join threshold.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -130,7 +130,7 @@ pub fn jaccard(a: &[u64], b: &[u64]) -> f64 {
 /// `(i, j)`. Exact: the same answer as [`brute_force_join`], much faster.
 ///
 /// Each document must be strictly ascending (sorted token ids without repeats); `threshold`
-/// must be in `(0, 1]`. Otherwise the call returns [`Error::InvalidConfig`] naming the
+/// must be in `(0, 1]`. Otherwise the call returns [`DedupError::Usage`] naming the
 /// problem. Empty documents are allowed and are in no pair.
 pub fn similarity_join<D>(docs: &[D], threshold: f64) -> Result<Vec<SimilarPair>>
 where
@@ -212,12 +212,12 @@ where
 
 fn validate<D: AsRef<[u64]>>(docs: &[D], threshold: f64) -> Result<()> {
     if !(threshold > 0.0 && threshold <= 1.0) {
-        return Err(Error::InvalidConfig(format!(
+        return Err(DedupError::Usage(format!(
             "Jaccard threshold must be in (0, 1], got {threshold}"
         )));
     }
     if docs.len() > u32::MAX as usize - 1 {
-        return Err(Error::InvalidConfig(format!(
+        return Err(DedupError::Usage(format!(
             "too many documents for one join: {} (at most {})",
             docs.len(),
             u32::MAX - 1
@@ -226,14 +226,14 @@ fn validate<D: AsRef<[u64]>>(docs: &[D], threshold: f64) -> Result<()> {
     for (i, d) in docs.iter().enumerate() {
         let d = d.as_ref();
         if d.len() > u32::MAX as usize - 1 {
-            return Err(Error::InvalidConfig(format!(
+            return Err(DedupError::Usage(format!(
                 "document {i} has {} tokens (at most {})",
                 d.len(),
                 u32::MAX - 1
             )));
         }
         if let Some(w) = d.windows(2).position(|w| w[0] >= w[1]) {
-            return Err(Error::InvalidConfig(format!(
+            return Err(DedupError::Usage(format!(
                 "document {i} is not a strictly ascending token set: token {} ({}) is followed by {}",
                 w,
                 d[w],
@@ -491,7 +491,7 @@ fn overlap_at_least(a: &[u32], b: &[u32], need: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::util::SplitMix64;
+    use neardup_core::util::SplitMix64;
 
     fn assert_same(docs: &[Vec<u64>], t: f64) {
         let fast = similarity_join(docs, t).unwrap();
@@ -631,12 +631,12 @@ mod tests {
     fn invalid_input_is_an_error() {
         let ok = vec![vec![1u64, 2]];
         for t in [0.0, -0.1, 1.0000001, f64::NAN, f64::INFINITY] {
-            assert!(matches!(similarity_join(&ok, t), Err(Error::InvalidConfig(_))));
-            assert!(matches!(brute_force_join(&ok, t), Err(Error::InvalidConfig(_))));
+            assert!(matches!(similarity_join(&ok, t), Err(DedupError::Usage(_))));
+            assert!(matches!(brute_force_join(&ok, t), Err(DedupError::Usage(_))));
         }
         for bad in [vec![2u64, 1], vec![1, 1], vec![1, 3, 2]] {
             let docs = vec![vec![1u64, 2, 3], bad];
-            assert!(matches!(similarity_join(&docs, 0.5), Err(Error::InvalidConfig(_))));
+            assert!(matches!(similarity_join(&docs, 0.5), Err(DedupError::Usage(_))));
         }
     }
 

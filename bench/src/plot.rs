@@ -9,8 +9,7 @@ use std::path::{Path, PathBuf};
 use plotters::prelude::*;
 use plotters::style::{FontStyle, register_font};
 
-use crate::error::DedupError;
-use crate::eval::EvalReport;
+use neardup_dedup::{DedupError, EvalReport};
 
 const FONT_CANDIDATES: [&str; 4] = [
     "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
