@@ -22,6 +22,8 @@ use neardup_router::Limits;
 use neardup_server::ShardConfig;
 use serde::{Deserialize, Serialize};
 
+use crate::error::CliError;
+
 /// The whole configuration; every field has a default.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
@@ -207,14 +209,27 @@ impl Config {
     pub fn load(
         flags: &ConfigFlags,
         vars: impl Iterator<Item = (String, String)>,
-    ) -> Result<Config, String> {
-        let mut table = match &flags.config {
+    ) -> Result<Config, CliError> {
+        let table = match &flags.config {
             Some(path) => std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read config file {}: {e}", path.display()))?
+                .map_err(|source| CliError::File {
+                    action: "read config file",
+                    path: path.display().to_string(),
+                    source,
+                })?
                 .parse::<toml::Table>()
-                .map_err(|e| format!("config file {}: {e}", path.display()))?,
+                .map_err(|e| CliError::Config(format!("config file {}: {e}", path.display())))?,
             None => toml::Table::new(),
         };
+        Config::layer(table, flags, vars).map_err(CliError::Config)
+    }
+
+    /// The file's `table` < environment < flags, checked.
+    fn layer(
+        mut table: toml::Table,
+        flags: &ConfigFlags,
+        vars: impl Iterator<Item = (String, String)>,
+    ) -> Result<Config, String> {
         // Only variables naming a key or section of the configuration apply: the NEARDUP_
         // namespace is shared with the client (NEARDUP_SERVER) and with tools and tests. A
         // wrong key inside a known section is still an error.
@@ -260,12 +275,16 @@ impl Config {
         if !matches!(self.log_format.as_str(), "text" | "json") {
             return Err(format!("log_format = {:?}: expected text or json", self.log_format));
         }
-        self.index_config()?.validate().map_err(|e| format!("[index]: {e}"))?;
+        self.index_config_text()?.validate().map_err(|e| format!("[index]: {e}"))?;
         Ok(())
     }
 
     /// The index configuration.
-    pub fn index_config(&self) -> Result<IndexConfig, String> {
+    pub fn index_config(&self) -> Result<IndexConfig, CliError> {
+        self.index_config_text().map_err(CliError::Config)
+    }
+
+    fn index_config_text(&self) -> Result<IndexConfig, String> {
         let design = Design::parse(&self.index.design)
             .map_err(|e| format!("[index] design {:?}: {e}", self.index.design))?;
         let codec = self.index.codec.parse().map_err(|e| format!("[index] codec: {e}"))?;
@@ -287,7 +306,7 @@ impl Config {
     }
 
     /// The shard configuration.
-    pub fn shard_config(&self) -> Result<ShardConfig, String> {
+    pub fn shard_config(&self) -> Result<ShardConfig, CliError> {
         let s = &self.storage;
         Ok(ShardConfig {
             index: self.index_config()?,
@@ -358,14 +377,14 @@ mod tests {
     fn mistakes_are_reported() {
         let bad = |set: &str| {
             let flags = ConfigFlags { set: vec![set.into()], ..Default::default() };
-            Config::load(&flags, std::iter::empty()).unwrap_err()
+            Config::load(&flags, std::iter::empty()).unwrap_err().to_string()
         };
         assert!(bad("storage.cache_mbb=1").contains("unknown field"));
         assert!(bad("storage.cache_mb=many").contains("cache_mb"));
         assert!(bad("index.design=7c9").contains("design"));
         assert!(bad("log_format=xml").contains("log_format"));
         let typo = vec![("NEARDUP_STORAGE__CACHE_MBB".to_string(), "1".to_string())];
-        let e = Config::load(&ConfigFlags::default(), typo.into_iter()).unwrap_err();
+        let e = Config::load(&ConfigFlags::default(), typo.into_iter()).unwrap_err().to_string();
         assert!(e.contains("unknown field"), "{e}");
     }
 }

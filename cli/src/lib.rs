@@ -11,13 +11,18 @@
 //! Benchmarks and the quality evaluation are measurement programs: they are subcommands of
 //! `neardup-bench`, so this binary links no load generator and no plotting.
 //!
+//! Every command returns [`CliError`]: one line on stderr, and its exit code.
+//!
 //! Adding a subcommand: a module under `cmd/` with an `Args` struct and a `run` function,
 //! a variant of [`Command`], and its arm in [`main`].
 #![deny(missing_docs)]
 
 pub mod cmd;
 pub mod config;
+pub mod error;
 pub mod ops;
+
+pub use error::CliError;
 
 use clap::{Parser, Subcommand};
 
@@ -64,28 +69,25 @@ pub fn main() -> i32 {
     let cli = Cli::parse();
     // The offline command needs no async runtime: it uses every core through rayon.
     let result = match cli.command {
-        Command::Dedup(a) => neardup_dedup::run_dedup(a).map(|_| ()).map_err(|e| e.to_string()),
-        command => return run_online(command),
+        Command::Dedup(a) => neardup_dedup::run_dedup(a).map(|_| ()).map_err(CliError::from),
+        command => run_online(command),
     };
     match result {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("neardup: {e}");
-            1
+            e.exit_code()
         }
     }
 }
 
 /// Runs a command that talks to or is a server, on a tokio runtime.
-fn run_online(command: Command) -> i32 {
+fn run_online(command: Command) -> Result<(), CliError> {
     let cli = Cli { command };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("neardup: cannot start the async runtime: {e}");
-            return 1;
-        }
-    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(CliError::Runtime)?;
     let result = runtime.block_on(async move {
         match cli.command {
             Command::Serve(a) => cmd::serve::run(a).await,
@@ -102,11 +104,5 @@ fn run_online(command: Command) -> i32 {
     });
     // Background threads (merges, syncs) must not keep a finished process alive.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
-    match result {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("neardup: {e}");
-            1
-        }
-    }
+    result
 }

@@ -6,6 +6,8 @@ use std::sync::Arc;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
+use crate::error::CliError;
+
 /// Starts structured logging: filter from `RUST_LOG` (default `info`), text or JSON lines
 /// on stderr.
 pub fn init_logging(format: &str) {
@@ -27,18 +29,26 @@ pub fn start_role(print_config: bool, config: &crate::config::Config) -> bool {
 }
 
 /// Binds a TCP listener, with an error that names the address.
-pub async fn bind(addr: &str, what: &str) -> Result<TcpListener, String> {
-    TcpListener::bind(addr).await.map_err(|e| format!("cannot listen for {what} on {addr}: {e}"))
+pub async fn bind(addr: &str, what: &'static str) -> Result<TcpListener, CliError> {
+    TcpListener::bind(addr).await.map_err(|source| CliError::Listen {
+        what,
+        address: addr.to_string(),
+        source,
+    })
 }
 
 /// Serves `registry` at `http://addr/metrics` (OpenMetrics text) until the process ends;
 /// returns the bound address.
-pub async fn serve_metrics(addr: &str, registry: Registry) -> Result<Option<SocketAddr>, String> {
+pub async fn serve_metrics(addr: &str, registry: Registry) -> Result<Option<SocketAddr>, CliError> {
     if addr.is_empty() {
         return Ok(None);
     }
     let listener = bind(addr, "metrics").await?;
-    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let local = listener.local_addr().map_err(|source| CliError::Listen {
+        what: "metrics",
+        address: addr.to_string(),
+        source,
+    })?;
     let registry = Arc::new(registry);
     let app = axum::Router::new().route(
         "/metrics",

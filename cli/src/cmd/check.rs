@@ -4,6 +4,7 @@ use neardup_client::{doc, text_doc};
 use serde_json::json;
 
 use crate::cmd::common::{self, ContentArgs, ServerArgs};
+use crate::error::CliError;
 
 /// Options of `neardup check`.
 #[derive(Debug, clap::Args)]
@@ -30,18 +31,18 @@ pub struct CheckArgs {
 }
 
 /// Runs `neardup check`.
-pub async fn run(args: CheckArgs) -> Result<(), String> {
+pub async fn run(args: CheckArgs) -> Result<(), CliError> {
     let client = args.server.client().await?;
     let ts = args.timestamp_ms.unwrap_or_else(common::now_ms);
     let d = match (args.content.fingerprint, args.content.text) {
         (Some(fp), _) => doc(args.id, fp, ts),
         (None, Some(t)) => text_doc(args.id, t, ts),
-        (None, None) => return Err("give --fingerprint or --text".into()),
+        (None, None) => return Err(CliError::Usage("give --fingerprint or --text".into())),
     };
     let r = client
         .check_and_insert(d, args.k, args.limit, args.skip_duplicates)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| args.server.error(e))?;
     common::print(&json!({
         "duplicate": r.duplicate,
         "original_id": r.original_id,

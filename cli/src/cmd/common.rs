@@ -1,8 +1,10 @@
 //! What the client commands share: the server address, the connection, fingerprint
 //! parsing and JSON output.
 
-use neardup_client::{Client, ClientOptions, Match, QueryResult};
+use neardup_client::{Client, ClientError, ClientOptions, Match, QueryResult};
 use serde_json::{Value, json};
+
+use crate::error::CliError;
 
 /// Where the server is.
 #[derive(Debug, Clone, clap::Args)]
@@ -17,12 +19,17 @@ pub struct ServerArgs {
 
 impl ServerArgs {
     /// A client for the server.
-    pub async fn client(&self) -> Result<Client, String> {
+    pub async fn client(&self) -> Result<Client, CliError> {
         let options = ClientOptions {
             timeout: std::time::Duration::from_millis(self.timeout_ms),
             ..ClientOptions::default()
         };
-        Client::connect_with(&self.server, options).await.map_err(|e| e.to_string())
+        Client::connect_with(&self.server, options).await.map_err(|e| self.error(e))
+    }
+
+    /// A failed call to this server, as the command's error.
+    pub fn error(&self, e: ClientError) -> CliError {
+        CliError::client(&self.server, e)
     }
 }
 

@@ -3,6 +3,7 @@
 use serde_json::json;
 
 use crate::cmd::common::{self, ServerArgs};
+use crate::error::CliError;
 
 /// Options of `neardup delete`.
 #[derive(Debug, clap::Args)]
@@ -18,9 +19,9 @@ pub struct DeleteArgs {
 }
 
 /// Runs `neardup delete`.
-pub async fn run(args: DeleteArgs) -> Result<(), String> {
+pub async fn run(args: DeleteArgs) -> Result<(), CliError> {
     let client = args.server.client().await?;
-    let r = client.delete(args.ids, args.must_exist).await.map_err(|e| e.to_string())?;
+    let r = client.delete(args.ids, args.must_exist).await.map_err(|e| args.server.error(e))?;
     common::print(&json!({ "deleted": r.deleted, "missing": r.missing }));
     Ok(())
 }

@@ -4,6 +4,7 @@ use neardup_core::fingerprint::{FingerprintConfig, Fingerprinter};
 use serde_json::json;
 
 use crate::cmd::common::{self, ServerArgs};
+use crate::error::CliError;
 
 /// Options of `neardup fingerprint`.
 #[derive(Debug, clap::Args)]
@@ -21,23 +22,24 @@ pub struct FingerprintArgs {
 }
 
 /// Runs `neardup fingerprint`.
-pub async fn run(args: FingerprintArgs) -> Result<(), String> {
+pub async fn run(args: FingerprintArgs) -> Result<(), CliError> {
+    let read = |path: &str, source| CliError::File { action: "read", path: path.into(), source };
     let texts = match &args.file {
         Some(p) if p == "-" => {
-            vec![std::io::read_to_string(std::io::stdin()).map_err(|e| e.to_string())?]
+            vec![std::io::read_to_string(std::io::stdin()).map_err(|e| read("<stdin>", e))?]
         }
-        Some(p) => vec![std::fs::read_to_string(p).map_err(|e| format!("cannot read {p}: {e}"))?],
-        None if args.texts.is_empty() => return Err("give texts or --file".into()),
+        Some(p) => vec![std::fs::read_to_string(p).map_err(|e| read(p, e))?],
+        None if args.texts.is_empty() => {
+            return Err(CliError::Usage("give texts or --file".into()));
+        }
         None => args.texts,
     };
     let fps = if args.local {
-        let mut f = Fingerprinter::new(FingerprintConfig::default()).map_err(|e| e.to_string())?;
-        texts
-            .iter()
-            .map(|t| f.fingerprint(t).map_err(|e| e.to_string()))
-            .collect::<Result<Vec<_>, _>>()?
+        let mut f = Fingerprinter::new(FingerprintConfig::default())?;
+        texts.iter().map(|t| f.fingerprint(t)).collect::<Result<Vec<_>, _>>()?
     } else {
-        args.server.client().await?.fingerprint(texts).await.map_err(|e| e.to_string())?
+        let client = args.server.client().await?;
+        client.fingerprint(texts).await.map_err(|e| args.server.error(e))?
     };
     for fp in fps {
         common::print(&json!({ "fingerprint": common::hex(fp) }));

@@ -6,6 +6,7 @@ use neardup_client::{Document, doc, text_doc};
 use serde_json::{Value, json};
 
 use crate::cmd::common::{self, ServerArgs, parse_fingerprint};
+use crate::error::CliError;
 
 /// Options of `neardup insert`.
 #[derive(Debug, clap::Args)]
@@ -33,24 +34,23 @@ pub struct InsertArgs {
     batch: usize,
 }
 
-fn parse_line(line: &str, n: usize) -> Result<Document, String> {
-    let v: Value = serde_json::from_str(line).map_err(|e| format!("line {n}: {e}"))?;
-    let id = v["id"].as_str().ok_or_else(|| format!("line {n}: no string \"id\""))?;
+fn parse_line(line: &str, n: usize) -> Result<Document, CliError> {
+    let bad = |reason: String| CliError::Input { line: n, reason };
+    let v: Value = serde_json::from_str(line).map_err(|e| bad(e.to_string()))?;
+    let id = v["id"].as_str().ok_or_else(|| bad("no string \"id\"".into()))?;
     let ts = v["timestamp_ms"].as_i64().unwrap_or_else(common::now_ms);
     match (&v["fingerprint"], &v["text"]) {
         (Value::Number(x), Value::Null) => {
-            Ok(doc(id, x.as_u64().ok_or_else(|| format!("line {n}: bad fingerprint"))?, ts))
+            Ok(doc(id, x.as_u64().ok_or_else(|| bad("bad fingerprint".into()))?, ts))
         }
-        (Value::String(s), Value::Null) => {
-            Ok(doc(id, parse_fingerprint(s).map_err(|e| format!("line {n}: {e}"))?, ts))
-        }
+        (Value::String(s), Value::Null) => Ok(doc(id, parse_fingerprint(s).map_err(bad)?, ts)),
         (Value::Null, Value::String(t)) => Ok(text_doc(id, t.clone(), ts)),
-        _ => Err(format!("line {n}: exactly one of \"fingerprint\" and \"text\" is needed")),
+        _ => Err(bad("exactly one of \"fingerprint\" and \"text\" is needed".into())),
     }
 }
 
 /// Runs `neardup insert`.
-pub async fn run(args: InsertArgs) -> Result<(), String> {
+pub async fn run(args: InsertArgs) -> Result<(), CliError> {
     let client = args.server.client().await?;
     let ts = args.timestamp_ms.unwrap_or_else(common::now_ms);
     let docs = match (&args.jsonl, &args.id) {
@@ -58,13 +58,17 @@ pub async fn run(args: InsertArgs) -> Result<(), String> {
             let reader: Box<dyn BufRead> = if path == "-" {
                 Box::new(std::io::stdin().lock())
             } else {
-                Box::new(std::io::BufReader::new(
-                    std::fs::File::open(path).map_err(|e| format!("cannot open {path}: {e}"))?,
-                ))
+                Box::new(std::io::BufReader::new(std::fs::File::open(path).map_err(|source| {
+                    CliError::File { action: "open", path: path.clone(), source }
+                })?))
             };
             let mut docs = Vec::new();
             for (i, line) in reader.lines().enumerate() {
-                let line = line.map_err(|e| format!("cannot read {path}: {e}"))?;
+                let line = line.map_err(|source| CliError::File {
+                    action: "read",
+                    path: path.clone(),
+                    source,
+                })?;
                 if !line.trim().is_empty() {
                     docs.push(parse_line(&line, i + 1)?);
                 }
@@ -74,16 +78,22 @@ pub async fn run(args: InsertArgs) -> Result<(), String> {
         (None, Some(id)) => match (args.fingerprint, &args.text) {
             (Some(fp), None) => vec![doc(id.clone(), fp, ts)],
             (None, Some(t)) => vec![text_doc(id.clone(), t.clone(), ts)],
-            _ => return Err("give exactly one of --fingerprint and --text".into()),
+            _ => {
+                return Err(CliError::Usage("give exactly one of --fingerprint and --text".into()));
+            }
         },
-        (None, None) => return Err("give --id (with --fingerprint or --text) or --jsonl".into()),
+        (None, None) => {
+            return Err(CliError::Usage(
+                "give --id (with --fingerprint or --text) or --jsonl".into(),
+            ));
+        }
     };
     let r = if docs.len() == 1 {
         client.insert(docs).await
     } else {
         client.insert_all(&docs, args.batch).await
     }
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| args.server.error(e))?;
     common::print(&json!({ "inserted": r.inserted, "replaced": r.replaced }));
     Ok(())
 }

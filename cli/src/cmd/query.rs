@@ -3,6 +3,7 @@
 use neardup_client::Target;
 
 use crate::cmd::common::{self, ContentArgs, ServerArgs};
+use crate::error::CliError;
 
 /// Options of `neardup query`.
 #[derive(Debug, clap::Args)]
@@ -20,14 +21,15 @@ pub struct QueryArgs {
 }
 
 /// Runs `neardup query`.
-pub async fn run(args: QueryArgs) -> Result<(), String> {
+pub async fn run(args: QueryArgs) -> Result<(), CliError> {
     let client = args.server.client().await?;
     let target = match (args.content.fingerprint, args.content.text) {
         (Some(fp), _) => Target::Fingerprint(fp),
         (None, Some(t)) => Target::Text(t),
-        (None, None) => return Err("give --fingerprint or --text".into()),
+        (None, None) => return Err(CliError::Usage("give --fingerprint or --text".into())),
     };
-    let r = client.query_target(target, args.k, args.limit).await.map_err(|e| e.to_string())?;
+    let r =
+        client.query_target(target, args.k, args.limit).await.map_err(|e| args.server.error(e))?;
     common::print(&common::result_json(&r));
     Ok(())
 }

@@ -6,6 +6,7 @@ use neardup_router::{Remote, Router, RpcMetrics};
 use prometheus_client::registry::Registry;
 
 use crate::config::{Config, ConfigFlags};
+use crate::error::CliError;
 use crate::ops;
 
 /// Options of `neardup router`.
@@ -19,7 +20,7 @@ pub struct RouterArgs {
 }
 
 /// Runs `neardup router`.
-pub async fn run(args: RouterArgs) -> Result<(), String> {
+pub async fn run(args: RouterArgs) -> Result<(), CliError> {
     let mut config = Config::load(&args.flags, std::env::vars())?;
     if let Some(s) = args.shard {
         config.router.shard = s;
@@ -29,8 +30,9 @@ pub async fn run(args: RouterArgs) -> Result<(), String> {
     }
     let listener = ops::bind(&config.listen, "gRPC").await?;
     let max_k = config.index_config()?.design.max_k();
+    // Only an address that does not parse fails here: the connection is made lazily.
     let remote = Remote::connect(&config.router.shard, config.limits.max_message_bytes)
-        .map_err(|e| e.message().to_string())?;
+        .map_err(|e| CliError::Config(e.message().into()))?;
     let metrics = RpcMetrics::default();
     let mut registry = Registry::default();
     metrics.register(&mut registry);
@@ -39,5 +41,5 @@ pub async fn run(args: RouterArgs) -> Result<(), String> {
     tracing::info!(address = %config.listen, shard = %config.router.shard, "router serving");
     neardup_router::server::serve(listener, router, ops::shutdown_signal())
         .await
-        .map_err(|e| format!("gRPC server failed: {e}"))
+        .map_err(|e| CliError::Serve(e.to_string()))
 }

@@ -9,6 +9,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
 use crate::config::{Config, ConfigFlags};
+use crate::error::CliError;
 use crate::ops;
 
 /// Options of `neardup serve`.
@@ -40,9 +41,9 @@ pub fn health_of(shard: &Shard) -> watch::Receiver<ShardHealth> {
 }
 
 /// Opens the shard and starts its recovery on a blocking thread.
-pub fn open_and_recover(config: &Config, metrics: ShardMetrics) -> Result<Arc<Shard>, String> {
-    let shard = Shard::open(&config.data, config.shard_config()?, metrics)
-        .map_err(|e| format!("cannot start: {e}"))?;
+pub fn open_and_recover(config: &Config, metrics: ShardMetrics) -> Result<Arc<Shard>, CliError> {
+    let shard =
+        Shard::open(&config.data, config.shard_config()?, metrics).map_err(CliError::Start)?;
     let s = shard.clone();
     tokio::task::spawn_blocking(move || {
         if let Err(e) = s.recover() {
@@ -53,15 +54,15 @@ pub fn open_and_recover(config: &Config, metrics: ShardMetrics) -> Result<Arc<Sh
 }
 
 /// Stops the shard (flush, checkpoint, sync) on a blocking thread.
-pub async fn shut_down(shard: Arc<Shard>) -> Result<(), String> {
+pub async fn shut_down(shard: Arc<Shard>) -> Result<(), CliError> {
     tokio::task::spawn_blocking(move || shard.shutdown())
         .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("shutdown failed: {e}"))
+        .map_err(|e| CliError::Shutdown(e.to_string()))?
+        .map_err(|e| CliError::Shutdown(e.to_string()))
 }
 
 /// Runs `neardup serve`.
-pub async fn run(args: ServeArgs) -> Result<(), String> {
+pub async fn run(args: ServeArgs) -> Result<(), CliError> {
     let config = Config::load(&args.flags, std::env::vars())?;
     if !ops::start_role(args.flags.print_config, &config) {
         return Ok(());
@@ -76,14 +77,19 @@ pub async fn run(args: ServeArgs) -> Result<(), String> {
     ops::serve_metrics(&config.metrics_listen, registry).await?;
     let api = InProcess::new(ShardService::new(shard.clone()), health_of(&shard));
     let router = Router::new(Arc::new(api), shard.max_k(), config.limits.clone(), rpc_metrics);
+    let address = listener.local_addr().map_err(|source| CliError::Listen {
+        what: "gRPC",
+        address: config.listen.clone(),
+        source,
+    })?;
     tracing::info!(
-        address = %listener.local_addr().map_err(|e| e.to_string())?,
+        address = %address,
         data = %config.data.display(),
         design = %config.index.design,
         "neardup serving (embedded router and shard)"
     );
     neardup_router::server::serve(listener, router, ops::shutdown_signal())
         .await
-        .map_err(|e| format!("gRPC server failed: {e}"))?;
+        .map_err(|e| CliError::Serve(e.to_string()))?;
     shut_down(shard).await
 }

@@ -5,6 +5,7 @@ use prometheus_client::registry::Registry;
 
 use crate::cmd::serve::{open_and_recover, shut_down};
 use crate::config::{Config, ConfigFlags};
+use crate::error::CliError;
 use crate::ops;
 
 /// Options of `neardup shard`.
@@ -15,7 +16,7 @@ pub struct ShardArgs {
 }
 
 /// Runs `neardup shard`.
-pub async fn run(args: ShardArgs) -> Result<(), String> {
+pub async fn run(args: ShardArgs) -> Result<(), CliError> {
     let config = Config::load(&args.flags, std::env::vars())?;
     if !ops::start_role(args.flags.print_config, &config) {
         return Ok(());
@@ -34,6 +35,6 @@ pub async fn run(args: ShardArgs) -> Result<(), String> {
         ops::shutdown_signal(),
     )
     .await
-    .map_err(|e| format!("gRPC server failed: {e}"))?;
+    .map_err(|e| CliError::Serve(e.to_string()))?;
     shut_down(shard).await
 }

@@ -3,6 +3,7 @@
 use serde_json::json;
 
 use crate::cmd::common::{self, ServerArgs};
+use crate::error::CliError;
 
 /// Options of `neardup stats`.
 #[derive(Debug, clap::Args)]
@@ -12,8 +13,8 @@ pub struct StatsArgs {
 }
 
 /// Runs `neardup stats`.
-pub async fn run(args: StatsArgs) -> Result<(), String> {
-    let s = args.server.client().await?.stats().await.map_err(|e| e.to_string())?;
+pub async fn run(args: StatsArgs) -> Result<(), CliError> {
+    let s = args.server.client().await?.stats().await.map_err(|e| args.server.error(e))?;
     common::print(&json!({
         "documents": s.documents,
         "design": s.design,
