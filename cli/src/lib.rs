@@ -16,6 +16,7 @@
 //! Adding a subcommand: a module under `cmd/` with an `Args` struct and a `run` function,
 //! a variant of [`Command`], and its arm in [`main`].
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod cmd;
 pub mod config;

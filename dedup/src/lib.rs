@@ -31,6 +31,7 @@
 //! input formats in the documentation of [`DedupArgs`] and of the `input` module; what the
 //! evaluation measures in [`eval`].
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod clusters;
 pub mod config;

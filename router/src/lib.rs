@@ -20,6 +20,7 @@
 //! # }
 //! ```
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod error;
 pub mod limits;

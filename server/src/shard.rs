@@ -232,6 +232,7 @@ pub fn free_bytes(path: &Path) -> std::io::Result<u64> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|_| std::io::Error::other("path contains a NUL byte"))?;
+    // SAFETY: statvfs is a plain C struct of integers, for which all-zero bytes are valid.
     let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: `c` is a valid NUL-terminated path and `s` a writable statvfs.
     if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
