@@ -13,6 +13,7 @@ use neardup_core::{Design, Doc, Index, IndexConfig, Match};
 use serde_json::json;
 
 use crate::bruteforce;
+use crate::latency::Latencies;
 use crate::workload::{self, Shape, Workload};
 
 /// Options of `neardup-bench index`.
@@ -95,13 +96,6 @@ fn huge_page_bytes() -> u64 {
             line.split_whitespace().nth(1)?.parse::<u64>().ok()
         })
         .map_or(0, |kb| kb * 1024)
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
 fn one_thread<T: Send>(f: impl FnOnce() -> T + Send) -> T {
@@ -246,18 +240,18 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
     }
     passes.sort_by(f64::total_cmp);
     let qps_one = w.queries.len() as f64 / passes[passes.len() / 2];
-    let mut lat = Vec::with_capacity(w.queries.len());
+    let mut lat = Latencies::default();
     {
         let mut scratch = QueryScratch::default();
         let mut out = Vec::new();
         for &q in &w.queries {
             let t = Instant::now();
             index.query_into(q, k, &mut scratch, &mut out).expect("k checked");
-            lat.push(t.elapsed().as_secs_f64() * 1e6);
+            lat.record(t.elapsed().as_nanos() as u64);
         }
     }
-    lat.sort_by(f64::total_cmp);
-    let (p50, p99, p999) = (percentile(&lat, 0.5), percentile(&lat, 0.99), percentile(&lat, 0.999));
+    let (p50, p99, p999) =
+        (lat.percentile_us(0.5), lat.percentile_us(0.99), lat.percentile_us(0.999));
     eprintln!(
         "one thread: {qps_one:.0} queries/s, p50 {p50:.2} us, p99 {p99:.2} us, p99.9 {p999:.2} us, {results} results"
     );

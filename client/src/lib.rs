@@ -22,6 +22,7 @@
 //! # Ok(()) }
 //! ```
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 use std::time::Duration;
 

@@ -14,8 +14,6 @@
 //! 4. [`index`]: the exact, updatable in-memory index over documents (id, fingerprint,
 //!    timestamp), with a write buffer, immutable runs and merges.
 //! 5. [`cluster`]: duplicate clusters and the original of each, from near-duplicate pairs.
-//! 6. [`jaccard`] and [`quality`]: the exact word-shingle Jaccard ground truth and the
-//!    precision and recall of detection against it.
 //!
 //! ```
 //! use neardup_core::{Doc, Index, IndexConfig};
@@ -34,9 +32,7 @@ pub mod design;
 pub mod error;
 pub mod fingerprint;
 pub mod index;
-pub mod jaccard;
 pub mod permute;
-pub mod quality;
 pub mod util;
 
 pub use design::Design;

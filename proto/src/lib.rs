@@ -11,6 +11,7 @@
 //!
 //! Versioning rules are in `proto/VERSIONING.md`: within `v1`, additive changes only.
 #![deny(missing_docs)]
+#![forbid(unsafe_code)]
 
 pub mod codec;
 

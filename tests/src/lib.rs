@@ -27,6 +27,19 @@ pub fn binary() -> PathBuf {
         })
 }
 
+/// The `neardup-bench` measurement program under test (set by cargo for this package's
+/// tests, or given).
+pub fn bench_binary() -> PathBuf {
+    std::env::var_os("NEARDUP_TEST_BENCH_BINARY")
+        .map(PathBuf::from)
+        .or_else(|| option_env!("CARGO_BIN_EXE_neardup-bench-node").map(PathBuf::from))
+        .unwrap_or_else(|| {
+            // Integration tests of this package: the binary sits next to the deps folder.
+            let exe = std::env::current_exe().expect("the test's path");
+            exe.parent().and_then(Path::parent).expect("target dir").join("neardup-bench-node")
+        })
+}
+
 /// A free port on 127.0.0.1 (bound and released; the server binds it right after).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -166,4 +179,14 @@ pub fn has_python_grpc() -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
+}
+
+/// Runs `neardup-bench` to completion.
+pub fn run_bench(args: &[&str]) -> Output {
+    Command::new(bench_binary())
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the neardup-bench binary")
 }

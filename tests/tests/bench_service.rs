@@ -1,13 +1,15 @@
-//! `neardup bench service` end to end on a small index: every phase runs against a real
+//! `neardup-bench service` end to end on a small index: every phase runs against a real
 //! server process and reports what it did, the floors included.
 
-use neardup_tests::run;
+use neardup_tests::{binary, run_bench};
 
 #[test]
 fn the_service_benchmark_runs_every_phase_and_reports_the_floors() {
-    let out = run(&[
-        "bench",
+    let neardup = binary();
+    let out = run_bench(&[
         "service",
+        "--neardup",
+        neardup.to_str().unwrap(),
         "--n",
         "3000",
         "--queries",

@@ -37,6 +37,7 @@ fn unusable_data_directories_are_refused_at_start() {
     assert!(e.contains("full") && e.contains("bytes free"), "{e}");
 
     // Unwritable: permissions (root ignores them, so only checked as another user).
+    // SAFETY: geteuid(2) takes nothing and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         use std::os::unix::fs::PermissionsExt;
         let ro = dir.path().join("read-only");

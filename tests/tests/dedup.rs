@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use common::*;
 use neardup_core::cluster::{DocTime, NearPair, Rule, cluster};
 use neardup_core::fingerprint::{FingerprintConfig, Fingerprinter};
-use neardup_core::jaccard::jaccard;
 use neardup_core::util::hamming;
+use neardup_dedup::jaccard::jaccard;
 
 /// The expected output of dedup computed the slow way: every pair of documents compared,
 /// the core clustering run on the full pair graph.

@@ -1,4 +1,4 @@
-//! `eval` end to end: the report against brute force on a generated corpus, and on the real
+//! `neardup-bench eval` end to end: the report against brute force on a generated corpus, and on the real
 //! evaluation slice when CI provides it.
 //!
 //! `NEARDUP_EVAL_SMALL` names the small slice built by `scripts/build-eval-set --small`;
@@ -9,8 +9,8 @@ use dedup_common as common;
 
 use common::*;
 use neardup_core::fingerprint::{FingerprintConfig, Fingerprinter};
-use neardup_core::jaccard::brute_force_join;
 use neardup_core::util::hamming;
+use neardup_dedup::jaccard::brute_force_join;
 
 fn report(dir: &std::path::Path) -> serde_json::Value {
     serde_json::from_slice(&std::fs::read(dir.join("report.json")).expect("report.json"))
@@ -30,17 +30,14 @@ fn eval_matches_brute_force_on_a_generated_corpus() {
     let corpus = dir.path("corpus.jsonl");
     write_jsonl(&corpus, &pages);
     let out_dir = dir.path("out");
-    let out = run_ok(
-        &[
-            "eval",
-            corpus.to_str().unwrap(),
-            "--out",
-            out_dir.to_str().unwrap(),
-            "--verify-at",
-            "8:0.8,12:0.9",
-        ],
-        None,
-    );
+    let out = run_bench_ok(&[
+        "eval",
+        corpus.to_str().unwrap(),
+        "--out",
+        out_dir.to_str().unwrap(),
+        "--verify-at",
+        "8:0.8,12:0.9",
+    ]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("pair P"), "{stdout}");
     let r = report(&out_dir);
@@ -106,18 +103,15 @@ fn eval_matches_brute_force_on_a_generated_corpus() {
 
     // IDF weights learnt from the corpus: same truth, other fingerprints.
     let idf_dir = dir.path("idf");
-    run_ok(
-        &[
-            "eval",
-            corpus.to_str().unwrap(),
-            "--out",
-            idf_dir.to_str().unwrap(),
-            "--idf",
-            "--no-plots",
-            "-q",
-        ],
-        None,
-    );
+    run_bench_ok(&[
+        "eval",
+        corpus.to_str().unwrap(),
+        "--out",
+        idf_dir.to_str().unwrap(),
+        "--idf",
+        "--no-plots",
+        "-q",
+    ]);
     let ri = report(&idf_dir);
     assert_eq!(ri["truth"], r["truth"]);
     assert_eq!(ri["fingerprint"]["idf"]["documents"], pages.len());
@@ -137,7 +131,7 @@ fn eval_on_the_real_small_slice_when_provided() {
     assert!(path.is_file(), "NEARDUP_EVAL_SMALL={} does not exist", path.display());
     let dir = TempDir::new("eval-real");
     let out_dir = dir.path("out");
-    run_ok(&["eval", path.to_str().unwrap(), "--out", out_dir.to_str().unwrap(), "-q"], None);
+    run_bench_ok(&["eval", path.to_str().unwrap(), "--out", out_dir.to_str().unwrap(), "-q"]);
     let r = report(&out_dir);
     let docs = r["documents"].as_u64().unwrap();
     assert!(docs > 4000, "the small slice has about 5,400 documents, found {docs}");

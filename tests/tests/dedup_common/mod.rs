@@ -32,7 +32,16 @@ pub fn run(args: &[&str], stdin: Option<&[u8]>) -> Output {
 
 /// Like [`run`], failing the test with stderr when the exit status is not 0.
 pub fn run_ok(args: &[&str], stdin: Option<&[u8]>) -> Output {
-    let out = run(args, stdin);
+    succeeded(args, run(args, stdin))
+}
+
+/// Runs the measurement program `neardup-bench <args>` (see `neardup_tests::bench_binary`),
+/// failing the test with stderr when the exit status is not 0.
+pub fn run_bench_ok(args: &[&str]) -> Output {
+    succeeded(args, neardup_tests::run_bench(args))
+}
+
+fn succeeded(args: &[&str], out: Output) -> Output {
     assert!(
         out.status.success(),
         "{args:?} failed: {}\n{}",

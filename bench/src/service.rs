@@ -1,0 +1,605 @@
+//! `neardup-bench service`: the gRPC service measured on loopback, with the in-process
+//! index measured in the same run as the baseline.
+//!
+//! It starts `neardup serve` (the binary given with `--neardup`, by default the `neardup`
+//! next to this program, else the one on `PATH`) as a child process on 127.0.0.1 with a
+//! fresh data directory,
+//! then, in order:
+//! 1. durable streaming inserts of `--n` generated documents (several streams at once);
+//! 2. waits for background merges to settle;
+//! 3. the in-process index over the same documents: one thread and all threads;
+//! 4. unary Query latency at each `--rates` value, open loop (see [`crate::load`]), with two
+//!    floors at the same rate in interleaved one-second slices: a gRPC Health check (the
+//!    stack with no index work) and a plain loopback TCP echo (the machine itself);
+//! 5. QueryBatch throughput over several streams;
+//! 6. mixed load: unary queries at a fixed rate while new documents stream in;
+//! 7. restart: SIGTERM (drain, checkpoint) and start again, then `kill -9` during inserts and
+//!    start again; each timed from the start of the process to health SERVING.
+//!
+//! Every phase is bounded in count and time. The last line of stdout is one JSON object.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use neardup_client::{Client, ClientOptions, Document, Target, doc};
+use neardup_core::index::QueryScratch;
+use neardup_core::util::SplitMix64;
+use neardup_core::{Design, Doc, Index, IndexConfig};
+use neardup_proto::v1::InsertRequest;
+use serde_json::{Value, json};
+
+use crate::load::{Kind, Load, stall_probe};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+
+/// Options of `neardup-bench service`.
+#[derive(Debug, clap::Args)]
+pub struct ServiceArgs {
+    /// Documents stored.
+    #[arg(long, default_value_t = 1_000_000)]
+    n: usize,
+    /// Distinct queries generated (reused round-robin by every phase).
+    #[arg(long, default_value_t = 200_000)]
+    queries: usize,
+    /// Hamming distance.
+    #[arg(long, default_value_t = 3)]
+    k: u32,
+    /// Table design of the server and the baseline.
+    #[arg(long, default_value = "paper-10")]
+    design: String,
+    /// Block size of the server's and the baseline's tables (the service's default).
+    #[arg(long, default_value_t = neardup_cli::config::SERVICE_BLOCK_BYTES)]
+    block_bytes: usize,
+    /// Offered rates (queries/s) for the unary latency phase.
+    #[arg(long, value_delimiter = ',', default_value = "1000,5000,10000")]
+    rates: Vec<u64>,
+    /// Seconds per rate (and for the mixed phase).
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// Concurrent insert streams.
+    #[arg(long, default_value_t = 4)]
+    insert_streams: usize,
+    /// Documents per insert message.
+    #[arg(long, default_value_t = 2000)]
+    insert_batch: usize,
+    /// Queries per QueryBatch message.
+    #[arg(long, default_value_t = 1000)]
+    query_batch: usize,
+    /// Concurrent QueryBatch streams.
+    #[arg(long, default_value_t = 2)]
+    batch_streams: usize,
+    /// Queries sent through QueryBatch in all.
+    #[arg(long, default_value_t = 2_000_000)]
+    batch_queries: usize,
+    /// Unary rate of the mixed phase.
+    #[arg(long, default_value_t = 5000)]
+    mixed_rate: u64,
+    /// Documents per second streamed in during the mixed phase.
+    #[arg(long, default_value_t = 20_000)]
+    mixed_insert_rate: u64,
+    /// Data directory for the server (removed first) [default: a fresh temporary one].
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Seed of the generated workload.
+    #[arg(long, default_value_t = 20070508)]
+    seed: u64,
+    /// Extra `--set key=value` settings for the server (repeatable).
+    #[arg(long = "server-set")]
+    server_set: Vec<String>,
+    /// The `neardup` binary to start as the server [default: `neardup` next to this
+    /// program, else the one on PATH].
+    #[arg(long, value_name = "FILE")]
+    neardup: Option<PathBuf>,
+}
+
+impl ServiceArgs {
+    /// The `neardup` binary the server runs.
+    fn neardup(&self) -> PathBuf {
+        if let Some(path) = &self.neardup {
+            return path.clone();
+        }
+        std::env::current_exe()
+            .ok()
+            .and_then(|exe| Some(exe.parent()?.join("neardup")))
+            .filter(|p| p.is_file())
+            .unwrap_or_else(|| PathBuf::from("neardup"))
+    }
+}
+
+/// The generated workload: stored fingerprints (id = position) and queries.
+struct Workload {
+    stored: Vec<u64>,
+    queries: Vec<u64>,
+}
+
+fn workload(n: usize, q: usize, seed: u64) -> Workload {
+    let mut r = SplitMix64::new(seed);
+    let mut stored: Vec<u64> = (0..n).map(|_| r.next_u64()).collect();
+    for _ in 0..n / 100 {
+        let (dst, src) = (r.below(n as u64) as usize, r.below(n as u64) as usize);
+        let flips = 1 + r.below(3) as u32;
+        stored[dst] = r.flip_bits(stored[src], flips);
+    }
+    let queries = (0..q)
+        .map(|i| {
+            if i % 2 == 0 {
+                let s = stored[r.below(n as u64) as usize];
+                let flips = r.below(4) as u32;
+                r.flip_bits(s, flips)
+            } else {
+                r.next_u64()
+            }
+        })
+        .collect();
+    Workload { stored, queries }
+}
+
+fn name(i: usize) -> String {
+    format!("https://bench.example/page/{i}")
+}
+
+/// The server under test, a child process.
+struct ServerProcess {
+    child: Child,
+    addr: String,
+}
+
+fn free_port() -> Result<u16, String> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+impl ServerProcess {
+    fn start(data: &std::path::Path, port: u16, args: &ServiceArgs) -> Result<Self, String> {
+        let exe = args.neardup();
+        let addr = format!("127.0.0.1:{port}");
+        let mut cmd = Command::new(&exe);
+        cmd.args(["serve", "--data"]).arg(data).args(["--listen", &addr, "--metrics-listen", ""]);
+        cmd.args(["--design", &args.design]);
+        cmd.args(["--set", &format!("index.block_bytes={}", args.block_bytes)]);
+        // Compact as soon as the loading stops, so the measured phases see one run and no
+        // background merge (later --server-set values override this).
+        cmd.args(["--set", "storage.compact_idle_secs=1"]);
+        for s in &args.server_set {
+            cmd.args(["--set", s]);
+        }
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::inherit());
+        cmd.env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()));
+        let child =
+            cmd.spawn().map_err(|e| format!("cannot start the server {}: {e}", exe.display()))?;
+        Ok(ServerProcess { child, addr })
+    }
+
+    /// Waits until health says SERVING; the time since `since`.
+    async fn wait_serving(&mut self, since: Instant, limit: Duration) -> Result<f64, String> {
+        use tonic_health::pb::HealthCheckRequest;
+        use tonic_health::pb::health_check_response::ServingStatus;
+        use tonic_health::pb::health_client::HealthClient;
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!("the server exited early: {status}"));
+            }
+            let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))
+                .map_err(|e| e.to_string())?;
+            if let Ok(channel) = endpoint.connect().await {
+                let mut c = HealthClient::new(channel);
+                let req = HealthCheckRequest { service: String::new() };
+                if let Ok(r) = c.check(req).await
+                    && r.get_ref().status == ServingStatus::Serving as i32
+                {
+                    return Ok(since.elapsed().as_secs_f64());
+                }
+            }
+            if Instant::now() > deadline {
+                return Err("the server did not become healthy in time".into());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as i32, sig);
+        }
+    }
+
+    /// SIGTERM and wait; the seconds it took to exit.
+    fn stop(mut self) -> Result<f64, String> {
+        let t = Instant::now();
+        self.signal(libc::SIGTERM);
+        let status = self.child.wait().map_err(|e| e.to_string())?;
+        if !status.success() {
+            return Err(format!("the server exited with {status}"));
+        }
+        Ok(t.elapsed().as_secs_f64())
+    }
+
+    fn kill9(mut self) {
+        self.signal(libc::SIGKILL);
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Streams documents `range` over `streams` concurrent InsertStream calls at most `rate`
+/// documents/s (0: as fast as possible); returns documents acknowledged.
+async fn insert_range(
+    client: &Client,
+    fps: Arc<Vec<u64>>,
+    range: std::ops::Range<usize>,
+    streams: usize,
+    batch: usize,
+    rate: u64,
+) -> Result<u64, String> {
+    let per = range.len().div_ceil(streams.max(1));
+    let mut tasks = Vec::new();
+    for s in 0..streams.max(1) {
+        let lo = range.start + s * per;
+        let hi = (lo + per).min(range.end);
+        if lo >= hi {
+            continue;
+        }
+        let client = client.clone();
+        let fps = fps.clone();
+        let rate_each = rate / streams.max(1) as u64;
+        tasks.push(tokio::spawn(async move {
+            let (tx, rx) = mpsc::channel::<InsertRequest>(4);
+            let producer = tokio::spawn(async move {
+                let start = Instant::now();
+                let mut sent = 0u64;
+                for chunk_start in (lo..hi).step_by(batch) {
+                    let chunk_end = (chunk_start + batch).min(hi);
+                    let documents: Vec<Document> =
+                        (chunk_start..chunk_end).map(|i| doc(name(i), fps[i], i as i64)).collect();
+                    sent += documents.len() as u64;
+                    if tx.send(InsertRequest { documents }).await.is_err() {
+                        return;
+                    }
+                    if rate_each > 0 {
+                        let due = start + Duration::from_secs_f64(sent as f64 / rate_each as f64);
+                        tokio::time::sleep_until(due.into()).await;
+                    }
+                }
+            });
+            let mut rpc = client.raw();
+            let mut req = tonic::Request::new(ReceiverStream::new(rx));
+            req.set_timeout(Duration::from_secs(3600));
+            let r = rpc.insert_stream(req).await;
+            let _ = producer.await;
+            r.map(|r| r.into_inner().inserted).map_err(|e| e.to_string())
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.map_err(|e| e.to_string())??;
+    }
+    Ok(total)
+}
+
+/// Waits until the index is one run (the server compacts once writes stop; the benchmark
+/// starts it with a short idle time) or at least steady; the seconds it took.
+async fn settle(client: &Client, limit: Duration) -> Result<(f64, u64), String> {
+    let t = Instant::now();
+    let mut last = (u64::MAX, u64::MAX);
+    let mut steady = 0;
+    while t.elapsed() < limit {
+        let s = client.stats().await.map_err(|e| e.to_string())?;
+        let now = (s.runs, s.merges);
+        // One run, stored, is the end state (the server compacts and checkpoints when writes
+        // stop); otherwise wait until nothing is buffered, merging or pending and nothing has
+        // changed for 3 s.
+        if s.runs <= 1 && s.buffered == 0 && !s.checkpoint_pending {
+            return Ok((t.elapsed().as_secs_f64(), s.runs));
+        }
+        if now == last && s.buffered == 0 && !s.merging && !s.checkpoint_pending {
+            steady += 1;
+            if steady >= 6 {
+                return Ok((t.elapsed().as_secs_f64(), s.runs));
+            }
+        } else {
+            steady = 0;
+        }
+        last = now;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok((t.elapsed().as_secs_f64(), last.0))
+}
+
+/// Runs `neardup-bench service`.
+pub async fn run(args: ServiceArgs) -> Result<(), String> {
+    let design = Design::parse(&args.design).map_err(|e| e.to_string())?;
+    let tmp;
+    let data = match &args.data {
+        Some(d) => {
+            let _ = std::fs::remove_dir_all(d);
+            d.clone()
+        }
+        None => {
+            tmp = tempfile_dir()?;
+            tmp.clone()
+        }
+    };
+    eprintln!("generating {} documents and {} queries", args.n, args.queries);
+    let w = workload(args.n + 200_000, args.queries, args.seed);
+    let fps = Arc::new(w.stored);
+    let queries = Arc::new(w.queries);
+    let port = free_port()?;
+    let mut server = ServerProcess::start(&data, port, &args)?;
+    server.wait_serving(Instant::now(), Duration::from_secs(60)).await?;
+    let options = ClientOptions { timeout: Duration::from_secs(600), ..ClientOptions::default() };
+    let clients: Vec<Client> = futures_join(
+        // One connection per QueryBatch stream, up to four.
+        (0..args.batch_streams.clamp(1, 4))
+            .map(|_| Client::connect_with(&server.addr, options.clone()))
+            .collect(),
+    )
+    .await?;
+    let client = clients[0].clone();
+    let mut report = serde_json::Map::new();
+    report.insert("load_average_at_start".into(), json!(load_average()));
+    report.insert("n".into(), json!(args.n));
+    report.insert("k".into(), json!(args.k));
+    report.insert("design".into(), json!(design.to_string()));
+
+    // 1. Durable streaming inserts.
+    eprintln!("inserting {} documents over {} streams", args.n, args.insert_streams);
+    let t = Instant::now();
+    let inserted =
+        insert_range(&client, fps.clone(), 0..args.n, args.insert_streams, args.insert_batch, 0)
+            .await?;
+    let secs = t.elapsed().as_secs_f64();
+    report.insert(
+        "insert".into(),
+        json!({ "documents": inserted, "seconds": secs, "docs_per_second": inserted as f64 / secs }),
+    );
+    eprintln!("  {:.0} documents/s durable", inserted as f64 / secs);
+
+    // 2. Merges settle.
+    let (settle_secs, runs) = settle(&client, Duration::from_secs(600)).await?;
+    report.insert("settle".into(), json!({ "seconds": settle_secs, "runs": runs }));
+    let stats = client.stats().await.map_err(|e| e.to_string())?;
+    report.insert(
+        "server".into(),
+        json!({ "documents": stats.documents, "runs": stats.runs, "index_bytes": stats.index_bytes,
+                "disk_bytes": stats.disk_bytes, "wal_bytes": stats.wal_bytes }),
+    );
+
+    // 3. The in-process index, same documents, same design.
+    eprintln!("in-process baseline");
+    let baseline = {
+        let docs: Vec<Doc> = fps[..args.n]
+            .iter()
+            .enumerate()
+            .map(|(i, &fp)| Doc { id: i as u64, fp, ts: i as i64 })
+            .collect();
+        let config = IndexConfig {
+            design: design.clone(),
+            tables: neardup_core::codec::TableOptions {
+                block_bytes: args.block_bytes,
+                ..Default::default()
+            },
+            ..IndexConfig::default()
+        };
+        let index = Index::build(config, &docs).map_err(|e| e.to_string())?;
+        drop(docs);
+        let qs = &queries[..queries.len().min(200_000)];
+        let (mut scratch, mut out) = (QueryScratch::default(), Vec::new());
+        let t = Instant::now();
+        let mut results = 0usize;
+        for &q in qs {
+            index.query_into(q, args.k, &mut scratch, &mut out).map_err(|e| e.to_string())?;
+            results += out.len();
+        }
+        let one = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let r = index.query_batch(qs, args.k).map_err(|e| e.to_string())?;
+        let all = t.elapsed().as_secs_f64();
+        drop(r);
+        json!({
+            "runs": 1,
+            "us_per_query_one_thread": one * 1e6 / qs.len() as f64,
+            "qps_one_thread": qs.len() as f64 / one,
+            "qps_all_threads": qs.len() as f64 / all,
+            "results": results,
+        })
+    };
+    report.insert("in_process".into(), baseline.clone());
+
+    // 4. Unary latency, open loop, with the gRPC and machine floors in interleaved slices.
+    // First, how often this machine stalls a thread that never sleeps.
+    let probe =
+        tokio::task::spawn_blocking(|| stall_probe(3.0)).await.map_err(|e| e.to_string())?;
+    eprintln!(
+        "machine: {:.1} stalls over 1 ms a second, longest {:.1} ms (a spinning thread, 3 s)",
+        probe["stalls_over_1ms_per_second"].as_f64().unwrap_or(0.0),
+        probe["max_stall_ms"].as_f64().unwrap_or(0.0)
+    );
+    report.insert("machine_stalls".into(), probe);
+    let load = |rate, kinds| Load {
+        addr: server.addr.clone(),
+        queries: queries.clone(),
+        k: args.k,
+        rate,
+        seconds: args.seconds,
+        kinds,
+    };
+    let mut unary = Vec::new();
+    for &rate in &args.rates {
+        eprintln!(
+            "unary queries at {rate}/s for {} s (with Health and TCP echo, interleaved)",
+            args.seconds
+        );
+        let mut r = load(rate, vec![Kind::Query, Kind::Health, Kind::Echo]).measure().await?;
+        for kind in [Kind::Query, Kind::Health, Kind::Echo] {
+            let x = &r[kind.name()];
+            eprintln!(
+                "  {:<12} p50 {} us, p99 {} us, p999 {} us",
+                kind.name(),
+                x["p50_us"],
+                x["p99_us"],
+                x["p999_us"]
+            );
+        }
+        let mut entry = r.remove(Kind::Query.name()).unwrap_or_default();
+        entry["floor"] = Value::Object(r);
+        unary.push(entry);
+    }
+    report.insert("unary".into(), json!(unary));
+
+    // 5. QueryBatch throughput.
+    eprintln!("QueryBatch: {} queries over {} streams", args.batch_queries, args.batch_streams);
+    let per = args.batch_queries / args.batch_streams.max(1);
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for s in 0..args.batch_streams.max(1) {
+        let c = clients[s % clients.len()].clone();
+        let targets: Vec<Target> =
+            (0..per).map(|i| Target::Fingerprint(queries[(s * per + i) % queries.len()])).collect();
+        let (k, b) = (args.k, args.query_batch);
+        tasks.push(tokio::spawn(async move { c.query_all(&targets, Some(k), 100, b).await }));
+    }
+    let mut answered = 0usize;
+    let mut matched = 0usize;
+    for task in tasks {
+        let r = task.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+        answered += r.len();
+        matched += r.iter().map(|x| x.matches.len()).sum::<usize>();
+    }
+    let batch_secs = t.elapsed().as_secs_f64();
+    let batch_qps = answered as f64 / batch_secs;
+    eprintln!("  {batch_qps:.0} queries/s");
+    report.insert(
+        "query_batch".into(),
+        json!({ "queries": answered, "matches": matched, "seconds": batch_secs, "qps": batch_qps }),
+    );
+
+    // The gRPC cost per query against the in-process index, measured above.
+    let inproc_us = baseline["us_per_query_one_thread"].as_f64().unwrap_or(0.0);
+    let inproc_all = baseline["qps_all_threads"].as_f64().unwrap_or(1.0);
+    let unary_p50 = unary.first().and_then(|u| u["p50_us"].as_f64()).unwrap_or(0.0);
+    report.insert(
+        "grpc_cost".into(),
+        json!({
+            "unary_p50_minus_in_process_us": unary_p50 - inproc_us,
+            "batch_cpu_us_per_query": 2.0 * 1e6 * (1.0 / batch_qps - 1.0 / inproc_all),
+            "batch_qps_fraction_of_in_process": batch_qps / inproc_all,
+        }),
+    );
+
+    // 6. Mixed: unary reads at a fixed rate while documents stream in.
+    eprintln!(
+        "mixed: {} queries/s with {} documents/s streaming in, {} s",
+        args.mixed_rate, args.mixed_insert_rate, args.seconds
+    );
+    let extra = (args.mixed_insert_rate * args.seconds) as usize;
+    let extra = extra.min(fps.len() - args.n);
+    let writer = {
+        let c = client.clone();
+        let fps = fps.clone();
+        let (n, b, rate) = (args.n, args.insert_batch.min(500), args.mixed_insert_rate);
+        tokio::spawn(async move {
+            let t = Instant::now();
+            let r = insert_range(&c, fps, n..n + extra, 1, b, rate).await;
+            (r, t.elapsed().as_secs_f64())
+        })
+    };
+    let mut reads = load(args.mixed_rate, vec![Kind::Query]).measure().await?;
+    let reads = reads.remove(Kind::Query.name()).unwrap_or_default();
+    let (written, wsecs) = writer.await.map_err(|e| e.to_string())?;
+    let written = written?;
+    eprintln!(
+        "  reads p99 {} us; {:.0} documents/s written",
+        reads["p99_us"],
+        written as f64 / wsecs
+    );
+    report.insert(
+        "mixed".into(),
+        json!({ "reads": reads, "documents_written": written, "write_docs_per_second": written as f64 / wsecs }),
+    );
+
+    // 7. Restarts.
+    drop(clients);
+    drop(client);
+    eprintln!("restart after SIGTERM");
+    let stop_secs = server.stop()?;
+    let t = Instant::now();
+    let mut server = ServerProcess::start(&data, port, &args)?;
+    let clean = server.wait_serving(t, Duration::from_secs(600)).await?;
+    eprintln!("  {clean:.2} s to serving (shutdown took {stop_secs:.2} s)");
+    // A crash: kill -9 while documents stream in, then start again.
+    let c = Client::connect_with(&server.addr, options.clone()).await.map_err(|e| e.to_string())?;
+    let fps2 = fps.clone();
+    let n = args.n;
+    let crash_writer = tokio::spawn(async move {
+        insert_range(&c, fps2, n..n + 100_000.min(extra.max(1)), 2, 1000, 0).await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.kill9();
+    let _ = crash_writer.await;
+    eprintln!("restart after kill -9");
+    let t = Instant::now();
+    let mut server = ServerProcess::start(&data, port, &args)?;
+    let crash = server.wait_serving(t, Duration::from_secs(600)).await?;
+    eprintln!("  {crash:.2} s to serving");
+    report.insert(
+        "restart".into(),
+        json!({ "shutdown_seconds": stop_secs, "clean_seconds_to_serving": clean,
+                "after_kill9_seconds_to_serving": crash }),
+    );
+    server.stop()?;
+    report.insert("load_average_at_end".into(), json!(load_average()));
+    if args.data.is_none() {
+        let _ = std::fs::remove_dir_all(&data);
+    }
+    println!("{}", Value::Object(report));
+    Ok(())
+}
+
+/// Runs `neardup-bench service` on a multi-threaded tokio runtime of its own.
+pub fn main(args: ServiceArgs) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let result = runtime.block_on(run(args));
+    // Background threads must not keep a finished process alive.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    result
+}
+
+/// The 1-minute load average: other work on the machine skews every figure.
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|x| x.parse().ok()))
+        .unwrap_or(-1.0)
+}
+
+fn tempfile_dir() -> Result<PathBuf, String> {
+    let base = std::env::temp_dir().join(format!("neardup-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&base).map_err(|e| e.to_string())?;
+    Ok(base)
+}
+
+async fn futures_join<T, F>(futs: Vec<F>) -> Result<Vec<T>, String>
+where
+    F: std::future::Future<Output = Result<T, neardup_client::ClientError>>,
+{
+    let mut out = Vec::with_capacity(futs.len());
+    for f in futs {
+        out.push(f.await.map_err(|e| e.to_string())?);
+    }
+    Ok(out)
+}

@@ -1,0 +1,99 @@
+//! `neardup insert`: stores one document from flags, or many from JSON lines.
+
+use std::io::BufRead;
+
+use neardup_client::{Document, doc, text_doc};
+use serde_json::{Value, json};
+
+use crate::cmd::common::{self, ServerArgs, parse_fingerprint};
+use crate::error::CliError;
+
+/// Options of `neardup insert`.
+#[derive(Debug, clap::Args)]
+pub struct InsertArgs {
+    #[command(flatten)]
+    server: ServerArgs,
+    /// The document's id (typically its URL).
+    #[arg(long, required_unless_present = "jsonl")]
+    id: Option<String>,
+    /// Its fingerprint (0x-hex or decimal).
+    #[arg(long, value_parser = parse_fingerprint, conflicts_with_all = ["text", "jsonl"])]
+    fingerprint: Option<u64>,
+    /// Its text, for the server to fingerprint.
+    #[arg(long, conflicts_with = "jsonl")]
+    text: Option<String>,
+    /// Its timestamp, ms since the Unix epoch [default: now].
+    #[arg(long)]
+    timestamp_ms: Option<i64>,
+    /// Read documents from a JSON-lines file ("-": stdin), one object per line with `id`,
+    /// `fingerprint` (number or 0x-hex string) or `text`, and optional `timestamp_ms`.
+    #[arg(long)]
+    jsonl: Option<String>,
+    /// Documents per stream message.
+    #[arg(long, default_value_t = 1000)]
+    batch: usize,
+}
+
+fn parse_line(line: &str, n: usize) -> Result<Document, CliError> {
+    let bad = |reason: String| CliError::Input { line: n, reason };
+    let v: Value = serde_json::from_str(line).map_err(|e| bad(e.to_string()))?;
+    let id = v["id"].as_str().ok_or_else(|| bad("no string \"id\"".into()))?;
+    let ts = v["timestamp_ms"].as_i64().unwrap_or_else(common::now_ms);
+    match (&v["fingerprint"], &v["text"]) {
+        (Value::Number(x), Value::Null) => {
+            Ok(doc(id, x.as_u64().ok_or_else(|| bad("bad fingerprint".into()))?, ts))
+        }
+        (Value::String(s), Value::Null) => Ok(doc(id, parse_fingerprint(s).map_err(bad)?, ts)),
+        (Value::Null, Value::String(t)) => Ok(text_doc(id, t.clone(), ts)),
+        _ => Err(bad("exactly one of \"fingerprint\" and \"text\" is needed".into())),
+    }
+}
+
+/// Runs `neardup insert`.
+pub async fn run(args: InsertArgs) -> Result<(), CliError> {
+    let client = args.server.client().await?;
+    let ts = args.timestamp_ms.unwrap_or_else(common::now_ms);
+    let docs = match (&args.jsonl, &args.id) {
+        (Some(path), _) => {
+            let reader: Box<dyn BufRead> = if path == "-" {
+                Box::new(std::io::stdin().lock())
+            } else {
+                Box::new(std::io::BufReader::new(std::fs::File::open(path).map_err(|source| {
+                    CliError::File { action: "open", path: path.clone(), source }
+                })?))
+            };
+            let mut docs = Vec::new();
+            for (i, line) in reader.lines().enumerate() {
+                let line = line.map_err(|source| CliError::File {
+                    action: "read",
+                    path: path.clone(),
+                    source,
+                })?;
+                if !line.trim().is_empty() {
+                    docs.push(parse_line(&line, i + 1)?);
+                }
+            }
+            docs
+        }
+        (None, Some(id)) => match (args.fingerprint, &args.text) {
+            (Some(fp), None) => vec![doc(id.clone(), fp, ts)],
+            (None, Some(t)) => vec![text_doc(id.clone(), t.clone(), ts)],
+            _ => {
+                return Err(CliError::Usage("give exactly one of --fingerprint and --text".into()));
+            }
+        },
+        (None, None) => {
+            return Err(CliError::Usage(
+                "give --id (with --fingerprint or --text) or --jsonl".into(),
+            ));
+        }
+    };
+    let r = if docs.len() == 1 {
+        client.insert(docs).await
+    } else {
+        client.insert_all(&docs, args.batch).await
+    }
+    .map_err(|e| args.server.error(e))?;
+    common::print(&json!({ "inserted": r.inserted, "replaced": r.replaced }));
+    Ok(())
+}

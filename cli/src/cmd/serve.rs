@@ -1,0 +1,96 @@
+//! `neardup serve`: router, shard and storage in one process (embedded mode). The router
+//! reaches the shard through the same trait as over the network, with no network between.
+
+use std::sync::Arc;
+
+use neardup_router::{InProcess, Router, RpcMetrics, ShardHealth};
+use neardup_server::{Shard, ShardMetrics, ShardService, Status};
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+
+use crate::config::{Config, ConfigFlags};
+use crate::error::CliError;
+use crate::ops;
+
+/// Options of `neardup serve`.
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    flags: ConfigFlags,
+}
+
+/// The shard's status, as the router's view of its health.
+pub fn health_of(shard: &Shard) -> watch::Receiver<ShardHealth> {
+    let mut status = shard.watch_status();
+    let (tx, rx) = watch::channel(ShardHealth::NotServing("starting".into()));
+    tokio::spawn(async move {
+        loop {
+            let h = match &*status.borrow_and_update() {
+                Status::Serving => ShardHealth::Serving,
+                Status::Recovering => ShardHealth::NotServing("recovering".into()),
+                Status::Corrupt(m) => ShardHealth::NotServing(format!("corrupt tablet: {m}")),
+                Status::Failed(m) => ShardHealth::NotServing(format!("storage failed: {m}")),
+                Status::ShuttingDown => ShardHealth::NotServing("shutting down".into()),
+            };
+            tx.send_replace(h);
+            if status.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// Opens the shard and starts its recovery on a blocking thread.
+pub fn open_and_recover(config: &Config, metrics: ShardMetrics) -> Result<Arc<Shard>, CliError> {
+    let shard =
+        Shard::open(&config.data, config.shard_config()?, metrics).map_err(CliError::Start)?;
+    let s = shard.clone();
+    tokio::task::spawn_blocking(move || {
+        if let Err(e) = s.recover() {
+            tracing::error!(error = %e, "recovery failed; not serving");
+        }
+    });
+    Ok(shard)
+}
+
+/// Stops the shard (flush, checkpoint, sync) on a blocking thread.
+pub async fn shut_down(shard: Arc<Shard>) -> Result<(), CliError> {
+    tokio::task::spawn_blocking(move || shard.shutdown())
+        .await
+        .map_err(|e| CliError::Shutdown(e.to_string()))?
+        .map_err(|e| CliError::Shutdown(e.to_string()))
+}
+
+/// Runs `neardup serve`.
+pub async fn run(args: ServeArgs) -> Result<(), CliError> {
+    let config = Config::load(&args.flags, std::env::vars())?;
+    if !ops::start_role(args.flags.print_config, &config) {
+        return Ok(());
+    }
+    let listener = ops::bind(&config.listen, "gRPC").await?;
+    let shard_metrics = ShardMetrics::default();
+    let rpc_metrics = RpcMetrics::default();
+    let shard = open_and_recover(&config, shard_metrics.clone())?;
+    let mut registry = Registry::default();
+    shard_metrics.register(&mut registry);
+    rpc_metrics.register(&mut registry);
+    ops::serve_metrics(&config.metrics_listen, registry).await?;
+    let api = InProcess::new(ShardService::new(shard.clone()), health_of(&shard));
+    let router = Router::new(Arc::new(api), shard.max_k(), config.limits.clone(), rpc_metrics);
+    let address = listener.local_addr().map_err(|source| CliError::Listen {
+        what: "gRPC",
+        address: config.listen.clone(),
+        source,
+    })?;
+    tracing::info!(
+        address = %address,
+        data = %config.data.display(),
+        design = %config.index.design,
+        "neardup serving (embedded router and shard)"
+    );
+    neardup_router::server::serve(listener, router, ops::shutdown_signal())
+        .await
+        .map_err(|e| CliError::Serve(e.to_string()))?;
+    shut_down(shard).await
+}

@@ -1,0 +1,390 @@
+//! The service's configuration: defaults, then a TOML file, then the environment, then
+//! flags, each overriding the one before.
+//!
+//! - File: `--config FILE` or `NEARDUP_CONFIG`; its keys are those of [`Config`] (see
+//!   `docs/service.md` for the table of keys and defaults). Unknown keys are an error.
+//! - Environment: `NEARDUP_KEY` for a top-level key and `NEARDUP_SECTION__KEY` for a key in
+//!   a section (`NEARDUP_STORAGE__CACHE_MB=512`). Values are read as TOML scalars, or as
+//!   strings when they do not parse as one. Variables whose first part names no key or
+//!   section (`NEARDUP_SERVER`, the client's) are left alone; a wrong key inside a section
+//!   is an error.
+//! - Flags: the common ones by name (`--data`, `--listen`, `--metrics-listen`, `--design`),
+//!   any key with `--set section.key=value`.
+//!
+//! `neardup serve --print-config` prints the configuration in force and exits.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use neardup_core::codec::TableOptions;
+use neardup_core::{Design, IndexConfig};
+use neardup_router::Limits;
+use neardup_server::ShardConfig;
+use serde::{Deserialize, Serialize};
+
+use crate::error::CliError;
+
+/// The whole configuration; every field has a default.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Address of the public gRPC API (`serve`, `router`) or of the internal one (`shard`).
+    pub listen: String,
+    /// Data directory (`serve`, `shard`).
+    pub data: PathBuf,
+    /// Address of the Prometheus `/metrics` endpoint; empty: none.
+    pub metrics_listen: String,
+    /// Log format: `text` or `json` (filter with `RUST_LOG`).
+    pub log_format: String,
+    /// The index.
+    pub index: IndexSection,
+    /// Storage and maintenance.
+    pub storage: StorageSection,
+    /// Request limits.
+    pub limits: Limits,
+    /// The router role.
+    pub router: RouterSection,
+}
+
+/// `[index]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct IndexSection {
+    /// Table design: `paper-10`, `paper-4`, `paper-16`, `paper-20`, or a text like `5c2`.
+    pub design: String,
+    /// Documents in the write buffer before it becomes a run.
+    pub buffer_docs: usize,
+    /// Runs of one size merged at once.
+    pub merge_fanout: usize,
+    /// Past this many runs, the two smallest neighbours are merged (queries visit every
+    /// run).
+    pub max_runs: usize,
+    /// Huffman-XOR block size in bytes.
+    pub block_bytes: usize,
+    /// Block coding: `xor` (the paper's) or `gap` (about two bits a fingerprint smaller).
+    pub codec: String,
+    /// Tables in memory: `blocks` (Huffman-XOR) or `packed` (fixed-width low bits under a
+    /// top-bits directory: faster lookups; stored on disk as blocks all the same).
+    pub layout: String,
+}
+
+/// The service's block size. Small blocks: a query decodes a few values per table instead
+/// of half a 1 KiB block, about three times faster at 10M documents, for 11% more memory.
+pub const SERVICE_BLOCK_BYTES: usize = 128;
+
+/// `[storage]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct StorageSection {
+    /// The storage engine's page cache, MiB.
+    pub cache_mb: u64,
+    /// Refuse to start with less free disk than this, MiB.
+    pub min_free_mb: u64,
+    /// Write a checkpoint after this many logged operations.
+    pub checkpoint_ops: u64,
+    /// ... or this many seconds after the last one, when anything changed.
+    pub checkpoint_interval_secs: u64,
+    /// Snapshot documents (and truncate the log) when the log reaches this size, MiB.
+    pub snapshot_log_mb: u64,
+    /// Turn an idle write buffer into a run after this many milliseconds.
+    pub idle_flush_ms: u64,
+    /// Merge every run into one, and write a checkpoint, after this many seconds without
+    /// writes.
+    pub compact_idle_secs: u64,
+}
+
+/// `[router]`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RouterSection {
+    /// The shard node the `router` role sends to.
+    pub shard: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: "127.0.0.1:50051".into(),
+            data: PathBuf::from("./neardup-data"),
+            metrics_listen: "127.0.0.1:9464".into(),
+            log_format: "text".into(),
+            index: IndexSection::default(),
+            storage: StorageSection::default(),
+            limits: Limits::default(),
+            router: RouterSection::default(),
+        }
+    }
+}
+
+impl Default for IndexSection {
+    fn default() -> Self {
+        let c = IndexConfig::default();
+        IndexSection {
+            design: "paper-10".into(),
+            buffer_docs: c.buffer_docs,
+            merge_fanout: c.merge_fanout,
+            max_runs: c.max_runs,
+            block_bytes: SERVICE_BLOCK_BYTES,
+            codec: "xor".into(),
+            layout: "blocks".into(),
+        }
+    }
+}
+
+impl Default for StorageSection {
+    fn default() -> Self {
+        let s = ShardConfig::default();
+        StorageSection {
+            cache_mb: s.cache_bytes >> 20,
+            min_free_mb: s.min_free_bytes >> 20,
+            checkpoint_ops: s.checkpoint_ops,
+            checkpoint_interval_secs: s.checkpoint_interval.as_secs(),
+            snapshot_log_mb: s.snapshot_log_bytes >> 20,
+            idle_flush_ms: s.idle_flush.as_millis() as u64,
+            compact_idle_secs: s.compact_idle.as_secs(),
+        }
+    }
+}
+
+impl Default for RouterSection {
+    fn default() -> Self {
+        RouterSection { shard: "http://127.0.0.1:50061".into() }
+    }
+}
+
+/// Flags that override the file and the environment.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ConfigFlags {
+    /// Configuration file (TOML). Env: NEARDUP_CONFIG.
+    #[arg(long, env = "NEARDUP_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Data directory [default: ./neardup-data].
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Listen address [default: 127.0.0.1:50051].
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Prometheus /metrics address; "" for none [default: 127.0.0.1:9464].
+    #[arg(long)]
+    pub metrics_listen: Option<String>,
+    /// Table design [default: paper-10].
+    #[arg(long)]
+    pub design: Option<String>,
+    /// Any key, as section.key=value (repeatable).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Print the configuration in force and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+fn scalar(raw: &str) -> toml::Value {
+    match format!("v = {raw}").parse::<toml::Table>() {
+        Ok(mut t) => t.remove("v").unwrap_or_else(|| toml::Value::String(raw.into())),
+        Err(_) => toml::Value::String(raw.into()),
+    }
+}
+
+fn set_path(table: &mut toml::Table, path: &[&str], value: toml::Value) -> Result<(), String> {
+    match path {
+        [] => Err("empty key".into()),
+        [key] => {
+            table.insert(key.to_string(), value);
+            Ok(())
+        }
+        [section, rest @ ..] => {
+            let entry = table
+                .entry(section.to_string())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            match entry {
+                toml::Value::Table(t) => set_path(t, rest, value),
+                _ => Err(format!("{section} is not a section")),
+            }
+        }
+    }
+}
+
+impl Config {
+    /// Loads defaults < file < environment (`vars`) < flags.
+    pub fn load(
+        flags: &ConfigFlags,
+        vars: impl Iterator<Item = (String, String)>,
+    ) -> Result<Config, CliError> {
+        let table = match &flags.config {
+            Some(path) => std::fs::read_to_string(path)
+                .map_err(|source| CliError::File {
+                    action: "read config file",
+                    path: path.display().to_string(),
+                    source,
+                })?
+                .parse::<toml::Table>()
+                .map_err(|e| CliError::Config(format!("config file {}: {e}", path.display())))?,
+            None => toml::Table::new(),
+        };
+        Config::layer(table, flags, vars).map_err(CliError::Config)
+    }
+
+    /// The file's `table` < environment < flags, checked.
+    fn layer(
+        mut table: toml::Table,
+        flags: &ConfigFlags,
+        vars: impl Iterator<Item = (String, String)>,
+    ) -> Result<Config, String> {
+        // Only variables naming a key or section of the configuration apply: the NEARDUP_
+        // namespace is shared with the client (NEARDUP_SERVER) and with tools and tests. A
+        // wrong key inside a known section is still an error.
+        let known: toml::Table =
+            toml::from_str(&Config::default().to_toml()).map_err(|e| e.to_string())?;
+        for (k, v) in vars {
+            let Some(rest) = k.strip_prefix("NEARDUP_") else { continue };
+            let path: Vec<String> = rest.split("__").map(|p| p.to_ascii_lowercase()).collect();
+            if rest == "CONFIG" || !known.contains_key(&path[0]) {
+                continue;
+            }
+            let path: Vec<&str> = path.iter().map(String::as_str).collect();
+            set_path(&mut table, &path, scalar(&v)).map_err(|e| format!("{k}: {e}"))?;
+        }
+        let mut set = |key: &str, v: toml::Value| set_path(&mut table, &[key], v);
+        if let Some(d) = &flags.data {
+            set("data", toml::Value::String(d.display().to_string()))?;
+        }
+        if let Some(l) = &flags.listen {
+            set("listen", toml::Value::String(l.clone()))?;
+        }
+        if let Some(m) = &flags.metrics_listen {
+            set("metrics_listen", toml::Value::String(m.clone()))?;
+        }
+        if let Some(d) = &flags.design {
+            set_path(&mut table, &["index", "design"], toml::Value::String(d.clone()))?;
+        }
+        for kv in &flags.set {
+            let (k, v) =
+                kv.split_once('=').ok_or_else(|| format!("--set {kv}: expected KEY=VALUE"))?;
+            let path: Vec<&str> = k.split('.').collect();
+            set_path(&mut table, &path, scalar(v)).map_err(|e| format!("--set {kv}: {e}"))?;
+        }
+        let config: Config = toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| format!("configuration: {e}"))?;
+        config.check()?;
+        Ok(config)
+    }
+
+    /// Checks what deserialisation cannot.
+    fn check(&self) -> Result<(), String> {
+        if !matches!(self.log_format.as_str(), "text" | "json") {
+            return Err(format!("log_format = {:?}: expected text or json", self.log_format));
+        }
+        self.index_config_text()?.validate().map_err(|e| format!("[index]: {e}"))?;
+        Ok(())
+    }
+
+    /// The index configuration.
+    pub fn index_config(&self) -> Result<IndexConfig, CliError> {
+        self.index_config_text().map_err(CliError::Config)
+    }
+
+    fn index_config_text(&self) -> Result<IndexConfig, String> {
+        let design = Design::parse(&self.index.design)
+            .map_err(|e| format!("[index] design {:?}: {e}", self.index.design))?;
+        let codec = self.index.codec.parse().map_err(|e| format!("[index] codec: {e}"))?;
+        let layout = self.index.layout.parse().map_err(|e| format!("[index] layout: {e}"))?;
+        Ok(IndexConfig {
+            design,
+            tables: TableOptions {
+                block_bytes: self.index.block_bytes,
+                codec,
+                layout,
+                ..TableOptions::default()
+            },
+            buffer_docs: self.index.buffer_docs,
+            merge_fanout: self.index.merge_fanout,
+            max_runs: self.index.max_runs,
+            auto_merge: false,
+            ..IndexConfig::default()
+        })
+    }
+
+    /// The shard configuration.
+    pub fn shard_config(&self) -> Result<ShardConfig, CliError> {
+        let s = &self.storage;
+        Ok(ShardConfig {
+            index: self.index_config()?,
+            max_id_bytes: self.limits.max_id_bytes,
+            checkpoint_ops: s.checkpoint_ops,
+            checkpoint_interval: Duration::from_secs(s.checkpoint_interval_secs),
+            idle_flush: Duration::from_millis(s.idle_flush_ms),
+            compact_idle: Duration::from_secs(s.compact_idle_secs),
+            snapshot_log_bytes: s.snapshot_log_mb << 20,
+            cache_bytes: s.cache_mb << 20,
+            min_free_bytes: s.min_free_mb << 20,
+            ..ShardConfig::default()
+        })
+    }
+
+    /// The configuration as TOML.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("the configuration serialises")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_override_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("n.toml");
+        std::fs::write(
+            &file,
+            "listen = \"0.0.0.0:1\"\n[storage]\ncache_mb = 7\ncheckpoint_ops = 9\n",
+        )
+        .unwrap();
+        let flags = ConfigFlags {
+            config: Some(file),
+            listen: Some("127.0.0.1:2".into()),
+            set: vec!["index.buffer_docs=128".into()],
+            ..Default::default()
+        };
+        let env = vec![
+            ("NEARDUP_STORAGE__CACHE_MB".to_string(), "8".to_string()),
+            ("NEARDUP_LOG_FORMAT".to_string(), "json".to_string()),
+            ("OTHER".to_string(), "x".to_string()),
+            ("NEARDUP_SERVER".to_string(), "http://elsewhere:1".to_string()),
+            ("NEARDUP_EVAL_SMALL".to_string(), "/some/file".to_string()),
+        ];
+        let c = Config::load(&flags, env.into_iter()).unwrap();
+        assert_eq!(c.listen, "127.0.0.1:2", "flag over file");
+        assert_eq!(c.storage.cache_mb, 8, "env over file");
+        assert_eq!(c.storage.checkpoint_ops, 9, "file over default");
+        assert_eq!(c.log_format, "json");
+        assert_eq!(c.index.buffer_docs, 128);
+        assert_eq!(c.data, PathBuf::from("./neardup-data"), "default");
+        let round: Config = toml::from_str(&c.to_toml()).unwrap();
+        assert_eq!(round, c);
+    }
+
+    #[test]
+    fn the_deployed_file_holds_the_defaults() {
+        let text = include_str!("../../deploy/neardup.toml");
+        let deployed: Config = toml::from_str(text).unwrap();
+        let defaults = Config { data: PathBuf::from("/var/lib/neardup"), ..Config::default() };
+        assert_eq!(deployed, defaults, "deploy/neardup.toml must hold every default");
+    }
+
+    #[test]
+    fn mistakes_are_reported() {
+        let bad = |set: &str| {
+            let flags = ConfigFlags { set: vec![set.into()], ..Default::default() };
+            Config::load(&flags, std::iter::empty()).unwrap_err().to_string()
+        };
+        assert!(bad("storage.cache_mbb=1").contains("unknown field"));
+        assert!(bad("storage.cache_mb=many").contains("cache_mb"));
+        assert!(bad("index.design=7c9").contains("design"));
+        assert!(bad("log_format=xml").contains("log_format"));
+        let typo = vec![("NEARDUP_STORAGE__CACHE_MBB".to_string(), "1".to_string())];
+        let e = Config::load(&ConfigFlags::default(), typo.into_iter()).unwrap_err().to_string();
+        assert!(e.contains("unknown field"), "{e}");
+    }
+}
