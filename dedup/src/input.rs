@@ -336,8 +336,7 @@ pub(crate) fn read_all(
         };
         if let SourceKind::Doc(_) = source.kind {
             // stdin as one document.
-            let (n, bytes) = read_bounded(&mut reader, max, false, &mut copy)
-                .map_err(|e| DedupError::io("<stdin>", e))??;
+            let (n, bytes) = read_bounded(&mut reader, "<stdin>", max, false, &mut copy)?;
             stats.bytes += n;
             bytes_read.fetch_add(n, Relaxed);
             let this = seq;
@@ -349,8 +348,7 @@ pub(crate) fn read_all(
         } else {
             let mut line_no = 0u64;
             loop {
-                let (n, line) = read_bounded(&mut reader, max, true, &mut copy)
-                    .map_err(|e| DedupError::io(&source.display, e))??;
+                let (n, line) = read_bounded(&mut reader, &source.display, max, true, &mut copy)?;
                 if n == 0 {
                     break;
                 }
@@ -386,16 +384,17 @@ pub(crate) fn read_all(
 }
 
 /// Reads one line (`line`, ending at a newline or the end) or everything (`!line`) from
-/// `reader`, passing every byte read to `copy`, and keeping at most `max` bytes (not
-/// counting the line end): returns the bytes read and the line without its end, or
-/// [`SkipReason::TooLarge`] when it was longer (then only `max` + 2 bytes were ever held).
-#[allow(clippy::type_complexity)]
+/// `reader` (called `name` in errors), passing every byte read to `copy`, and keeping at
+/// most `max` bytes (not counting the line end): returns the bytes read and the line
+/// without its end, or [`SkipReason::TooLarge`] when it was longer (then only `max` + 2
+/// bytes were ever held).
 fn read_bounded(
     reader: &mut impl BufRead,
+    name: &str,
     max: u64,
     line: bool,
     copy: &mut impl FnMut(&[u8]) -> Result<(), DedupError>,
-) -> std::io::Result<Result<(u64, Result<Vec<u8>, SkipReason>), DedupError>> {
+) -> Result<(u64, Result<Vec<u8>, SkipReason>), DedupError> {
     let keep = usize::try_from(max).unwrap_or(usize::MAX).saturating_add(2);
     let mut out = Vec::new();
     let mut total = 0u64;
@@ -404,7 +403,7 @@ fn read_bounded(
         let buf = match reader.fill_buf() {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
+            Err(e) => return Err(DedupError::io(name, e)),
         };
         if buf.is_empty() {
             break;
@@ -413,9 +412,7 @@ fn read_bounded(
             Some(i) => (&buf[..=i], true),
             None => (buf, false),
         };
-        if let Err(e) = copy(chunk) {
-            return Ok(Err(e));
-        }
+        copy(chunk)?;
         if !over {
             if out.len() + chunk.len() > keep {
                 over = true;
@@ -437,9 +434,9 @@ fn read_bounded(
         }
     }
     if over || out.len() as u64 > max {
-        return Ok(Ok((total, Err(SkipReason::TooLarge { bytes: total, max }))));
+        return Ok((total, Err(SkipReason::TooLarge { bytes: total, max })));
     }
-    Ok(Ok((total, Ok(out))))
+    Ok((total, Ok(out)))
 }
 
 /// `Ok` when `p` is a regular file (or a link to one): decided from its metadata, before it
@@ -772,7 +769,7 @@ mod tests {
         };
         let mut lines = Vec::new();
         loop {
-            let (n, line) = read_bounded(&mut reader, 5, true, &mut copy).unwrap().unwrap();
+            let (n, line) = read_bounded(&mut reader, "t", 5, true, &mut copy).unwrap();
             if n == 0 {
                 break;
             }
@@ -790,7 +787,7 @@ mod tests {
         );
         assert_eq!(copied, input, "everything read is copied (the stdin spool)");
         let mut whole = &b"0123456789"[..];
-        let (n, doc) = read_bounded(&mut whole, 9, false, &mut |_| Ok(())).unwrap().unwrap();
+        let (n, doc) = read_bounded(&mut whole, "t", 9, false, &mut |_| Ok(())).unwrap();
         assert_eq!((n, doc.map_err(|e| e.key())), (10, Err("too_large")));
     }
 
