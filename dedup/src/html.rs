@@ -253,7 +253,7 @@ pub(crate) fn declared_encoding(bytes: &[u8]) -> Option<&'static encoding_rs::En
         }
         if rest.len() > 6
             && rest[..5].eq_ignore_ascii_case(b"<meta")
-            && matches!(rest[5], b' ' | b'\t' | b'\n' | b'\x0c' | b'\r' | b'/')
+            && (rest[5].is_ascii_whitespace() || rest[5] == b'/')
         {
             let (found, end) = meta_charset(b, i + 5);
             if found.is_some() {
@@ -268,7 +268,7 @@ pub(crate) fn declared_encoding(bytes: &[u8]) -> Option<&'static encoding_rs::En
         {
             // Another tag: skip its name and attributes (a quoted `>` does not end it).
             let mut j = i + 1;
-            while j < b.len() && !matches!(b[j], b' ' | b'\t' | b'\n' | b'\x0c' | b'\r' | b'>') {
+            while j < b.len() && !b[j].is_ascii_whitespace() && b[j] != b'>' {
                 j += 1;
             }
             while let Some((_, _, next)) = attribute(b, j) {
@@ -330,8 +330,7 @@ fn meta_charset(b: &[u8], mut i: usize) -> (Option<&'static encoding_rs::Encodin
 /// The standard's "get an attribute": from `i`, the next attribute's lower-cased name, its
 /// value and the position after it; `None` at the `>` that ends the tag or at the end.
 fn attribute(b: &[u8], mut i: usize) -> Option<(Vec<u8>, Vec<u8>, usize)> {
-    let space = |c: u8| matches!(c, b' ' | b'\t' | b'\n' | b'\x0c' | b'\r');
-    while i < b.len() && (space(b[i]) || b[i] == b'/') {
+    while i < b.len() && (b[i].is_ascii_whitespace() || b[i] == b'/') {
         i += 1;
     }
     if i >= b.len() || b[i] == b'>' {
@@ -343,20 +342,20 @@ fn attribute(b: &[u8], mut i: usize) -> Option<(Vec<u8>, Vec<u8>, usize)> {
         if c == b'=' && !name.is_empty() {
             break;
         }
-        if space(c) || c == b'/' || c == b'>' {
+        if c.is_ascii_whitespace() || c == b'/' || c == b'>' {
             break;
         }
         name.push(c.to_ascii_lowercase());
         i += 1;
     }
-    while i < b.len() && space(b[i]) {
+    while i < b.len() && b[i].is_ascii_whitespace() {
         i += 1;
     }
     if b.get(i) != Some(&b'=') {
         return Some((name, Vec::new(), i));
     }
     i += 1;
-    while i < b.len() && space(b[i]) {
+    while i < b.len() && b[i].is_ascii_whitespace() {
         i += 1;
     }
     let mut value = Vec::new();
@@ -367,7 +366,7 @@ fn attribute(b: &[u8], mut i: usize) -> Option<(Vec<u8>, Vec<u8>, usize)> {
             i = end + 1;
         }
         _ => {
-            while i < b.len() && !space(b[i]) && b[i] != b'>' {
+            while i < b.len() && !b[i].is_ascii_whitespace() && b[i] != b'>' {
                 value.push(b[i].to_ascii_lowercase());
                 i += 1;
             }
@@ -379,12 +378,11 @@ fn attribute(b: &[u8], mut i: usize) -> Option<(Vec<u8>, Vec<u8>, usize)> {
 /// The standard's "extract a character encoding from a meta element": the label after
 /// `charset=` in a `content` value (already lower-cased).
 fn charset_in_content(content: &[u8]) -> Option<&[u8]> {
-    let space = |c: &u8| matches!(c, b' ' | b'\t' | b'\n' | b'\x0c' | b'\r');
     let mut from = 0;
     loop {
         let at = from + memchr::memmem::find(&content[from..], b"charset")?;
         let mut i = at + 7;
-        while content.get(i).is_some_and(space) {
+        while content.get(i).is_some_and(u8::is_ascii_whitespace) {
             i += 1;
         }
         if content.get(i) != Some(&b'=') {
@@ -392,7 +390,7 @@ fn charset_in_content(content: &[u8]) -> Option<&[u8]> {
             continue;
         }
         i += 1;
-        while content.get(i).is_some_and(space) {
+        while content.get(i).is_some_and(u8::is_ascii_whitespace) {
             i += 1;
         }
         let rest = &content[i..];
@@ -402,7 +400,10 @@ fn charset_in_content(content: &[u8]) -> Option<&[u8]> {
                 Some(&rest[1..1 + end])
             }
             Some(_) => {
-                let end = rest.iter().position(|c| space(c) || *c == b';').unwrap_or(rest.len());
+                let end = rest
+                    .iter()
+                    .position(|c| c.is_ascii_whitespace() || *c == b';')
+                    .unwrap_or(rest.len());
                 Some(&rest[..end])
             }
             None => None,
