@@ -29,6 +29,7 @@ use rayon::prelude::*;
 
 use crate::clusters::{Assignments, DocKey, Edge, ExactGroups, assign, near_pairs};
 use crate::config::FingerprintArgs;
+use crate::decode::Found;
 use crate::error::{DedupError, SkipReason};
 use crate::input::{InputFormat, Inputs, SourceKind, read_all};
 use crate::output::{OutputFormat, Row, RowWriter};
@@ -42,6 +43,11 @@ pub const DEFAULT_VERIFY_K: u32 = 8;
 pub const DEFAULT_VERIFY_J: f64 = 0.9;
 /// Shingle size of the `--verify` Jaccard similarity (word 3-grams, as the ground truth).
 pub const VERIFY_NGRAM: usize = 3;
+/// The default `--max-doc-bytes`: 16 MiB, far above any web page's text, small enough that
+/// one worker per core holding one such document stays within a few hundred MB.
+pub const DEFAULT_MAX_DOC_BYTES: u64 = 16 << 20;
+/// Duplicate ids named one by one on stderr before the rest are only counted.
+const DUPLICATE_IDS_SHOWN: usize = 20;
 
 /// The clustering rule, as a command-line value (see `neardup_core::cluster`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -80,7 +86,12 @@ pub struct DedupArgs {
     /// reads JSONL from stdin. A JSONL record has `id` (a string or an integer), `text`, an
     /// optional `timestamp` (Unix seconds as a number, or RFC 3339 text such as
     /// 2024-05-01T12:00:00Z; documents without one come after all dated ones) and any other
-    /// fields, which are copied to the output. A document file's id is its path.
+    /// fields, which are copied to the output. A document file's id is its path; it is
+    /// read in the encoding its byte order mark or (for HTML) its `<meta charset>` declares,
+    /// else as UTF-8 when it is valid UTF-8, else in a guessed encoding (the summary counts
+    /// documents by encoding). Only regular files (and links to them) are read: FIFOs,
+    /// devices and sockets are skipped with a reason; links to directories are not followed.
+    /// Ids should be unique: one used again is warned about and counted.
     pub inputs: Vec<PathBuf>,
     /// How to read the inputs.
     #[arg(long, value_enum, default_value_t)]
@@ -109,9 +120,15 @@ pub struct DedupArgs {
     /// method; one pass, lower recall or precision).
     #[arg(long, conflicts_with = "verify")]
     pub no_verify: bool,
-    /// What to do with a bad document (broken JSON, no id or text, not UTF-8, empty).
+    /// What to do with a bad document (broken JSON, no id or text, too large, not a file,
+    /// empty).
     #[arg(long, value_enum, default_value_t)]
     pub on_error: OnError,
+    /// The largest document read, in bytes: a document file, a JSONL line, or stdin as one
+    /// document. A larger one is skipped (reported and counted) without being read into
+    /// memory.
+    #[arg(long, value_name = "BYTES", default_value_t = DEFAULT_MAX_DOC_BYTES)]
+    pub max_doc_bytes: u64,
     /// Also write the summary as JSON to this file.
     #[arg(long)]
     pub summary: Option<PathBuf>,
@@ -154,6 +171,7 @@ impl DedupArgs {
             verify: DEFAULT_VERIFY_J,
             no_verify: false,
             on_error: OnError::Skip,
+            max_doc_bytes: DEFAULT_MAX_DOC_BYTES,
             summary: None,
             skipped: None,
             keep_text: false,
@@ -189,8 +207,19 @@ pub struct Summary {
     /// With `--verify`: pairs whose Jaccard similarity reached J.
     pub confirmed_pairs: Option<usize>,
     /// Skipped documents by reason (`broken_json`, `missing_id`, `missing_text`,
-    /// `bad_field`, `not_utf8`, `empty`, `unreadable`).
+    /// `bad_field`, `too_large`, `not_a_file`, `empty`, `unreadable`).
     pub skipped: BTreeMap<String, usize>,
+    /// Documents read from document files (and stdin as a document), by the encoding they
+    /// were decoded from (`UTF-8`, `windows-1252`, `Shift_JIS`, `UTF-16LE`...). JSONL
+    /// records are UTF-8 JSON and not counted here.
+    pub encodings: BTreeMap<String, usize>,
+    /// Of those, documents whose encoding was guessed (no byte order mark, no declaration,
+    /// not UTF-8).
+    pub detected_encodings: usize,
+    /// Of those, documents with bytes invalid in their encoding (each became U+FFFD).
+    pub malformed_documents: usize,
+    /// Documents whose id an earlier document already had.
+    pub duplicate_ids: usize,
     /// Blank JSONL lines (not documents).
     pub blank_lines: u64,
     /// The k used.
@@ -211,6 +240,11 @@ impl Summary {
         self.skipped.values().sum()
     }
 
+    /// Documents decoded from an encoding other than UTF-8.
+    pub fn non_utf8_documents(&self) -> usize {
+        self.encodings.iter().filter(|(e, _)| *e != "UTF-8").map(|(_, n)| n).sum()
+    }
+
     /// The summary as a JSON object.
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
@@ -227,6 +261,11 @@ impl Summary {
             "skipped": self.skipped_total(),
             "skipped_by_reason": self.skipped,
             "blank_lines": self.blank_lines,
+            "encodings": self.encodings,
+            "non_utf8_documents": self.non_utf8_documents(),
+            "detected_encodings": self.detected_encodings,
+            "malformed_documents": self.malformed_documents,
+            "duplicate_ids": self.duplicate_ids,
             "k": self.k,
             "verify": self.verify,
             "rule": match self.rule {
@@ -266,6 +305,35 @@ impl std::fmt::Display for Summary {
             )?,
             _ => writeln!(f, "  pairs within k = {}:      {}", self.k, self.candidate_pairs)?,
         }
+        let other = self.non_utf8_documents();
+        if other > 0 {
+            let which: Vec<String> = self
+                .encodings
+                .iter()
+                .filter(|(e, _)| *e != "UTF-8")
+                .map(|(e, n)| format!("{e} {n}"))
+                .collect();
+            writeln!(
+                f,
+                "  decoded from other encodings: {other} ({}; {} guessed)",
+                which.join(", "),
+                self.detected_encodings
+            )?;
+        }
+        if self.malformed_documents > 0 {
+            writeln!(
+                f,
+                "  with undecodable bytes:   {} (each became U+FFFD)",
+                self.malformed_documents
+            )?;
+        }
+        if self.duplicate_ids > 0 {
+            writeln!(
+                f,
+                "  duplicate ids:            {} (documents whose id an earlier one has)",
+                self.duplicate_ids
+            )?;
+        }
         let skipped = self.skipped_total();
         if skipped == 0 {
             write!(f, "  skipped:                  0")
@@ -281,6 +349,71 @@ struct DocInfo {
     key: DocKey,
     source: u32,
     seq: u64,
+    /// Line in a JSONL source (0 for a document file), for messages.
+    line: u64,
+}
+
+/// An id as a value: the contents of a JSON string, or an integer's text. `"a"` and
+/// `"\u0061"` are the same id; `"1"` and `1` are not.
+fn id_key(id: &str) -> (bool, std::borrow::Cow<'_, str>) {
+    match id.strip_prefix('"').and_then(|s| s.strip_suffix('"')) {
+        Some(inner) if !inner.contains('\\') => (true, inner.into()),
+        Some(_) => (true, serde_json::from_str::<String>(id).map_or(id.into(), Into::into)),
+        None => (false, id.into()),
+    }
+}
+
+/// Warns on stderr about ids that more than one document has (each id once, the first
+/// [`DUPLICATE_IDS_SHOWN`] of them, with where they are) and returns how many documents
+/// have an id an earlier one had. Sorts 16-byte hashes rather than building a map of the
+/// ids, so that it costs little memory beside the ids.
+fn duplicate_ids(ids: &[Box<str>], location: impl Fn(usize) -> String) -> usize {
+    use xxhash_rust::xxh3::xxh3_64_with_seed;
+    let mut hashed: Vec<(u64, u32)> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            let (string, key) = id_key(id);
+            (xxh3_64_with_seed(key.as_bytes(), string as u64), i as u32)
+        })
+        .collect();
+    hashed.sort_unstable();
+    // Groups of documents with the same id, each in input order.
+    let mut groups: Vec<Vec<u32>> = Vec::new();
+    for run in hashed.chunk_by(|a, b| a.0 == b.0).filter(|r| r.len() > 1) {
+        let mut members: Vec<(std::borrow::Cow<'_, str>, bool, u32)> = run
+            .iter()
+            .map(|&(_, i)| {
+                let (string, key) = id_key(&ids[i as usize]);
+                (key, string, i)
+            })
+            .collect();
+        members.sort_unstable();
+        for same in members.chunk_by(|a, b| (&a.0, a.1) == (&b.0, b.1)).filter(|g| g.len() > 1) {
+            groups.push(same.iter().map(|m| m.2).collect());
+        }
+    }
+    groups.sort_unstable_by_key(|g| g[0]);
+    for g in groups.iter().take(DUPLICATE_IDS_SHOWN) {
+        let more = match g.len() - 2 {
+            0 => String::new(),
+            n => format!(" (and {n} more)"),
+        };
+        eprintln!(
+            "neardup: warning: duplicate id {} at {} and {}{more}",
+            ids[g[0] as usize],
+            location(g[0] as usize),
+            location(g[1] as usize)
+        );
+    }
+    if groups.len() > DUPLICATE_IDS_SHOWN {
+        eprintln!(
+            "neardup: warning: ... and {} more ids used more than once (the summary counts \
+             every document)",
+            groups.len() - DUPLICATE_IDS_SHOWN
+        );
+    }
+    groups.iter().map(|g| g.len() - 1).sum()
 }
 
 pub(crate) fn threads(arg: Option<usize>) -> usize {
@@ -343,7 +476,11 @@ pub fn run_dedup(args: DedupArgs) -> Result<Summary, DedupError> {
     if args.format == OutputFormat::Csv && args.keep_text {
         return Err(DedupError::Usage("--keep-text needs --format jsonl".into()));
     }
+    if args.max_doc_bytes == 0 {
+        return Err(DedupError::Usage("--max-doc-bytes 0: must be at least 1".into()));
+    }
     let mut inputs = Inputs::resolve(&args.inputs, args.input_format, args.html)?;
+    inputs.max_doc_bytes = args.max_doc_bytes;
     // Open the output first: a bad path should fail before the work.
     let sink: Box<dyn Write> = match &args.output {
         Some(p) => Box::new(std::fs::File::create(p).map_err(|e| DedupError::io(p.display(), e))?),
@@ -375,14 +512,27 @@ pub fn run_dedup(args: DedupArgs) -> Result<Summary, DedupError> {
     let input_bytes = scanned.stats.bytes;
     let mut ids: Vec<Box<str>> = Vec::with_capacity(scanned.docs.len());
     let mut docs: Vec<DocInfo> = Vec::with_capacity(scanned.docs.len());
+    let mut encodings: BTreeMap<String, usize> = BTreeMap::new();
+    let (mut detected_encodings, mut malformed_documents) = (0, 0);
     for a in scanned.docs {
+        if let Some(d) = a.decoding {
+            *encodings.entry(d.encoding.name().to_string()).or_default() += 1;
+            detected_encodings += usize::from(d.found == Found::Detected);
+            malformed_documents += usize::from(d.malformed);
+        }
         ids.push(a.id);
         docs.push(DocInfo {
             key: DocKey { fp: a.value.0, content_hash: a.value.1, timestamp: a.timestamp },
             source: a.source,
             seq: a.seq,
+            line: a.line,
         });
     }
+    let duplicate_ids = duplicate_ids(&ids, |i| {
+        let d = &docs[i];
+        let shown = &inputs.sources[d.source as usize].display;
+        if d.line > 0 { format!("{shown}:{}", d.line) } else { shown.clone() }
+    });
     let keys: Vec<DocKey> = docs.iter().map(|d| d.key).collect();
 
     // 2. Exact groups and the self-join over their representatives.
@@ -440,6 +590,10 @@ pub fn run_dedup(args: DedupArgs) -> Result<Summary, DedupError> {
         confirmed_pairs,
         skipped,
         blank_lines: scanned.stats.blank_lines,
+        encodings,
+        detected_encodings,
+        malformed_documents,
+        duplicate_ids,
         k,
         verify,
         rule: args.rule,
@@ -570,7 +724,7 @@ fn write_output(
             if next >= docs.len() || docs[next].seq != raw.seq {
                 return Err(DedupError::Usage("the input changed between passes".into()));
             }
-            let line = raw.bytes.as_ref().map_err(|e| DedupError::Usage(e.clone()))?;
+            let line = raw.bytes.as_ref().map_err(|e| DedupError::Usage(e.to_string()))?;
             w.row(&row(next), Some(line))?;
             next += 1;
             Ok(())

@@ -65,28 +65,37 @@ pub enum SkipReason {
     /// A field has the wrong type or value (`id` not a string or integer, `text` not a
     /// string, a timestamp that does not parse).
     BadField(String),
-    /// A document file is not valid UTF-8.
-    NotUtf8 {
-        /// Byte offset of the first invalid byte.
-        offset: usize,
+    /// The document is larger than `--max-doc-bytes` (a document file, a JSONL line, or
+    /// stdin as one document); it was not read into memory.
+    TooLarge {
+        /// Its size in bytes (a JSONL line with its line end; for a file that grew while it
+        /// was read, at least this).
+        bytes: u64,
+        /// The limit.
+        max: u64,
     },
+    /// A path in the input is not a regular file (a FIFO, a device, a socket, or a link to
+    /// one): it is not opened, since reading it could wait or go on forever.
+    NotAFile(&'static str),
     /// The document has no words or characters to fingerprint (empty, only spaces,
     /// punctuation, markup or emoji).
     Empty,
-    /// A document file could not be read.
+    /// A document file could not be read (the system's message, e.g. a link that leads
+    /// nowhere or round in a loop).
     Unreadable(String),
 }
 
 impl SkipReason {
     /// A short stable name for counting: `broken_json`, `missing_id`, `missing_text`,
-    /// `bad_field`, `not_utf8`, `empty`, `unreadable`.
+    /// `bad_field`, `too_large`, `not_a_file`, `empty`, `unreadable`.
     pub fn key(&self) -> &'static str {
         match self {
             SkipReason::BrokenJson(_) => "broken_json",
             SkipReason::MissingId => "missing_id",
             SkipReason::MissingText => "missing_text",
             SkipReason::BadField(_) => "bad_field",
-            SkipReason::NotUtf8 { .. } => "not_utf8",
+            SkipReason::TooLarge { .. } => "too_large",
+            SkipReason::NotAFile(_) => "not_a_file",
             SkipReason::Empty => "empty",
             SkipReason::Unreadable(_) => "unreadable",
         }
@@ -100,11 +109,46 @@ impl fmt::Display for SkipReason {
             SkipReason::MissingId => write!(f, "no \"id\" field"),
             SkipReason::MissingText => write!(f, "no \"text\" field"),
             SkipReason::BadField(e) => write!(f, "{e}"),
-            SkipReason::NotUtf8 { offset } => {
-                write!(f, "not UTF-8 text (invalid byte at offset {offset})")
+            SkipReason::TooLarge { bytes, max } => {
+                write!(f, "larger than --max-doc-bytes {max} ({bytes} bytes)")
             }
+            SkipReason::NotAFile(kind) => write!(f, "not a regular file ({kind})"),
             SkipReason::Empty => write!(f, "empty document: no words to fingerprint"),
             SkipReason::Unreadable(e) => write!(f, "cannot read: {e}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Messages are for people: the system's words, not Rust's `Debug` of an error.
+    #[test]
+    fn messages_show_no_rust_internals() {
+        let would_block = std::io::Error::from_raw_os_error(11);
+        let messages = [
+            DedupError::io("<stdin>", would_block).to_string(),
+            DedupError::io("x", std::io::Error::other("boom")).to_string(),
+            DedupError::BadInput {
+                location: "a.txt".into(),
+                reason: SkipReason::TooLarge { bytes: 20, max: 10 },
+            }
+            .to_string(),
+            SkipReason::NotAFile("a FIFO").to_string(),
+            SkipReason::Unreadable("Too many levels of symbolic links (os error 40)".into())
+                .to_string(),
+        ];
+        for m in &messages {
+            for internal in ["Os {", "kind:", "Some(", "Custom {", "code:"] {
+                assert!(!m.contains(internal), "{m}");
+            }
+        }
+        assert_eq!(messages[1], "x: boom");
+        assert_eq!(
+            messages[2],
+            "a.txt: larger than --max-doc-bytes 10 (20 bytes) (stopped: --on-error stop)"
+        );
+        assert_eq!(messages[3], "not a regular file (a FIFO)");
     }
 }

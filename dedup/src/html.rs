@@ -15,6 +15,9 @@
 //!   of Latin-1 plus the common typographic ones (`&amp;`, `&nbsp;`, `&mdash;`, `&euro;`,
 //!   ...); an unknown name is kept as it is written;
 //! * a `<` that does not start a tag stays text.
+//!
+//! It also finds the encoding a page declares ([`declared_encoding`]), which must be known
+//! before the page can be read as text at all.
 
 /// Whether `bytes` look like an HTML document: after leading whitespace (and a UTF-8 byte
 /// order mark) they start with `<!doctype html`, `<html`, `<head`, `<body` or `<!--`.
@@ -232,6 +235,182 @@ fn entity(html: &str, i: usize, out: &mut String) -> usize {
     }
 }
 
+/// The encoding a page declares in its first 1024 bytes: `<meta charset=...>` or `<meta
+/// http-equiv="Content-Type" content="...; charset=...">`, found as the HTML standard's
+/// prescan finds it (comments and other tags' attributes skipped, the first usable
+/// declaration wins; a declared UTF-16 means UTF-8 and `x-user-defined` windows-1252, as
+/// the standard says, since a page that can be read this way is not UTF-16). `None` when
+/// there is no declaration or its label is unknown.
+pub(crate) fn declared_encoding(bytes: &[u8]) -> Option<&'static encoding_rs::Encoding> {
+    let b = &bytes[..bytes.len().min(1024)];
+    let mut i = 0;
+    while i < b.len() {
+        let rest = &b[i..];
+        if rest.starts_with(b"<!--") {
+            // The dashes of `<!--` may end it (`<!-->`), as the standard has it.
+            i = find(b, i + 2, b"-->").map_or(b.len(), |e| e + 3);
+            continue;
+        }
+        if rest.len() > 6
+            && rest[..5].eq_ignore_ascii_case(b"<meta")
+            && (rest[5].is_ascii_whitespace() || rest[5] == b'/')
+        {
+            let (found, end) = meta_charset(b, i + 5);
+            if found.is_some() {
+                return found;
+            }
+            i = end;
+            continue;
+        }
+        let letter_at = |j: usize| b.get(j).is_some_and(u8::is_ascii_alphabetic);
+        if rest.starts_with(b"<")
+            && (letter_at(i + 1) || (rest.get(1) == Some(&b'/') && letter_at(i + 2)))
+        {
+            // Another tag: skip its name and attributes (a quoted `>` does not end it).
+            let mut j = i + 1;
+            while j < b.len() && !b[j].is_ascii_whitespace() && b[j] != b'>' {
+                j += 1;
+            }
+            while let Some((_, _, next)) = attribute(b, j) {
+                j = next;
+            }
+            i = j + 1;
+            continue;
+        }
+        if rest.starts_with(b"<!") || rest.starts_with(b"</") || rest.starts_with(b"<?") {
+            i = memchr::memchr(b'>', rest).map_or(b.len(), |e| i + e + 1);
+            continue;
+        }
+        i += 1;
+    }
+    None
+}
+
+/// The charset of the `<meta` element whose attributes start at `i`, and where it ends.
+fn meta_charset(b: &[u8], mut i: usize) -> (Option<&'static encoding_rs::Encoding>, usize) {
+    let mut got_pragma = false;
+    let mut need_pragma = None;
+    let mut charset = None;
+    let mut seen: Vec<Vec<u8>> = Vec::new();
+    while let Some((name, value, next)) = attribute(b, i) {
+        i = next;
+        if seen.contains(&name) {
+            continue;
+        }
+        match name.as_slice() {
+            b"http-equiv" => got_pragma |= value.eq_ignore_ascii_case(b"content-type"),
+            b"content" if charset.is_none() => {
+                if let Some(label) = charset_in_content(&value) {
+                    charset = encoding_rs::Encoding::for_label(label);
+                    need_pragma = Some(true);
+                }
+            }
+            b"charset" => {
+                charset = encoding_rs::Encoding::for_label(&value);
+                need_pragma = Some(false);
+            }
+            _ => {}
+        }
+        seen.push(name);
+    }
+    let found = match (need_pragma, charset) {
+        (Some(true), _) if !got_pragma => None,
+        (Some(_), Some(c)) => Some(if c == encoding_rs::UTF_16BE || c == encoding_rs::UTF_16LE {
+            encoding_rs::UTF_8
+        } else if c == encoding_rs::X_USER_DEFINED {
+            encoding_rs::WINDOWS_1252
+        } else {
+            c
+        }),
+        _ => None,
+    };
+    (found, i)
+}
+
+/// The standard's "get an attribute": from `i`, the next attribute's lower-cased name, its
+/// value and the position after it; `None` at the `>` that ends the tag or at the end.
+fn attribute(b: &[u8], mut i: usize) -> Option<(Vec<u8>, Vec<u8>, usize)> {
+    while i < b.len() && (b[i].is_ascii_whitespace() || b[i] == b'/') {
+        i += 1;
+    }
+    if i >= b.len() || b[i] == b'>' {
+        return None;
+    }
+    let mut name = Vec::new();
+    while i < b.len() {
+        let c = b[i];
+        if c == b'=' && !name.is_empty() {
+            break;
+        }
+        if c.is_ascii_whitespace() || c == b'/' || c == b'>' {
+            break;
+        }
+        name.push(c.to_ascii_lowercase());
+        i += 1;
+    }
+    while i < b.len() && b[i].is_ascii_whitespace() {
+        i += 1;
+    }
+    if b.get(i) != Some(&b'=') {
+        return Some((name, Vec::new(), i));
+    }
+    i += 1;
+    while i < b.len() && b[i].is_ascii_whitespace() {
+        i += 1;
+    }
+    let mut value = Vec::new();
+    match b.get(i) {
+        Some(&q @ (b'"' | b'\'')) => {
+            let end = memchr::memchr(q, &b[i + 1..]).map_or(b.len(), |e| i + 1 + e);
+            value.extend(b[i + 1..end].iter().map(u8::to_ascii_lowercase));
+            i = end + 1;
+        }
+        _ => {
+            while i < b.len() && !b[i].is_ascii_whitespace() && b[i] != b'>' {
+                value.push(b[i].to_ascii_lowercase());
+                i += 1;
+            }
+        }
+    }
+    Some((name, value, i.min(b.len())))
+}
+
+/// The standard's "extract a character encoding from a meta element": the label after
+/// `charset=` in a `content` value (already lower-cased).
+fn charset_in_content(content: &[u8]) -> Option<&[u8]> {
+    let mut from = 0;
+    loop {
+        let at = from + memchr::memmem::find(&content[from..], b"charset")?;
+        let mut i = at + 7;
+        while content.get(i).is_some_and(u8::is_ascii_whitespace) {
+            i += 1;
+        }
+        if content.get(i) != Some(&b'=') {
+            from = at + 7;
+            continue;
+        }
+        i += 1;
+        while content.get(i).is_some_and(u8::is_ascii_whitespace) {
+            i += 1;
+        }
+        let rest = &content[i..];
+        return match rest.first() {
+            Some(&q @ (b'"' | b'\'')) => {
+                let end = memchr::memchr(q, &rest[1..])?;
+                Some(&rest[1..1 + end])
+            }
+            Some(_) => {
+                let end = rest
+                    .iter()
+                    .position(|c| c.is_ascii_whitespace() || *c == b';')
+                    .unwrap_or(rest.len());
+                Some(&rest[..end])
+            }
+            None => None,
+        };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -278,6 +457,39 @@ mod tests {
         let page = "<p a='>'>x&amp;y<scr<script>a</scr ipt></script ><!-- -- >--><![CDATA[z]]>é&#x";
         for end in (0..=page.len()).filter(|&e| page.is_char_boundary(e)) {
             strip(&page[..end]);
+        }
+    }
+
+    #[test]
+    fn declared_encodings() {
+        let name = |page: &[u8]| declared_encoding(page).map(|e| e.name());
+        assert_eq!(name(b"<meta charset=\"ISO-8859-1\">"), Some("windows-1252"));
+        assert_eq!(name(b"<html><head><META CharSet=shift_jis>"), Some("Shift_JIS"));
+        assert_eq!(name(b"<meta charset='utf-16le'>"), Some("UTF-8"));
+        assert_eq!(name(b"<meta charset=x-user-defined>"), Some("windows-1252"));
+        assert_eq!(
+            name(b"<meta http-equiv=\"Content-Type\" content=\"text/html; charset=windows-1251\">"),
+            Some("windows-1251")
+        );
+        assert_eq!(
+            name(b"<meta content='text/html;charset=\"gbk\"' http-equiv=content-type>"),
+            Some("GBK")
+        );
+        // content without http-equiv is not a declaration; an unknown label is none.
+        assert_eq!(name(b"<meta content=\"text/html; charset=koi8-r\">"), None);
+        assert_eq!(name(b"<meta charset=no-such-thing>"), None);
+        // Comments and other tags' attributes are skipped; the first usable one wins.
+        assert_eq!(name(b"<!-- <meta charset=big5> --><meta charset=euc-kr>"), Some("EUC-KR"));
+        assert_eq!(name(b"<div title='<meta charset=big5>'><meta charset=koi8-r>"), Some("KOI8-R"));
+        assert_eq!(name(b"<meta name=x><meta charset=big5><meta charset=koi8-r>"), Some("Big5"));
+        // Only the first 1024 bytes count.
+        let mut late = vec![b' '; 1024];
+        late.extend_from_slice(b"<meta charset=big5>");
+        assert_eq!(name(&late), None);
+        // Cut anywhere, it does not panic.
+        let cut = b"<meta http-equiv=content-type content='charset=\"x\"'>";
+        for end in 0..=cut.len() {
+            let _ = declared_encoding(&cut[..end]);
         }
     }
 

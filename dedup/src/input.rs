@@ -1,5 +1,14 @@
 //! Reading documents: JSONL records, document files (plain text or HTML), or stdin.
 //!
+//! What is read is bounded: only regular files are opened (a FIFO would wait for a writer
+//! forever, a link to `/dev/zero` never ends), each checked before it is opened; a document
+//! file larger than `--max-doc-bytes` is not read, and a JSONL line longer than that is
+//! skipped over without being kept, so one huge record cannot take the memory of the run.
+//! Symbolic links to regular files are followed; links to directories are not (so a link
+//! loop cannot make a walk endless), and a link that leads nowhere, or round in a loop, is
+//! a document that cannot be read. Document files are decoded from their own encoding
+//! ([`crate::decode`]).
+//!
 //! Input is streamed. A reader thread cuts the input into raw records (a JSONL line or a
 //! whole document file) and hands them to the workers in bounded batches; parsing, tag
 //! stripping and fingerprinting happen on the workers ([`crate::pipeline`]). Nothing keeps a
@@ -19,6 +28,7 @@ use std::path::{Path, PathBuf};
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
+use crate::decode::{self, Decoding};
 use crate::error::{DedupError, SkipReason};
 use crate::html;
 use crate::timestamp;
@@ -98,11 +108,17 @@ pub(crate) struct Inputs {
     /// Treat the text of every document as HTML (`--html`).
     pub force_html: bool,
     pub spool: Option<Spool>,
+    /// The largest document read, in bytes (a document file, a JSONL line, stdin as one
+    /// document); larger ones are skipped as [`SkipReason::TooLarge`].
+    pub max_doc_bytes: u64,
 }
 
 impl Inputs {
     /// Resolves `paths` (files and directories; none or `-` for stdin). Directories are
     /// walked recursively in name order; symbolic links to directories are not followed.
+    /// Whether each file can be read (a regular file, not too large) is decided when it is
+    /// read. Documents are at most [`crate::dedup::DEFAULT_MAX_DOC_BYTES`] until
+    /// [`Inputs::max_doc_bytes`] is set.
     pub fn resolve(
         paths: &[PathBuf],
         format: InputFormat,
@@ -141,10 +157,15 @@ impl Inputs {
             if meta.is_dir() {
                 walk(p, format, &mut sources)?;
             } else {
-                sources.push(file_source(p, format, Some(meta.len())));
+                sources.push(file_source(p, format, Some(regular_len(&meta))));
             }
         }
-        Ok(Inputs { sources, force_html, spool: None })
+        Ok(Inputs {
+            sources,
+            force_html,
+            spool: None,
+            max_doc_bytes: crate::dedup::DEFAULT_MAX_DOC_BYTES,
+        })
     }
 
     /// Total bytes of the input files, when known (not for stdin).
@@ -156,6 +177,11 @@ impl Inputs {
     pub fn has_jsonl(&self) -> bool {
         self.sources.iter().any(|s| s.kind == SourceKind::Jsonl)
     }
+}
+
+/// The size of a regular file; 0 for anything else (it will not be read).
+fn regular_len(meta: &std::fs::Metadata) -> u64 {
+    if meta.is_file() { meta.len() } else { 0 }
 }
 
 fn file_source(p: &Path, format: InputFormat, size: Option<u64>) -> Source {
@@ -195,7 +221,7 @@ fn walk(dir: &Path, format: InputFormat, out: &mut Vec<Source>) -> Result<(), De
         if meta.is_dir() {
             walk(&p, format, out)?;
         } else {
-            out.push(file_source(&p, format, Some(meta.len())));
+            out.push(file_source(&p, format, Some(regular_len(&meta))));
         }
     }
     Ok(())
@@ -210,8 +236,8 @@ pub(crate) struct Raw {
     pub source: u32,
     /// Line number from 1 for JSONL, 0 for a document file.
     pub line: u64,
-    /// The line (without its end) or the file, or the read error of a file.
-    pub bytes: Result<Vec<u8>, String>,
+    /// The line (without its end) or the file, or why it was not read.
+    pub bytes: Result<Vec<u8>, SkipReason>,
 }
 
 impl Raw {
@@ -245,14 +271,35 @@ pub(crate) fn read_all(
     use std::sync::atomic::Ordering::Relaxed;
     let mut stats = ReadStats::default();
     let mut seq = 0u64;
+    let max = inputs.max_doc_bytes;
     for si in 0..inputs.sources.len() {
         let source = inputs.sources[si].clone();
         let mut spool_file = None;
         let reader: Box<dyn Read> = match &source.path {
             Some(p) => match source.kind {
-                SourceKind::Jsonl => {
-                    Box::new(File::open(p).map_err(|e| DedupError::io(&source.display, e))?)
-                }
+                SourceKind::Jsonl => match regular_file(p) {
+                    // A JSONL file that cannot be opened fails the run, as it always has.
+                    Ok(()) | Err(SkipReason::Unreadable(_)) => {
+                        Box::new(File::open(p).map_err(|e| DedupError::io(&source.display, e))?)
+                    }
+                    Err(reason) => {
+                        // Not a file to read lines from: one skipped record.
+                        let this = seq;
+                        seq += 1;
+                        stats.records += 1;
+                        if want(this)
+                            && !emit(Raw {
+                                seq: this,
+                                source: si as u32,
+                                line: 0,
+                                bytes: Err(reason),
+                            })
+                        {
+                            return Ok(stats);
+                        }
+                        continue;
+                    }
+                },
                 SourceKind::Doc(_) => {
                     // A document file: read whole (only when wanted); an error is this
                     // document's problem, reported by the worker.
@@ -262,7 +309,7 @@ pub(crate) fn read_all(
                     if !want(this) {
                         continue;
                     }
-                    let bytes = std::fs::read(p).map_err(|e| e.to_string());
+                    let bytes = read_document(p, max);
                     let n = bytes.as_ref().map_or(0, |b| b.len() as u64);
                     stats.bytes += n;
                     bytes_read.fetch_add(n, Relaxed);
@@ -281,59 +328,52 @@ pub(crate) fn read_all(
             }
         };
         let mut reader = BufReader::with_capacity(1 << 20, reader);
+        // What is read from stdin is copied to the spool, all of it (also what is skipped),
+        // so that later passes number the records the same way.
+        let mut copy = |chunk: &[u8]| match spool_file.as_mut() {
+            Some(f) => f.write_all(chunk).map_err(|e| DedupError::io("spool", e)),
+            None => Ok(()),
+        };
         if let SourceKind::Doc(_) = source.kind {
             // stdin as one document.
-            let mut bytes = Vec::new();
-            reader.read_to_end(&mut bytes).map_err(|e| DedupError::io("<stdin>", e))?;
-            if let Some(f) = spool_file.as_mut() {
-                f.write_all(&bytes)
-                    .and_then(|_| f.flush())
-                    .map_err(|e| DedupError::io("spool", e))?;
-            }
-            stats.bytes += bytes.len() as u64;
-            bytes_read.fetch_add(bytes.len() as u64, Relaxed);
+            let (n, bytes) = read_bounded(&mut reader, "<stdin>", max, false, &mut copy)?;
+            stats.bytes += n;
+            bytes_read.fetch_add(n, Relaxed);
             let this = seq;
             seq += 1;
             stats.records += 1;
-            if want(this) && !emit(Raw { seq: this, source: si as u32, line: 0, bytes: Ok(bytes) })
-            {
+            if want(this) && !emit(Raw { seq: this, source: si as u32, line: 0, bytes }) {
                 return Ok(stats);
             }
-            continue;
-        }
-        let mut line_no = 0u64;
-        loop {
-            let mut line = Vec::new();
-            let n = reader
-                .read_until(b'\n', &mut line)
-                .map_err(|e| DedupError::io(&source.display, e))?;
-            if n == 0 {
-                break;
-            }
-            if let Some(f) = spool_file.as_mut() {
-                f.write_all(&line).map_err(|e| DedupError::io("spool", e))?;
-            }
-            line_no += 1;
-            stats.bytes += n as u64;
-            bytes_read.fetch_add(n as u64, Relaxed);
-            while matches!(line.last(), Some(b'\n' | b'\r')) {
-                line.pop();
-            }
-            if line_no == 1 && line.starts_with(b"\xEF\xBB\xBF") {
-                // A UTF-8 byte order mark before the first record.
-                line.drain(..3);
-            }
-            if line.iter().all(u8::is_ascii_whitespace) {
-                stats.blank_lines += 1;
-                continue;
-            }
-            let this = seq;
-            seq += 1;
-            stats.records += 1;
-            if want(this)
-                && !emit(Raw { seq: this, source: si as u32, line: line_no, bytes: Ok(line) })
-            {
-                return Ok(stats);
+        } else {
+            let mut line_no = 0u64;
+            loop {
+                let (n, line) = read_bounded(&mut reader, &source.display, max, true, &mut copy)?;
+                if n == 0 {
+                    break;
+                }
+                line_no += 1;
+                stats.bytes += n;
+                bytes_read.fetch_add(n, Relaxed);
+                let line = line.map(|mut line| {
+                    if line_no == 1 && line.starts_with(b"\xEF\xBB\xBF") {
+                        // A UTF-8 byte order mark before the first record.
+                        line.drain(..3);
+                    }
+                    line
+                });
+                if line.as_ref().is_ok_and(|l| l.iter().all(u8::is_ascii_whitespace)) {
+                    stats.blank_lines += 1;
+                    continue;
+                }
+                let this = seq;
+                seq += 1;
+                stats.records += 1;
+                if want(this)
+                    && !emit(Raw { seq: this, source: si as u32, line: line_no, bytes: line })
+                {
+                    return Ok(stats);
+                }
             }
         }
         if let Some(mut f) = spool_file {
@@ -341,6 +381,110 @@ pub(crate) fn read_all(
         }
     }
     Ok(stats)
+}
+
+/// Reads one line (`line`, ending at a newline or the end) or everything (`!line`) from
+/// `reader` (called `name` in errors), passing every byte read to `copy`, and keeping at
+/// most `max` bytes (not counting the line end): returns the bytes read and the line
+/// without its end, or [`SkipReason::TooLarge`] when it was longer (then only `max` + 2
+/// bytes were ever held).
+fn read_bounded(
+    reader: &mut impl BufRead,
+    name: &str,
+    max: u64,
+    line: bool,
+    copy: &mut impl FnMut(&[u8]) -> Result<(), DedupError>,
+) -> Result<(u64, Result<Vec<u8>, SkipReason>), DedupError> {
+    let keep = usize::try_from(max).unwrap_or(usize::MAX).saturating_add(2);
+    let mut out = Vec::new();
+    let mut total = 0u64;
+    let mut over = false;
+    loop {
+        let buf = match reader.fill_buf() {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(DedupError::io(name, e)),
+        };
+        if buf.is_empty() {
+            break;
+        }
+        let (chunk, done) = match line.then(|| memchr::memchr(b'\n', buf)).flatten() {
+            Some(i) => (&buf[..=i], true),
+            None => (buf, false),
+        };
+        copy(chunk)?;
+        if !over {
+            if out.len() + chunk.len() > keep {
+                over = true;
+                out = Vec::new();
+            } else {
+                out.extend_from_slice(chunk);
+            }
+        }
+        let n = chunk.len();
+        total += n as u64;
+        reader.consume(n);
+        if done {
+            break;
+        }
+    }
+    if line {
+        while matches!(out.last(), Some(b'\n' | b'\r')) {
+            out.pop();
+        }
+    }
+    if over || out.len() as u64 > max {
+        return Ok((total, Err(SkipReason::TooLarge { bytes: total, max })));
+    }
+    Ok((total, Ok(out)))
+}
+
+/// `Ok` when `p` is a regular file (or a link to one): decided from its metadata, before it
+/// is opened, since opening a FIFO waits for a writer.
+fn regular_file(p: &Path) -> Result<(), SkipReason> {
+    let meta = std::fs::metadata(p).map_err(|e| SkipReason::Unreadable(e.to_string()))?;
+    if meta.is_file() { Ok(()) } else { Err(SkipReason::NotAFile(file_kind(&meta))) }
+}
+
+/// What a file that is not a regular file is, for messages.
+fn file_kind(meta: &std::fs::Metadata) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        let t = meta.file_type();
+        if t.is_fifo() {
+            return "a FIFO";
+        } else if t.is_char_device() {
+            return "a character device";
+        } else if t.is_block_device() {
+            return "a block device";
+        } else if t.is_socket() {
+            return "a socket";
+        }
+    }
+    if meta.is_dir() { "a directory" } else { "a special file" }
+}
+
+/// Reads a document file of at most `max` bytes. Its type and size are checked before it
+/// is opened, and again on the opened file (it may have been replaced in between); at most
+/// `max` + 1 bytes are read whatever the file does meanwhile.
+fn read_document(p: &Path, max: u64) -> Result<Vec<u8>, SkipReason> {
+    let unreadable = |e: std::io::Error| SkipReason::Unreadable(e.to_string());
+    regular_file(p)?;
+    let file = File::open(p).map_err(unreadable)?;
+    let meta = file.metadata().map_err(unreadable)?;
+    if !meta.is_file() {
+        return Err(SkipReason::NotAFile(file_kind(&meta)));
+    }
+    if meta.len() > max {
+        return Err(SkipReason::TooLarge { bytes: meta.len(), max });
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(max.saturating_add(1)).read_to_end(&mut bytes).map_err(unreadable)?;
+    if bytes.len() as u64 > max {
+        return Err(SkipReason::TooLarge { bytes: bytes.len() as u64, max });
+    }
+    Ok(bytes)
 }
 
 /// A parsed document.
@@ -352,6 +496,8 @@ pub(crate) struct Parsed<'a> {
     pub timestamp: Option<i64>,
     /// The text to fingerprint (tags already stripped for HTML).
     pub text: Cow<'a, str>,
+    /// How a document file was decoded (`None` for JSONL records, which are UTF-8).
+    pub decoding: Option<Decoding>,
 }
 
 /// Parses one raw record of `source`.
@@ -360,21 +506,22 @@ pub(crate) fn parse<'a>(
     source: &Source,
     force_html: bool,
 ) -> Result<Parsed<'a>, SkipReason> {
-    let bytes = raw.bytes.as_ref().map_err(|e| SkipReason::Unreadable(e.clone()))?;
+    let bytes = raw.bytes.as_ref().map_err(Clone::clone)?;
     match source.kind {
         SourceKind::Jsonl => {
             let rec = parse_record(bytes)?;
             let text = if force_html { Cow::Owned(strip(&rec.text)) } else { rec.text };
-            Ok(Parsed { id: rec.id, timestamp: rec.timestamp, text })
+            Ok(Parsed { id: rec.id, timestamp: rec.timestamp, text, decoding: None })
         }
         SourceKind::Doc(html_kind) => {
-            let text = std::str::from_utf8(bytes)
-                .map_err(|e| SkipReason::NotUtf8 { offset: e.valid_up_to() })?;
-            let is_html = force_html || html_kind.unwrap_or_else(|| html::looks_like_html(bytes));
-            let text = if is_html { Cow::Owned(strip(text)) } else { Cow::Borrowed(text) };
+            let (text, decoding) = decode::decode(bytes, force_html.then_some(true).or(html_kind));
+            // Decided on the text, so that a UTF-16 page is recognised too.
+            let is_html =
+                force_html || html_kind.unwrap_or_else(|| html::looks_like_html(text.as_bytes()));
+            let text = if is_html { Cow::Owned(strip(&text)) } else { text };
             let id = serde_json::to_string(&source.display)
                 .map_err(|e| SkipReason::BadField(e.to_string()))?;
-            Ok(Parsed { id: id.into(), timestamp: None, text })
+            Ok(Parsed { id: id.into(), timestamp: None, text, decoding: Some(decoding) })
         }
     }
 }
@@ -608,6 +755,40 @@ mod tests {
         assert_eq!(key(br#"{"id": 1, "text": "x", "timestamp": "yesterday"}"#), "bad_field");
         assert_eq!(key(br#"{"id": 1, "text": "x", "timestamp": true}"#), "bad_field");
         assert_eq!(key(b"{\"id\": 1, \"text\": \"\xff\"}"), "broken_json");
+    }
+
+    #[test]
+    fn long_lines_are_passed_over_not_kept() {
+        let input = b"12345\r\n123456\nabc\n123456789012345";
+        // A small buffer, so that a long line comes in several chunks.
+        let mut reader = std::io::BufReader::with_capacity(4, &input[..]);
+        let mut copied = Vec::new();
+        let mut copy = |c: &[u8]| -> Result<(), DedupError> {
+            copied.extend_from_slice(c);
+            Ok(())
+        };
+        let mut lines = Vec::new();
+        loop {
+            let (n, line) = read_bounded(&mut reader, "t", 5, true, &mut copy).unwrap();
+            if n == 0 {
+                break;
+            }
+            lines.push((n, line.map_err(|e| e.to_string())));
+        }
+        let too_large = |bytes| Err(format!("larger than --max-doc-bytes 5 ({bytes} bytes)"));
+        assert_eq!(
+            lines,
+            [
+                (7, Ok(b"12345".to_vec())),
+                (7, too_large(7)),
+                (4, Ok(b"abc".to_vec())),
+                (15, too_large(15)),
+            ]
+        );
+        assert_eq!(copied, input, "everything read is copied (the stdin spool)");
+        let mut whole = &b"0123456789"[..];
+        let (n, doc) = read_bounded(&mut whole, "t", 9, false, &mut |_| Ok(())).unwrap();
+        assert_eq!((n, doc.map_err(|e| e.key())), (10, Err("too_large")));
     }
 
     #[test]

@@ -35,6 +35,7 @@
 
 pub mod clusters;
 pub mod config;
+mod decode;
 pub mod dedup;
 pub mod error;
 pub mod eval;

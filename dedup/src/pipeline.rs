@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
+use crate::decode::Decoding;
 use crate::error::{DedupError, SkipReason};
 use crate::input::{self, Inputs, Parsed, Raw, ReadStats};
 
@@ -42,8 +43,12 @@ pub(crate) struct Accepted<T> {
     pub seq: u64,
     /// Index of its source.
     pub source: u32,
+    /// Its line in a JSONL source, 0 for a document file.
+    pub line: u64,
     pub id: Box<str>,
     pub timestamp: Option<i64>,
+    /// How a document file was decoded.
+    pub decoding: Option<Decoding>,
     pub value: T,
 }
 
@@ -140,8 +145,10 @@ where
                                     Ok(Accepted {
                                         seq: raw.seq,
                                         source: raw.source,
+                                        line: raw.line,
                                         id: p.id,
                                         timestamp: p.timestamp,
+                                        decoding: p.decoding,
                                         value,
                                     })
                                 })
