@@ -4,7 +4,7 @@
 //! ```text
 //! neardup-bench decode [VALUES] [LANES]
 //! ```
-use neardup_core::codec::{HxRun, RunOptions, scan_lanes};
+use neardup_core::codec::{HxTable, TableOptions, scan_lanes};
 use neardup_core::util::SplitMix64;
 use std::time::Instant;
 
@@ -23,12 +23,12 @@ pub struct DecodeArgs {
 pub fn run(args: DecodeArgs) {
     let (n, lanes_n) = (args.values, args.lanes);
     let mut r = SplitMix64::new(1);
-    let runs: Vec<HxRun> = (0..lanes_n)
+    let runs: Vec<HxTable> = (0..lanes_n)
         .map(|_| {
             let mut v: Vec<u64> = (0..n).map(|_| r.next_u64()).collect();
             v.sort_unstable();
             v.dedup();
-            HxRun::encode(&v, RunOptions::default()).unwrap()
+            HxTable::encode(&v, TableOptions::default()).unwrap()
         })
         .collect();
     let total: usize = runs.iter().map(|r| r.len()).sum();

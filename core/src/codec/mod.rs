@@ -46,16 +46,6 @@ pub(crate) use packed_table::{
     bits_per_value as packed_bits_per_value, dir_bits as packed_dir_bits,
 };
 
-/// Former name of [`HxTable`], kept only while `core/examples/decode_speed.rs` uses it; it
-/// goes when that example moves to the benchmarks.
-#[doc(hidden)]
-pub type HxRun = HxTable;
-
-/// Former name of [`TableOptions`], kept only while `core/examples/decode_speed.rs` uses it;
-/// it goes when that example moves to the benchmarks.
-#[doc(hidden)]
-pub type RunOptions = TableOptions;
-
 /// A value a table probe found within `k` of the query: what [`scan_lanes`] and the probes of
 /// both layouts report. The same 16 bytes as the `(u64, u32, u32)` it names, ordered as that
 /// tuple was (by value, then rank, then probe).
