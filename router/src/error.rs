@@ -20,6 +20,12 @@ pub enum RouterError {
     /// The caller's deadline passed before the answer was ready.
     #[error("the deadline passed before the request finished")]
     DeadlineExceeded,
+    /// A client stream sent no message for the idle limit.
+    #[error("no message on this stream for {secs} s (limits.stream_idle_secs): closed")]
+    StreamIdle {
+        /// The limit.
+        secs: u64,
+    },
     /// Too many requests are in flight.
     #[error("overloaded: {in_flight} requests in flight, try again with backoff")]
     Overloaded {
@@ -57,7 +63,9 @@ impl From<RouterError> for Status {
     fn from(e: RouterError) -> Status {
         match e {
             RouterError::InvalidArgument(m) => Status::invalid_argument(m),
-            RouterError::DeadlineExceeded => Status::deadline_exceeded(e.to_string()),
+            RouterError::DeadlineExceeded | RouterError::StreamIdle { .. } => {
+                Status::deadline_exceeded(e.to_string())
+            }
             RouterError::Overloaded { .. } => Status::resource_exhausted(e.to_string()),
             RouterError::Unavailable(m) => Status::unavailable(m),
             RouterError::Shard(s) => s,

@@ -1,7 +1,10 @@
 //! The documented limits of the public API, and the checks that enforce them before a
 //! request changes anything.
 
+use std::time::Duration;
+
 use neardup_proto::v1::{Document, QueryTarget, document, query_target};
+use neardup_server::transport::Http2Limits;
 
 use crate::error::{Result, RouterError};
 
@@ -32,6 +35,15 @@ pub struct Limits {
     /// most the shard's bound, 3 MiB, which keeps a full answer under the 4 MiB gRPC
     /// clients accept by default).
     pub max_response_bytes: usize,
+    /// Most streams (requests) one connection may have open at once, so a few connections
+    /// cannot take every in-flight slot.
+    pub max_streams_per_connection: u32,
+    /// A client stream (InsertStream, QueryBatch) that sends no message for this many
+    /// seconds is ended with DEADLINE_EXCEEDED, releasing its slot; 0: never.
+    pub stream_idle_secs: u64,
+    /// An HTTP/2 keepalive ping after this many seconds without a frame from the peer (a
+    /// connection that does not answer within 20 s is closed); 0: none.
+    pub keepalive_secs: u64,
 }
 
 impl Default for Limits {
@@ -46,6 +58,9 @@ impl Default for Limits {
             max_in_flight: 4096,
             max_response_matches: 100_000,
             max_response_bytes: 3 << 20,
+            max_streams_per_connection: 100,
+            stream_idle_secs: 30,
+            keepalive_secs: 30,
         }
     }
 }
@@ -60,6 +75,20 @@ pub enum Content<'a> {
 }
 
 impl Limits {
+    /// The listener's HTTP/2 limits.
+    pub fn http2(&self) -> Http2Limits {
+        Http2Limits {
+            max_streams_per_connection: self.max_streams_per_connection,
+            keepalive: (self.keepalive_secs > 0).then(|| Duration::from_secs(self.keepalive_secs)),
+            ..Http2Limits::default()
+        }
+    }
+
+    /// How long a client stream may stay silent, if bounded.
+    pub fn stream_idle(&self) -> Option<Duration> {
+        (self.stream_idle_secs > 0).then(|| Duration::from_secs(self.stream_idle_secs))
+    }
+
     /// Checks a batch's size.
     pub fn batch(&self, what: &str, n: usize) -> Result<()> {
         if n == 0 {

@@ -5,10 +5,8 @@
 //! shard is, so a load balancer sends no traffic to a router whose shard is recovering,
 //! corrupt or unreachable.
 //!
-//! The services are served over HTTP/2 by axum rather than tonic's own transport: tonic's
-//! transport enforces the caller's `grpc-timeout` itself and answers CANCELLED when it
-//! passes, racing the router, which answers DEADLINE_EXCEEDED as gRPC specifies. Here the
-//! router is the only one enforcing deadlines.
+//! The listener is [`neardup_server::transport::serve_http2`], with the connection limits of
+//! [`Limits::http2`](crate::Limits::http2): the router is the only one enforcing deadlines.
 
 use std::future::Future;
 
@@ -54,13 +52,17 @@ pub async fn serve(
         }
     });
     let reflection = || {
+        // Only what this port serves: the descriptor set also holds the internal services.
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(neardup_proto::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .with_service_name(neardup_proto::PUBLIC_SERVICE)
+            .with_service_name("grpc.health.v1.Health")
     };
     let reflection_v1 = reflection().build_v1().expect("the descriptor sets are valid");
     let reflection_v1alpha = reflection().build_v1alpha().expect("the descriptor sets are valid");
     let max = router.limits().max_message_bytes;
+    let http2 = router.limits().http2();
     let routes = tonic::service::Routes::new(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -69,21 +71,7 @@ pub async fn serve(
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
         );
-    let result = serve_routes(listener, routes, shutdown).await;
+    let result = neardup_server::transport::serve_http2(listener, routes, http2, shutdown).await;
     follow.abort();
     result
-}
-
-/// Serves gRPC `routes` on `listener` over HTTP/2 (prior knowledge) with TCP_NODELAY until
-/// `shutdown` completes, then finishes the requests in flight.
-pub async fn serve_routes(
-    listener: TcpListener,
-    routes: tonic::service::Routes,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, routes.into_axum_router()).with_graceful_shutdown(shutdown).await
 }

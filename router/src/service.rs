@@ -78,6 +78,19 @@ fn heavy<T>(f: impl FnOnce() -> T) -> T {
     }
 }
 
+/// The next message of a client stream; DEADLINE_EXCEEDED when none comes within `idle`, so
+/// a silent stream does not hold an in-flight slot for ever.
+async fn next_message<T>(stream: &mut Streaming<T>, idle: Option<Duration>) -> Result<Option<T>> {
+    let next = stream.message();
+    match idle {
+        None => Ok(next.await?),
+        Some(d) => match tokio::time::timeout(d, next).await {
+            Ok(m) => Ok(m?),
+            Err(_) => Err(RouterError::StreamIdle { secs: d.as_secs() }),
+        },
+    }
+}
+
 /// Fingerprints of contents (texts fingerprinted here).
 fn fingerprints(contents: &[Content<'_>]) -> Result<Vec<u64>> {
     let text_bytes: usize = contents
@@ -202,8 +215,9 @@ impl Neardup for Router {
         let deadline = deadline_of(&req);
         let InsertRequest { documents } = req.into_inner();
         self.call("Insert", deadline, async {
-            self.inner.metrics.items("Insert", documents.len());
+            let n = documents.len();
             let documents = self.shard_documents(documents)?;
+            self.inner.metrics.items("Insert", n);
             let w = WriteRequest { documents, ..Default::default() };
             let r = self.inner.shard.write(w, deadline).await?;
             Ok(InsertResponse { inserted: r.inserted, replaced: r.replaced })
@@ -219,9 +233,11 @@ impl Neardup for Router {
         let mut stream = req.into_inner();
         self.call("InsertStream", deadline, async {
             let (mut inserted, mut replaced, mut seq) = (0, 0, 0);
-            while let Some(InsertRequest { documents }) = stream.message().await? {
-                self.inner.metrics.items("InsertStream", documents.len());
+            let idle = self.inner.limits.stream_idle();
+            while let Some(InsertRequest { documents }) = next_message(&mut stream, idle).await? {
+                let n = documents.len();
                 let documents = self.shard_documents(documents)?;
+                self.inner.metrics.items("InsertStream", n);
                 let w = WriteRequest { documents, skip_sync: true, ..Default::default() };
                 let r = self.inner.shard.write(w, deadline).await?;
                 inserted += r.inserted;
@@ -265,14 +281,15 @@ impl Neardup for Router {
         let (out_tx, out_rx) = mpsc::channel(PIPELINE);
         let me = self.clone();
         // Reader: each message becomes a task, so up to PIPELINE are answered at once.
+        let idle = self.inner.limits.stream_idle();
         tokio::spawn(async move {
             loop {
-                let job = match input.message().await {
+                let (job, last) = match next_message(&mut input, idle).await {
                     Ok(Some(m)) => {
                         let me = me.clone();
-                        tokio::spawn(async move {
+                        let job = tokio::spawn(async move {
                             let QueryBatchRequest { queries, k, limit } = m;
-                            me.inner.metrics.items("QueryBatch", queries.len());
+                            let n = queries.len();
                             let work = me.answer_batch(&queries, k, limit, deadline);
                             let r = match deadline {
                                 Some(d) => tokio::time::timeout_at(d.into(), work)
@@ -280,13 +297,17 @@ impl Neardup for Router {
                                     .unwrap_or(Err(RouterError::DeadlineExceeded)),
                                 None => work.await,
                             };
+                            if r.is_ok() {
+                                me.inner.metrics.items("QueryBatch", n);
+                            }
                             r.map(|results| QueryBatchResponse { results }).map_err(Status::from)
-                        })
+                        });
+                        (job, false)
                     }
                     Ok(None) => break,
-                    Err(s) => tokio::spawn(async move { Err(s) }),
+                    Err(e) => (tokio::spawn(async move { Err(Status::from(e)) }), true),
                 };
-                if jobs_tx.send(job).await.is_err() {
+                if jobs_tx.send(job).await.is_err() || last {
                     break;
                 }
             }

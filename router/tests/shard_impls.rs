@@ -165,6 +165,7 @@ async fn in_process_and_remote_shards_answer_alike() {
         listener,
         shard2.clone(),
         64 << 20,
+        neardup_server::transport::Http2Limits::default(),
         std::future::pending(),
     ));
     let remote = Remote::connect(&format!("http://{addr}"), 64 << 20).unwrap();

@@ -35,6 +35,7 @@ pub mod record;
 pub mod service;
 pub mod shard;
 pub mod storage;
+pub mod transport;
 
 pub use error::{Error, ErrorClass, Result};
 pub use metrics::ShardMetrics;

@@ -12,6 +12,7 @@ use tonic_health::ServingStatus;
 
 use crate::service::{RaftService, ShardService};
 use crate::shard::{Shard, Status};
+use crate::transport::{Http2Limits, serve_http2};
 
 /// Serves `shard` on `listener` until `shutdown` completes; returns once requests in
 /// flight are answered. Does not stop the shard: call [`Shard::shutdown`] after.
@@ -19,6 +20,7 @@ pub async fn serve(
     listener: TcpListener,
     shard: Arc<Shard>,
     max_message_bytes: usize,
+    http2: Http2Limits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (reporter, health) = tonic_health::server::health_reporter();
@@ -36,21 +38,13 @@ pub async fn serve(
             }
         }
     });
-    // Served by axum over HTTP/2, as the router's public server is (see
-    // `neardup_router::server`): tonic's transport would also enforce `grpc-timeout`,
-    // answering CANCELLED instead of DEADLINE_EXCEEDED.
     let routes =
         tonic::service::Routes::new(health).add_service(RaftServer::new(RaftService)).add_service(
             ShardServer::new(ShardService::new(shard))
                 .max_decoding_message_size(max_message_bytes)
                 .max_encoding_message_size(max_message_bytes),
         );
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    let result =
-        axum::serve(listener, routes.into_axum_router()).with_graceful_shutdown(shutdown).await;
+    let result = serve_http2(listener, routes, http2, shutdown).await;
     follow.abort();
     result
 }
@@ -82,7 +76,13 @@ mod tests {
         shard.recover().unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        tokio::spawn(serve(listener, shard.clone(), 4 << 20, std::future::pending()));
+        tokio::spawn(serve(
+            listener,
+            shard.clone(),
+            4 << 20,
+            Http2Limits::default(),
+            std::future::pending(),
+        ));
         let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
             .unwrap()
             .connect()

@@ -81,13 +81,17 @@ async fn embedded_serve_end_to_end_and_restart() {
     node.serving().await;
     assert_eq!(node.health("neardup.v1.Neardup").await, Some(ServingStatus::Serving));
     exercise(&node).await;
-    // Reflection, v1 and v1alpha, lists the public service and health.
+    // Reflection, v1 and v1alpha, lists the public service and health, and nothing of the
+    // internal API, which this port does not serve.
     let services = list_services(&node.addr).await;
     for s in ["neardup.v1.Neardup", "grpc.health.v1.Health"] {
         assert!(
             services.0.contains(&s.to_string()) && services.1.contains(&s.to_string()),
             "{services:?}"
         );
+    }
+    for listed in services.0.iter().chain(&services.1) {
+        assert!(!listed.contains("internal"), "the public port lists {listed}: {services:?}");
     }
     // SIGTERM drains and checkpoints; a restart serves the same data.
     let before = node.client().await.stats().await.unwrap();

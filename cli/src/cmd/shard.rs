@@ -32,6 +32,7 @@ pub async fn run(args: ShardArgs) -> Result<(), CliError> {
         listener,
         shard.clone(),
         config.limits.max_message_bytes,
+        config.limits.http2(),
         ops::shutdown_signal(),
     )
     .await
