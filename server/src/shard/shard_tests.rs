@@ -450,3 +450,46 @@ fn probe_answers_are_held_to_the_budget() {
     assert_eq!(got.iter().map(|r| r.matches.len()).sum::<usize>(), (3 << 20) / 50);
     shard.shutdown().unwrap();
 }
+
+/// The original of a cluster is the document that founded it: a page admitted later with an
+/// earlier timestamp joins as a duplicate and is never named an original afterwards.
+#[test]
+fn a_duplicate_is_never_named_an_original() {
+    let dir = tempfile::tempdir().unwrap();
+    let shard = open(dir.path(), config());
+    let admit =
+        |name: &str, fp: u64, ts: i64| shard.admit(&doc(name, fp, ts), 3, 10, false).unwrap().0;
+    let a = admit("a", 0xF00D, 2000);
+    assert!(!a.duplicate);
+    let b = admit("b", 0xF00D, 1000);
+    assert!(b.duplicate);
+    assert_eq!(b.original_id, "a");
+    let c = admit("c", 0xF00D ^ 1, 3000);
+    assert_eq!((c.original_id.as_str(), c.cluster_id), ("a", a.cluster_id), "not b");
+
+    // Seeded sequences of near-duplicates in random time order: no document reported a
+    // duplicate is named as an original later.
+    let mut rng = SplitMix64::new(7);
+    let mut duplicates = std::collections::HashSet::new();
+    for i in 0..400 {
+        let fp = 0xBEEF_0000 ^ (1u64 << (rng.next_u64() % 3)) ^ (rng.next_u64() % 4 << 40);
+        let name = format!("p{i}");
+        let r = admit(&name, fp, (rng.next_u64() % 10_000) as i64);
+        if r.duplicate {
+            assert!(
+                !duplicates.contains(&r.original_id),
+                "{} named original of {name}",
+                r.original_id
+            );
+            duplicates.insert(name);
+        } else {
+            assert_eq!(r.original_id, name);
+        }
+    }
+    // A deleted founder leaves its cluster without a stored original.
+    durable_write(&shard, &[], &["a".to_string()]);
+    let d = admit("d", 0xF00D, 4000);
+    assert!(d.duplicate);
+    assert_eq!((d.original_id.as_str(), d.cluster_id), ("", a.cluster_id));
+    shard.shutdown().unwrap();
+}

@@ -183,7 +183,8 @@ impl Shard {
     }
 
     /// Crawl-frontier admission: finds the stored documents within `k` of `doc` (other than
-    /// one with the same id), picks its original (the earliest of them) and cluster, and
+    /// one with the same id), joins the cluster of the earliest of them, whose original is
+    /// the document that founded it, and
     /// stores it unless `skip_if_duplicate` is set and it is a near-duplicate. Atomic: two
     /// near-duplicates admitted at once see each other in one order.
     pub fn admit(
@@ -210,12 +211,26 @@ impl Shard {
             own.map(|(id, _)| id),
             &mut ProbeBudget::default(),
         )?;
+        let own_id = own.map(|(id, _)| id);
+        // The cluster to join: that of the earliest stored match (smallest timestamp, then
+        // first stored). Its original is the document that founded it (its internal id is
+        // the cluster id), whatever the timestamps of those that joined it later: a document
+        // once reported a duplicate is never named an original. Empty once the founder is no
+        // longer stored (deleted, or replaced, by this very write too).
         let original: Option<(u64, String)> = matches
             .iter()
-            .filter(|m| Some(m.id) != own.map(|(id, _)| id))
+            .filter(|m| Some(m.id) != own_id)
             .min_by_key(|m| (m.ts, m.id))
             .and_then(|m| st.docs.by_id(m.id))
-            .map(|o: &DocEntry| (o.cluster, o.name.to_string()));
+            .map(|joined: &DocEntry| {
+                let cluster = joined.cluster;
+                let founder = st
+                    .docs
+                    .by_id(cluster)
+                    .filter(|f| f.cluster == cluster && Some(cluster) != own_id)
+                    .map(|f| f.name.to_string());
+                (cluster, founder.unwrap_or_default())
+            });
         let duplicate = original.is_some();
         let insert = !(duplicate && skip_if_duplicate);
         let id = if insert { st.docs.allocate_id() } else { st.docs.next_id() };
