@@ -472,7 +472,7 @@ fn a_duplicate_is_never_named_an_original() {
     let mut rng = SplitMix64::new(7);
     let mut duplicates = std::collections::HashSet::new();
     for i in 0..400 {
-        let fp = 0xBEEF_0000 ^ (1u64 << (rng.next_u64() % 3)) ^ (rng.next_u64() % 4 << 40);
+        let fp = 0xBEEF_0000 ^ (1u64 << (rng.next_u64() % 3)) ^ ((rng.next_u64() % 4) << 40);
         let name = format!("p{i}");
         let r = admit(&name, fp, (rng.next_u64() % 10_000) as i64);
         if r.duplicate {
