@@ -26,7 +26,8 @@ pub struct InsertArgs {
     #[arg(long)]
     timestamp_ms: Option<i64>,
     /// Read documents from a JSON-lines file ("-": stdin), one object per line with `id`,
-    /// `fingerprint` (number or 0x-hex string) or `text`, and optional `timestamp_ms`.
+    /// `fingerprint` (number or 0x-hex string) or `text`, and optional `timestamp_ms`; any
+    /// other field is an error.
     #[arg(long)]
     jsonl: Option<String>,
     /// Documents per stream message.
@@ -34,11 +35,27 @@ pub struct InsertArgs {
     batch: usize,
 }
 
+/// The fields of an `--jsonl` line.
+const JSONL_FIELDS: [&str; 4] = ["id", "fingerprint", "text", "timestamp_ms"];
+
 fn parse_line(line: &str, n: usize) -> Result<Document, CliError> {
     let bad = |reason: String| CliError::Input { line: n, reason };
     let v: Value = serde_json::from_str(line).map_err(|e| bad(e.to_string()))?;
+    // An unknown field is refused, not ignored: a typo, or dedup's `timestamp`, would
+    // otherwise silently become "now".
+    if let Some(fields) = v.as_object()
+        && let Some(unknown) = fields.keys().find(|k| !JSONL_FIELDS.contains(&k.as_str()))
+    {
+        return Err(bad(format!(
+            "unknown field {unknown:?} (the fields are {})",
+            JSONL_FIELDS.join(", ")
+        )));
+    }
     let id = v["id"].as_str().ok_or_else(|| bad("no string \"id\"".into()))?;
-    let ts = v["timestamp_ms"].as_i64().unwrap_or_else(common::now_ms);
+    let ts = match &v["timestamp_ms"] {
+        Value::Null => common::now_ms(),
+        t => t.as_i64().ok_or_else(|| bad("\"timestamp_ms\" must be an integer".into()))?,
+    };
     match (&v["fingerprint"], &v["text"]) {
         (Value::Number(x), Value::Null) => {
             Ok(doc(id, x.as_u64().ok_or_else(|| bad("bad fingerprint".into()))?, ts))
@@ -96,4 +113,20 @@ pub async fn run(args: InsertArgs) -> Result<(), CliError> {
     .map_err(|e| args.server.error(e))?;
     common::print(&json!({ "inserted": r.inserted, "replaced": r.replaced }));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_jsonl_line_with_an_unknown_field_is_refused() {
+        let ok = parse_line(r#"{"id": "a", "fingerprint": 7, "timestamp_ms": 5}"#, 1).unwrap();
+        assert_eq!(ok.timestamp_ms, 5);
+        // dedup's name for the field, which used to become "now" silently.
+        let e = parse_line(r#"{"id": "a", "text": "x y", "timestamp": 5}"#, 2).unwrap_err();
+        assert!(e.to_string().contains("unknown field \"timestamp\""), "{e}");
+        let e = parse_line(r#"{"id": "a", "text": "x y", "timestamp_ms": "5"}"#, 3).unwrap_err();
+        assert!(e.to_string().contains("integer"), "{e}");
+    }
 }

@@ -12,6 +12,16 @@ use crate::error::{Error, Result};
 /// slice's raw matches are held at once.
 pub const PROBE_SLICE: usize = 64;
 
+/// A design as the configuration names it: `paper-10 (5c2)` for the paper's designs, the
+/// text form otherwise.
+fn design_name(design: &neardup_core::Design) -> String {
+    let text = design.to_string();
+    match neardup_core::design::NAMED.iter().find(|(_, t)| *t == text) {
+        Some((name, _)) => format!("{name} ({text})"),
+        None => text,
+    }
+}
+
 impl Shard {
     /// Answers queries: `result[i]` holds the documents within `k` of `fps[i]`, ordered by
     /// distance, timestamp and id, at most `limit`, within the default [`ProbeBudget`].
@@ -144,7 +154,7 @@ impl Shard {
         let mem = st.index.memory();
         Ok(ShardStats {
             documents: st.docs.len() as u64,
-            design: st.index.design().to_string(),
+            design: design_name(st.index.design()),
             max_k: st.index.max_k(),
             tables: mem
                 .tables
