@@ -59,6 +59,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use crate::commit::Committer;
 use crate::doc_table::DocTable;
 use crate::error::{Error, Result};
+use crate::expect::{ExpectFile, Expectation};
 use crate::metrics::ShardMetrics;
 use crate::persist::{self, DocSnapshot, Manifest, Spaces};
 use crate::storage::{SledStore, Store};
@@ -197,6 +198,9 @@ pub struct Shard {
     /// One round of maintenance at a time (merges must not overlap).
     maintaining: Mutex<()>,
     metrics: ShardMetrics,
+    /// The expectation file ([`crate::expect`]) and what it held at open; `None` over a
+    /// store the caller opened.
+    expect: Option<(ExpectFile, Option<Expectation>)>,
 }
 
 impl std::fmt::Debug for Shard {
@@ -226,8 +230,15 @@ impl Shard {
     pub fn open(path: &Path, config: ShardConfig, metrics: ShardMetrics) -> Result<Arc<Shard>> {
         let config = checked(config)?;
         check_data_dir(path, config.min_free_bytes)?;
+        let file = ExpectFile::in_dir(path);
+        let expected = file.read().map_err(|e| Error::DataDir {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
         let store = Arc::new(SledStore::open(&path.join("db"), config.cache_bytes)?);
-        Shard::open_with_store(path, store, config, metrics)
+        let mut shard = Shard::open_with_store(path, store, config, metrics)?;
+        Arc::get_mut(&mut shard).expect("not shared yet").expect = Some((file, expected));
+        Ok(shard)
     }
 
     /// Opens the shard over `store`, which the caller opened: tests pass a
@@ -294,6 +305,7 @@ impl Shard {
             maintaining: Mutex::new(()),
             metrics,
             config,
+            expect: None,
         }))
     }
 
