@@ -282,6 +282,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_panic_in_the_engine_is_a_corrupt_tablet() {
+        let e = guarded("get", || -> Result<()> { panic!("tried to serialize Uninitialized") })
+            .unwrap_err();
+        assert!(matches!(&e, Error::CorruptTablet(m) if m.contains("Uninitialized")), "{e}");
+        assert_eq!(guarded("get", || Ok(3)).unwrap(), 3);
+    }
+
+    #[test]
     fn sled_space_contract() {
         let dir = tempfile::tempdir().unwrap();
         let store = SledStore::open(dir.path(), 1 << 20).unwrap();
