@@ -24,7 +24,9 @@
 //! Load the document snapshot and replay the log after it; load the manifest's runs
 //! (verifying every checksum; a damaged table is rebuilt from an intact one, a run that
 //! cannot be loaded makes the tablet corrupt: it is reported and not served) and replay the
-//! log after F into them. Only then does the shard serve.
+//! log after F into them. What is recovered must match the expectation record the last
+//! checkpoint wrote beside the database ([`crate::expect`]), or the tablet is corrupt.
+//! Only then does the shard serve.
 //!
 //! # A failed sync
 //! Once a sync of the store fails, the shard acknowledges nothing more and serves nothing
@@ -225,8 +227,10 @@ fn checked(mut config: ShardConfig) -> Result<ShardConfig> {
 }
 
 impl Shard {
-    /// Opens the shard's storage (sled, in `path/db`), checking the directory first; the
-    /// shard is [`Status::Recovering`] until [`recover`](Self::recover) has run.
+    /// Opens the shard's storage (sled, in `path/db`), checking the directory first and
+    /// reading the expectation record recovery checks against ([`crate::expect`]); the
+    /// shard is [`Status::Recovering`] until [`recover`](Self::recover) has run. A database
+    /// that cannot be opened (damaged, unreadable, a damaged record) is an error here.
     pub fn open(path: &Path, config: ShardConfig, metrics: ShardMetrics) -> Result<Arc<Shard>> {
         let config = checked(config)?;
         check_data_dir(path, config.min_free_bytes)?;
