@@ -132,9 +132,12 @@ impl ExpectFile {
     /// damaged.
     pub fn read(&self) -> Result<Option<Expectation>> {
         match std::fs::read(&self.path) {
-            Ok(bytes) => Expectation::decode(&bytes)
-                .map(Some)
-                .map_err(|e| Error::CorruptTablet(format!("{}: {e}", self.path.display()))),
+            Ok(bytes) => Expectation::decode(&bytes).map(Some).map_err(|e| match e {
+                Error::CorruptTablet(m) => {
+                    Error::CorruptTablet(format!("{}: {m}", self.path.display()))
+                }
+                e => e,
+            }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(Error::CorruptTablet(format!(
                 "{}: cannot read the expectation record: {e}",

@@ -237,7 +237,10 @@ impl Shard {
         let file = ExpectFile::in_dir(path);
         let expected = file.read().map_err(|e| Error::DataDir {
             path: path.display().to_string(),
-            reason: e.to_string(),
+            reason: match e {
+                Error::CorruptTablet(m) => m,
+                e => e.to_string(),
+            },
         })?;
         let store = Arc::new(SledStore::open(&path.join("db"), config.cache_bytes)?);
         let mut shard = Shard::open_with_store(path, store, config, metrics)?;
