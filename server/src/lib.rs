@@ -27,6 +27,7 @@
 pub mod commit;
 pub mod doc_table;
 pub mod error;
+pub mod expect;
 pub mod fault_store;
 pub mod metrics;
 pub mod node;

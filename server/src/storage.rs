@@ -5,9 +5,17 @@
 //! values. Everything it assumes of the database is written in the [`Store`] and [`Space`]
 //! contracts below, so another engine can replace sled by implementing two traits, and the
 //! shard's logic can be read without knowing sled.
+//!
+//! sled 0.34 panics on some damaged files instead of returning an error (`tried to
+//! serialize Uninitialized`, `cannot find pid .. in view_for_key`). Every call into sled
+//! here runs under [`guarded`], which turns such a panic into [`Error::CorruptTablet`], so a
+//! damaged disk gives a clear error instead of a crash or a recovery thread that dies
+//! silently.
 
+use std::cell::Cell;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Once};
 
 use crate::error::{Error, Result};
 
@@ -72,6 +80,56 @@ pub trait Space: Send + Sync {
     fn last_in(&self, from: &[u8], to: &[u8]) -> Result<Option<Entry>>;
 }
 
+thread_local! {
+    /// How many [`guarded`] calls the current thread is inside.
+    static GUARDED: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Installs, once, a panic hook that stays quiet for panics [`guarded`] catches (their
+/// message becomes the error) and hands every other panic to the hook that was there.
+fn quiet_guarded_panics() {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if GUARDED.with(Cell::get) == 0 {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// Runs `f`, a call into the storage engine, turning a panic inside it into
+/// [`Error::CorruptTablet`] naming `what` and the panic's message.
+///
+/// `AssertUnwindSafe` is sound here because nothing observes the engine's state after such
+/// a panic as healthy: the error makes the shard refuse to open or mark it corrupt, and it
+/// serves nothing more from that database.
+pub fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    quiet_guarded_panics();
+    GUARDED.with(|g| g.set(g.get() + 1));
+    let out = catch_unwind(AssertUnwindSafe(f));
+    GUARDED.with(|g| g.set(g.get() - 1));
+    out.unwrap_or_else(|payload| {
+        let msg = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        Err(Error::CorruptTablet(format!("the database is damaged ({what} failed: {msg})")))
+    })
+}
+
+/// A sled error as the shard's: damage sled detects is a corrupt tablet.
+fn sled_error(e: sled::Error) -> Error {
+    match e {
+        sled::Error::Corruption { .. } => {
+            Error::CorruptTablet(format!("the database is damaged: {e}"))
+        }
+        e => Error::from(e),
+    }
+}
+
 /// [`Store`] on sled 0.34.
 ///
 /// sled makes writes durable with `flush` (an fsync of its log), and flushes by itself every
@@ -92,14 +150,20 @@ impl SledStore {
     pub fn open(path: &Path, cache_bytes: u64) -> Result<SledStore> {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
         loop {
-            let opened = sled::Config::new()
-                .path(path)
-                .cache_capacity(cache_bytes)
-                .flush_every_ms(Some(1000))
-                .open();
+            let opened = guarded("opening the database", || {
+                Ok(sled::Config::new()
+                    .path(path)
+                    .cache_capacity(cache_bytes)
+                    .flush_every_ms(Some(1000))
+                    .open())
+            });
             let e = match opened {
-                Ok(db) => return Ok(SledStore { db }),
-                Err(e) => e,
+                Ok(Ok(db)) => return Ok(SledStore { db }),
+                Ok(Err(e)) => e,
+                Err(Error::CorruptTablet(msg)) => {
+                    return Err(Error::DataDir { path: path.display().to_string(), reason: msg });
+                }
+                Err(e) => return Err(e),
             };
             let held =
                 matches!(&e, sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock);
@@ -111,6 +175,8 @@ impl SledStore {
                 path: path.display().to_string(),
                 reason: if held {
                     format!("the database is in use by another process ({e})")
+                } else if matches!(e, sled::Error::Corruption { .. }) {
+                    format!("the database is damaged: {e}")
                 } else {
                     format!("cannot open the database: {e}")
                 },
@@ -121,16 +187,16 @@ impl SledStore {
 
 impl Store for SledStore {
     fn space(&self, name: &str) -> Result<Arc<dyn Space>> {
-        Ok(Arc::new(SledSpace { tree: self.db.open_tree(name)? }))
+        let tree = guarded("opening a keyspace", || self.db.open_tree(name).map_err(sled_error))?;
+        Ok(Arc::new(SledSpace { tree }))
     }
 
     fn sync(&self) -> Result<()> {
-        self.db.flush()?;
-        Ok(())
+        guarded("sync", || self.db.flush().map(drop).map_err(sled_error))
     }
 
     fn disk_bytes(&self) -> Result<u64> {
-        Ok(self.db.size_on_disk()?)
+        guarded("size", || self.db.size_on_disk().map_err(sled_error))
     }
 }
 
@@ -140,17 +206,15 @@ struct SledSpace {
 
 impl Space for SledSpace {
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        Ok(self.tree.get(key)?.map(|v| v.to_vec()))
+        guarded("get", || Ok(self.tree.get(key).map_err(sled_error)?.map(|v| v.to_vec())))
     }
 
     fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
-        self.tree.insert(key, value)?;
-        Ok(())
+        guarded("put", || self.tree.insert(key, value).map(drop).map_err(sled_error))
     }
 
     fn remove(&self, key: &[u8]) -> Result<()> {
-        self.tree.remove(key)?;
-        Ok(())
+        guarded("remove", || self.tree.remove(key).map(drop).map_err(sled_error))
     }
 
     fn apply(&self, batch: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<()> {
@@ -161,24 +225,53 @@ impl Space for SledSpace {
                 None => b.remove(k),
             }
         }
-        self.tree.apply_batch(b)?;
-        Ok(())
+        guarded("batch", || self.tree.apply_batch(b).map_err(sled_error))
     }
 
     fn scan<'a>(&'a self, from: &[u8], to: &[u8]) -> Box<dyn Iterator<Item = Result<Entry>> + 'a> {
-        Box::new(
-            self.tree
-                .range(from.to_vec()..to.to_vec())
-                .map(|r| r.map(|(k, v)| (k.to_vec(), v.to_vec())).map_err(Error::from)),
-        )
+        let range = match guarded("scan", || Ok(self.tree.range(from.to_vec()..to.to_vec()))) {
+            Ok(r) => r,
+            Err(e) => return Box::new(std::iter::once(Err(e))),
+        };
+        Box::new(GuardedIter { inner: Some(range) })
     }
 
     fn last_in(&self, from: &[u8], to: &[u8]) -> Result<Option<Entry>> {
-        match self.tree.range(from.to_vec()..to.to_vec()).next_back() {
+        guarded("scan", || match self.tree.range(from.to_vec()..to.to_vec()).next_back() {
             None => Ok(None),
             Some(r) => {
-                let (k, v) = r?;
+                let (k, v) = r.map_err(sled_error)?;
                 Ok(Some((k.to_vec(), v.to_vec())))
+            }
+        })
+    }
+}
+
+/// A sled range whose every step is [`guarded`]; it ends after its first error.
+struct GuardedIter {
+    inner: Option<sled::Iter>,
+}
+
+impl Iterator for GuardedIter {
+    type Item = Result<Entry>;
+
+    fn next(&mut self) -> Option<Result<Entry>> {
+        let it = self.inner.as_mut()?;
+        let step = guarded("scan", || {
+            it.next()
+                .transpose()
+                .map(|o| o.map(|(k, v)| (k.to_vec(), v.to_vec())))
+                .map_err(sled_error)
+        });
+        match step {
+            Ok(Some(e)) => Some(Ok(e)),
+            Ok(None) => {
+                self.inner = None;
+                None
+            }
+            Err(e) => {
+                self.inner = None;
+                Some(Err(e))
             }
         }
     }
@@ -187,6 +280,14 @@ impl Space for SledSpace {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_panic_in_the_engine_is_a_corrupt_tablet() {
+        let e = guarded("get", || -> Result<()> { panic!("tried to serialize Uninitialized") })
+            .unwrap_err();
+        assert!(matches!(&e, Error::CorruptTablet(m) if m.contains("Uninitialized")), "{e}");
+        assert_eq!(guarded("get", || Ok(3)).unwrap(), 3);
+    }
 
     #[test]
     fn sled_space_contract() {

@@ -10,19 +10,20 @@ use neardup_core::index::Run;
 
 use super::{RunKey, Shard, StoredRun};
 use crate::error::Result;
+use crate::expect::Expectation;
 use crate::persist::{self, DocSnapshot, Manifest, key64};
 use crate::record::{Op, RecordWriter};
 
 impl Shard {
-    /// Writes a checkpoint: new runs, changed deletion marks, the manifest; then removes
-    /// runs no longer needed and truncates the log.
+    /// Writes a checkpoint: new runs, changed deletion marks, the manifest, the expectation
+    /// record ([`crate::expect`]); then removes runs no longer needed and truncates the log.
     pub fn checkpoint(&self) -> Result<()> {
         let mut ck = self.checkpoints.lock();
-        let (runs, covered, last_seq) = {
+        let (runs, covered, last_seq, live) = {
             let st = self.state.read();
             let runs: Vec<(RunKey, Arc<Run>)> =
                 st.index.runs().iter().map(|r| (RunKey::of(&st, r), r.clone())).collect();
-            (runs, st.covered, st.last_seq)
+            (runs, st.covered, st.last_seq, st.docs.len() as u64)
         };
         let design = self.config.index.design.clone();
         let mut bytes = 0u64;
@@ -53,6 +54,11 @@ impl Shard {
         let manifest = Manifest { covered, next_sid, runs: sids, last_seq };
         self.spaces.meta.put(b"manifest", &manifest.encode())?;
         self.sync()?;
+        // What the next start must find (see `crate::expect`): written before anything the
+        // manifest allows is removed, and before the manifest is taken as the last one.
+        if let Some((file, _)) = &self.expect {
+            file.write(&Expectation { seq: last_seq, live })?;
+        }
         let gone: Vec<RunKey> =
             ck.stored.keys().filter(|k| !current.contains(k)).copied().collect();
         for key in gone {

@@ -24,7 +24,9 @@
 //! Load the document snapshot and replay the log after it; load the manifest's runs
 //! (verifying every checksum; a damaged table is rebuilt from an intact one, a run that
 //! cannot be loaded makes the tablet corrupt: it is reported and not served) and replay the
-//! log after F into them. Only then does the shard serve.
+//! log after F into them. What is recovered must match the expectation record the last
+//! checkpoint wrote beside the database ([`crate::expect`]), or the tablet is corrupt.
+//! Only then does the shard serve.
 //!
 //! # A failed sync
 //! Once a sync of the store fails, the shard acknowledges nothing more and serves nothing
@@ -59,6 +61,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use crate::commit::Committer;
 use crate::doc_table::DocTable;
 use crate::error::{Error, Result};
+use crate::expect::{ExpectFile, Expectation};
 use crate::metrics::ShardMetrics;
 use crate::persist::{self, DocSnapshot, Manifest, Spaces};
 use crate::storage::{SledStore, Store};
@@ -198,6 +201,9 @@ pub struct Shard {
     /// One round of maintenance at a time (merges must not overlap).
     maintaining: Mutex<()>,
     metrics: ShardMetrics,
+    /// The expectation file ([`crate::expect`]) and what it held at open; `None` over a
+    /// store the caller opened.
+    expect: Option<(ExpectFile, Option<Expectation>)>,
 }
 
 impl std::fmt::Debug for Shard {
@@ -222,13 +228,25 @@ fn checked(mut config: ShardConfig) -> Result<ShardConfig> {
 }
 
 impl Shard {
-    /// Opens the shard's storage (sled, in `path/db`), checking the directory first; the
-    /// shard is [`Status::Recovering`] until [`recover`](Self::recover) has run.
+    /// Opens the shard's storage (sled, in `path/db`), checking the directory first and
+    /// reading the expectation record recovery checks against ([`crate::expect`]); the
+    /// shard is [`Status::Recovering`] until [`recover`](Self::recover) has run. A database
+    /// that cannot be opened (damaged, unreadable, a damaged record) is an error here.
     pub fn open(path: &Path, config: ShardConfig, metrics: ShardMetrics) -> Result<Arc<Shard>> {
         let config = checked(config)?;
         check_data_dir(path, config.min_free_bytes)?;
+        let file = ExpectFile::in_dir(path);
+        let expected = file.read().map_err(|e| Error::DataDir {
+            path: path.display().to_string(),
+            reason: match e {
+                Error::CorruptTablet(m) => m,
+                e => e.to_string(),
+            },
+        })?;
         let store = Arc::new(SledStore::open(&path.join("db"), config.cache_bytes)?);
-        Shard::open_with_store(path, store, config, metrics)
+        let mut shard = Shard::open_with_store(path, store, config, metrics)?;
+        Arc::get_mut(&mut shard).expect("not shared yet").expect = Some((file, expected));
+        Ok(shard)
     }
 
     /// Opens the shard over `store`, which the caller opened: tests pass a
@@ -295,6 +313,7 @@ impl Shard {
             maintaining: Mutex::new(()),
             metrics,
             config,
+            expect: None,
         }))
     }
 

@@ -12,16 +12,21 @@ use super::{RunKey, Shard, State, Status, StoredRun};
 use crate::commit::Committer;
 use crate::doc_table::{DocEntry, DocTable};
 use crate::error::{Error, Result};
+use crate::expect::{Expectation, LogTail};
 use crate::persist::{self, DocSnapshot, Manifest, key64};
 use crate::record::{self, Op};
 
 impl Shard {
-    /// Loads the stored data and starts the background threads; blocks until done. On a
-    /// damaged tablet the shard becomes [`Status::Corrupt`] (and this returns the error); on
-    /// other failures it stays [`Status::Recovering`].
+    /// Loads the stored data and starts the background threads; blocks until done.
+    ///
+    /// Recovery is tried once, so a failure is final until the shard is restarted: on
+    /// damaged data (a run that cannot be loaded, a panic in the storage engine, a store that
+    /// holds less than the expectation record says, see [`crate::expect`]) the shard becomes
+    /// [`Status::Corrupt`] (requests get DATA_LOSS); on any other failure (an I/O error)
+    /// [`Status::Failed`]. Either way the error is logged and returned.
     pub fn recover(self: &Arc<Self>) -> Result<()> {
         let started = Instant::now();
-        match self.recover_inner() {
+        match crate::storage::guarded("recovery", || self.recover_inner()) {
             Ok(()) => {
                 let secs = started.elapsed().as_secs_f64();
                 self.metrics.recovered(secs);
@@ -49,6 +54,10 @@ impl Shard {
                         "tablet is corrupt; it is not served");
                     self.metrics.set_corrupt(true);
                     self.set_status(Status::Corrupt(msg.clone()));
+                } else {
+                    tracing::error!(error = %e, path = %self.path.display(),
+                        "recovery failed; nothing is served until a restart");
+                    self.set_status(Status::Failed(e.to_string()));
                 }
                 Err(e)
             }
@@ -67,9 +76,12 @@ impl Shard {
         };
         // Documents (snapshot, then the log after it) and the index (runs, then the log after
         // the manifest) are independent: load them at once.
-        let (docs_part, index_part) =
-            rayon::join(|| self.recover_docs(&docsnap), || self.recover_index(&manifest));
-        let (docs, mut last_seq, log_bytes) = docs_part?;
+        let after = self.expect.as_ref().and_then(|(_, e)| *e).map_or(u64::MAX, |e| e.seq);
+        let (docs_part, index_part) = rayon::join(
+            || crate::storage::guarded("recovery", || self.recover_docs(&docsnap, after)),
+            || crate::storage::guarded("recovery", || self.recover_index(&manifest)),
+        );
+        let (docs, mut last_seq, log_bytes, tail) = docs_part?;
         let (index, stored_runs, rebuilt, buffer_empty) = index_part?;
         let sids: Vec<u64> = stored_runs.iter().map(|&(sid, _)| sid).collect();
         last_seq = last_seq.max(manifest.last_seq).max(manifest.covered).max(docsnap.covered);
@@ -80,6 +92,13 @@ impl Shard {
                 docs.len(),
                 index.len()
             )));
+        }
+        match &self.expect {
+            Some((_, Some(e))) => e.check(last_seq, docs.len() as u64, tail)?,
+            Some((file, None)) => tracing::warn!(path = %file.path().display(),
+                "no expectation record (a data directory from an earlier release?); the \
+                 recovered data cannot be checked against one, and one is written now"),
+            None => {}
         }
         // Remember what is stored; repair rebuilt tables; drop garbage.
         {
@@ -113,6 +132,11 @@ impl Shard {
             ck.snapshot_bytes = log_bytes.min(self.config.snapshot_log_bytes);
         }
         self.sync()?;
+        // A fresh record before anything is truncated: the last manifest may cover more than
+        // the record on disk when a crash fell between the two (see `crate::expect`).
+        if let Some((file, _)) = &self.expect {
+            file.write(&Expectation { seq: last_seq, live: docs.len() as u64 })?;
+        }
         let mut st = self.state.write();
         *st = State {
             index,
@@ -135,8 +159,13 @@ impl Shard {
     }
 
     /// Recovery of the document table: the snapshot, then every later log record. Returns
-    /// the table, the last log sequence and the log's size.
-    pub(super) fn recover_docs(&self, docsnap: &DocSnapshot) -> Result<(DocTable, u64, u64)> {
+    /// the table, the last log sequence, the log's size, and the operations in log records
+    /// after sequence `after` (the expectation record's).
+    pub(super) fn recover_docs(
+        &self,
+        docsnap: &DocSnapshot,
+        after: u64,
+    ) -> Result<(DocTable, u64, u64, LogTail)> {
         let s = &self.spaces;
         let mut docs = DocTable::new();
         if docsnap.id != 0 {
@@ -167,7 +196,7 @@ impl Shard {
             }
             docs = DocTable::from_entries(entries);
         }
-        let (mut last_seq, mut log_bytes) = (0, 0u64);
+        let (mut last_seq, mut log_bytes, mut tail) = (0, 0u64, LogTail::default());
         for e in s.log.scan(&key64(0), &[0xFF; 9]) {
             let (k, v) = e?;
             let seq = u64::from_be_bytes(
@@ -175,13 +204,21 @@ impl Shard {
             );
             log_bytes += v.len() as u64;
             last_seq = last_seq.max(seq);
-            if seq > docsnap.covered {
+            if seq > docsnap.covered || seq > after {
                 for op in record::decode(&v)? {
-                    docs.apply(&op);
+                    if seq > after {
+                        match op {
+                            Op::Put { .. } => tail.puts += 1,
+                            Op::Remove { .. } => tail.removes += 1,
+                        }
+                    }
+                    if seq > docsnap.covered {
+                        docs.apply(&op);
+                    }
                 }
             }
         }
-        Ok((docs, last_seq, log_bytes))
+        Ok((docs, last_seq, log_bytes, tail))
     }
 
     /// Recovery of the index: the manifest's runs (checksums verified, damaged tables
