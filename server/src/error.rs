@@ -45,7 +45,7 @@ pub enum Error {
     #[error(transparent)]
     Index(neardup_core::Error),
     /// Delete with `must_exist` named ids that are not stored.
-    #[error("{} document(s) not stored, first: {:?}", .0.len(), .0.first())]
+    #[error("{} document(s) not stored, among them {:?}", .0.len(), .0.first().map_or("", String::as_str))]
     NotFound(Vec<String>),
     /// The shard is still recovering its data.
     #[error("the shard is recovering its data")]

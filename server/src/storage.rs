@@ -174,7 +174,8 @@ impl SledStore {
             return Err(Error::DataDir {
                 path: path.display().to_string(),
                 reason: if held {
-                    format!("the database is in use by another process ({e})")
+                    // sled's message for this carries the OS error's debug form.
+                    "the database is in use by another process (its lock is held)".to_string()
                 } else if matches!(e, sled::Error::Corruption { .. }) {
                     format!("the database is damaged: {e}")
                 } else {
