@@ -97,6 +97,8 @@ async fn embedded_serve_end_to_end_and_restart() {
     let before = node.client().await.stats().await.unwrap();
     node.terminate();
     assert!(node.log_text().contains("data synced"), "{}", node.log_text());
+    // A log written to a file carries no terminal colours.
+    assert!(!node.log_text().contains('\u{1b}'), "ANSI escapes in a log file");
     let mut node = Node::start(&args, dir.path());
     node.serving().await;
     let after = node.client().await.stats().await.unwrap();

@@ -134,6 +134,8 @@ fn writes_replacements_and_deletes_match_the_model() {
     // Rebuilt as one run: the same answers.
     shard.compact_all().unwrap();
     assert_eq!(shard.stats().unwrap().runs, 1);
+    // Named as the configuration names it.
+    assert_eq!(shard.stats().unwrap().design, "paper-10 (5c2)");
     check(&shard, &model, &queries);
     // Re-inserting an id replaces it: one document, the new fingerprint.
     let out = shard.write(&[doc("x", 1, 0), doc("x", 2, 0)], &[], false).unwrap();
@@ -188,16 +190,18 @@ fn admission_attaches_to_the_earliest_near_duplicate() {
     let (b, _) = shard.admit(&doc("b", base ^ 0b11, 10), 3, 10, false).unwrap();
     assert!(b.duplicate && b.inserted);
     assert_eq!((b.cluster_id, b.original_id.as_str()), (a.cluster_id, "a"));
-    // c is near both; b is the earliest, so c's original is b, in the same cluster.
+    // c is near both; b is the earliest, so c joins b's cluster, whose original is a (b was
+    // reported a duplicate: it is never named an original).
     let (c, _) = shard.admit(&doc("c", base ^ 0b101, 500), 3, 10, true).unwrap();
     assert!(c.duplicate && !c.inserted, "skip_insert_if_duplicate");
-    assert_eq!((c.cluster_id, c.original_id.as_str()), (a.cluster_id, "b"));
+    assert_eq!((c.cluster_id, c.original_id.as_str()), (a.cluster_id, "a"));
     assert_eq!(c.matches.len(), 2);
     assert_eq!(shard.stats().unwrap().documents, 3);
     // Re-admitting a with the same content does not find itself.
     let (a2, _) = shard.admit(&doc("a", base, 100), 3, 1, false).unwrap();
     assert!(a2.duplicate && a2.replaced && !a2.truncated);
-    assert_eq!(a2.original_id, "b");
+    // Its cluster's founder is the document this write replaces: no longer stored.
+    assert_eq!(a2.original_id, "");
     let m = &shard.probe(&[base], 0, 10).unwrap()[0].matches;
     assert_eq!(m.len(), 1);
     assert_eq!(m[0].cluster_id, a.cluster_id);
