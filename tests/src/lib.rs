@@ -116,6 +116,16 @@ impl Node {
         self.wait_health(ServingStatus::Serving).await
     }
 
+    /// `neardup serve` with its data in `dir/data` (and `extra` arguments), once SERVING.
+    pub async fn serve_in(dir: &Path, extra: &[&str]) -> Node {
+        let data = dir.join("data");
+        let mut args = vec!["serve", "--data", data.to_str().expect("a UTF-8 path")];
+        args.extend_from_slice(extra);
+        let mut node = Node::start(&args, dir);
+        node.serving().await;
+        node
+    }
+
     /// A client with a few retries.
     pub async fn client(&self) -> Client {
         let options = ClientOptions { timeout: Duration::from_secs(60), ..Default::default() };

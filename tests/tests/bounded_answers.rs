@@ -18,9 +18,7 @@ fn status_kb(pid: i32, field: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_amplifying_query_batch_is_bounded() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let mut node = Node::start(&["serve", "--data", data.to_str().unwrap()], dir.path());
-    node.serving().await;
+    let mut node = Node::serve_in(dir.path(), &[]).await;
     let client = node.client().await;
     let fp = 0x0404_0404_0404_0404;
     let docs: Vec<_> =

@@ -43,9 +43,7 @@ fn ids(v: &Value) -> Vec<(String, u64)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_client_command_against_a_real_server() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let mut node = Node::start(&["serve", "--data", data.to_str().unwrap()], dir.path());
-    node.serving().await;
+    let mut node = Node::serve_in(dir.path(), &[]).await;
 
     // One document by fingerprint, then a JSON-lines file with fingerprints (number and
     // hex) and a text.

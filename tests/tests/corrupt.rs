@@ -196,8 +196,7 @@ fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
 async fn a_damaged_database_file_exits_1_or_is_refused_or_served_whole() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let mut node = Node::start(&["serve", "--data", data.to_str().unwrap()], dir.path());
-    node.serving().await;
+    let mut node = Node::serve_in(dir.path(), &[]).await;
     let c = node.client().await;
     let mut rng = SplitMix64::new(9);
     let all: Vec<(String, u64)> = (0..3000).map(|i| (format!("d{i}"), rng.next_u64())).collect();

@@ -32,9 +32,7 @@ async fn python_grpcio_client() {
         "generating Python stubs failed (pip install grpcio grpcio-tools): {}",
         String::from_utf8_lossy(&generated.stderr)
     );
-    let data = dir.path().join("data");
-    let mut node = Node::start(&["serve", "--data", data.to_str().unwrap()], dir.path());
-    node.serving().await;
+    let node = Node::serve_in(dir.path(), &[]).await;
     let script = root.join("tests/python/client_test.py");
     let out = tokio::task::spawn_blocking(move || {
         Command::new("python3")

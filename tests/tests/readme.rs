@@ -248,9 +248,7 @@ async fn readme_examples_work_as_written() {
         std::fs::write(work.join("example.py"), &b.body).unwrap();
     }
 
-    let data = tmp.path().join("data");
-    let mut node = Node::start(&["serve", "--data", data.to_str().unwrap()], tmp.path());
-    node.serving().await;
+    let mut node = Node::serve_in(tmp.path(), &[]).await;
     let sandbox = Sandbox {
         path_var: path_with_binary(tmp.path()),
         server: format!("http://{}", node.addr),

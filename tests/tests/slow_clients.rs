@@ -43,9 +43,7 @@ async fn silent_streams(addr: &str, streams: usize) -> Vec<h2::SendStream<bytes:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_streams_lock_out_no_one() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let mut node = Node::start(&["serve", "--data", data.to_str().unwrap()], dir.path());
-    node.serving().await;
+    let mut node = Node::serve_in(dir.path(), &[]).await;
     let client = node.client().await;
     client.insert(vec![doc("a", 0xA5A5, 1)]).await.unwrap();
 
@@ -78,12 +76,7 @@ async fn silent_streams_lock_out_no_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_stream_is_ended() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let mut node = Node::start(
-        &["serve", "--data", data.to_str().unwrap(), "--set", "limits.stream_idle_secs=1"],
-        dir.path(),
-    );
-    node.serving().await;
+    let mut node = Node::serve_in(dir.path(), &["--set", "limits.stream_idle_secs=1"]).await;
     let tcp = tokio::net::TcpStream::connect(&node.addr).await.unwrap();
     let (client, connection) = h2::client::handshake(tcp).await.unwrap();
     tokio::spawn(connection);
