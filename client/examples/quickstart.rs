@@ -10,9 +10,7 @@ async fn main() -> Result<(), ClientError> {
     let fp = 0x5EED_0000_0000_0000;
     client.insert(vec![doc("https://example.org/rust/1", fp, 1_700_000_000_000)]).await?;
     let hits = client.query(fp ^ 0b111, Some(3), 10).await?; // 3 bits away
-    for m in &hits.matches {
-        println!("found {} at distance {}", m.id, m.distance);
-    }
+    println!("found {} at distance {}", hits.matches[0].id, hits.matches[0].distance);
 
     // Admission: is this page a near-duplicate of anything seen? Stored either way.
     let page = "Rust is a language empowering everyone to build reliable software.";
