@@ -17,26 +17,28 @@ use tonic_health::pb::health_client::HealthClient;
 
 /// The `neardup` binary under test (set by cargo for this package's tests, or given).
 pub fn binary() -> PathBuf {
-    std::env::var_os("NEARDUP_TEST_BINARY")
-        .map(PathBuf::from)
-        .or_else(|| option_env!("CARGO_BIN_EXE_neardup-node").map(PathBuf::from))
-        .unwrap_or_else(|| {
-            // Integration tests of this package: the binary sits next to the deps folder.
-            let exe = std::env::current_exe().expect("the test's path");
-            exe.parent().and_then(Path::parent).expect("target dir").join("neardup-node")
-        })
+    built("NEARDUP_TEST_BINARY", option_env!("CARGO_BIN_EXE_neardup-node"), "neardup-node")
 }
 
 /// The `neardup-bench` measurement program under test (set by cargo for this package's
 /// tests, or given).
 pub fn bench_binary() -> PathBuf {
-    std::env::var_os("NEARDUP_TEST_BENCH_BINARY")
+    built(
+        "NEARDUP_TEST_BENCH_BINARY",
+        option_env!("CARGO_BIN_EXE_neardup-bench-node"),
+        "neardup-bench-node",
+    )
+}
+
+/// A binary of this package: the path in `$var` if set, else where cargo says it built it,
+/// else next to the running test's deps folder.
+fn built(var: &str, cargo_says: Option<&str>, name: &str) -> PathBuf {
+    std::env::var_os(var)
         .map(PathBuf::from)
-        .or_else(|| option_env!("CARGO_BIN_EXE_neardup-bench-node").map(PathBuf::from))
+        .or_else(|| cargo_says.map(PathBuf::from))
         .unwrap_or_else(|| {
-            // Integration tests of this package: the binary sits next to the deps folder.
             let exe = std::env::current_exe().expect("the test's path");
-            exe.parent().and_then(Path::parent).expect("target dir").join("neardup-bench-node")
+            exe.parent().and_then(Path::parent).expect("target dir").join(name)
         })
 }
 
