@@ -141,6 +141,13 @@ impl From<Error> for tonic::Status {
 
 #[cfg(test)]
 mod tests {
+    /// Messages speak of the documents, not of Rust values.
+    #[test]
+    fn not_found_names_an_id_in_words() {
+        let e = Error::NotFound(vec!["nope".into(), "gone".into()]);
+        assert_eq!(e.to_string(), "2 document(s) not stored, among them \"nope\"");
+    }
+
     use super::*;
 
     #[test]

@@ -165,8 +165,11 @@ impl SledStore {
                 }
                 Err(e) => return Err(e),
             };
-            let held =
-                matches!(&e, sled::Error::Io(io) if io.kind() == std::io::ErrorKind::WouldBlock);
+            // sled 0.34 reports a held lock as an `Other` I/O error whose text names it (the
+            // lock error's kind survives only in that text).
+            let held = matches!(&e, sled::Error::Io(io)
+                if io.kind() == std::io::ErrorKind::WouldBlock
+                    || io.to_string().starts_with("could not acquire lock"));
             if held && std::time::Instant::now() < deadline {
                 std::thread::sleep(std::time::Duration::from_millis(20));
                 continue;
@@ -174,7 +177,6 @@ impl SledStore {
             return Err(Error::DataDir {
                 path: path.display().to_string(),
                 reason: if held {
-                    // sled's message for this carries the OS error's debug form.
                     "the database is in use by another process (its lock is held)".to_string()
                 } else if matches!(e, sled::Error::Corruption { .. }) {
                     format!("the database is damaged: {e}")

@@ -62,3 +62,17 @@ fn bad_configuration_is_refused_at_start() {
         start_error(&["serve", "--data", data.to_str().unwrap(), "--set", "storage.cache_mbb=1"]);
     assert!(e.contains("unknown field"), "{e}");
 }
+
+/// A data directory in use by a running node is refused in words, without the OS error's
+/// debug form.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_directory_in_use_is_refused_in_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = neardup_tests::Node::serve_in(dir.path(), &[]).await;
+    let data = dir.path().join("data");
+    let e =
+        tokio::task::block_in_place(|| start_error(&["serve", "--data", data.to_str().unwrap()]));
+    assert!(e.contains("in use by another process"), "{e}");
+    assert!(!e.contains("Os {") && !e.contains("kind:"), "{e}");
+    node.terminate();
+}

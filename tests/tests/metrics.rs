@@ -30,6 +30,8 @@ async fn metrics_endpoint_reports_requests_and_storage() {
     c.insert_all(&docs, 1000).await.unwrap();
     c.query(1, Some(3), 10).await.unwrap();
     let _ = c.query(1, Some(9), 10).await.unwrap_err();
+    // A rejected write (an empty id) counts as a request, not as items stored.
+    let _ = c.insert(vec![doc("", 1, 0), doc("x", 2, 0)]).await.unwrap_err();
     // The gauges are refreshed by the background thread; wait for the documents to show.
     let mut body = String::new();
     for _ in 0..500 {
@@ -53,5 +55,10 @@ async fn metrics_endpoint_reports_requests_and_storage() {
     ] {
         assert!(body.contains(series), "missing {series}:\n{body}");
     }
+    assert!(
+        body.contains("neardup_rpc_requests_total{method=\"Insert\",code=\"InvalidArgument\"} 1")
+    );
+    assert!(body.contains("neardup_rpc_items_total{method=\"InsertStream\"} 5000"), "{body}");
+    assert!(!body.contains("neardup_rpc_items_total{method=\"Insert\"}"), "rejected items counted");
     node.terminate();
 }
