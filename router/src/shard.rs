@@ -15,6 +15,7 @@ use neardup_proto::internal::{
     WaitDurableRequest, WriteRequest, WriteResponse,
 };
 use neardup_proto::v1::StatsResponse;
+use neardup_server::Status as ShardStatus;
 use tokio::sync::watch;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
@@ -72,6 +73,29 @@ fn request<T>(msg: T, deadline: Option<Instant>) -> Request<T> {
         r.set_timeout(d.saturating_duration_since(Instant::now()));
     }
     r
+}
+
+/// The health of a shard in this process (embedded mode), kept current from its status:
+/// what [`InProcess::new`] takes.
+pub fn health_of(shard: &neardup_server::Shard) -> watch::Receiver<ShardHealth> {
+    let mut status = shard.watch_status();
+    let (tx, rx) = watch::channel(ShardHealth::NotServing("starting".into()));
+    tokio::spawn(async move {
+        loop {
+            let h = match &*status.borrow_and_update() {
+                ShardStatus::Serving => ShardHealth::Serving,
+                ShardStatus::Recovering => ShardHealth::NotServing("recovering".into()),
+                ShardStatus::Corrupt(m) => ShardHealth::NotServing(format!("corrupt tablet: {m}")),
+                ShardStatus::Failed(m) => ShardHealth::NotServing(format!("storage failed: {m}")),
+                ShardStatus::ShuttingDown => ShardHealth::NotServing("shutting down".into()),
+            };
+            tx.send_replace(h);
+            if status.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+    rx
 }
 
 /// A shard service in this process (embedded mode): the router calls it directly.

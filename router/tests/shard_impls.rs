@@ -10,9 +10,8 @@ use neardup_proto::v1::{
     QueryTarget, StatsRequest, document, query_target,
 };
 use neardup_router::{InProcess, Limits, Remote, Router, RpcMetrics, ShardApi, ShardHealth};
-use neardup_server::{Shard, ShardConfig, ShardMetrics, ShardService, Status};
+use neardup_server::{Shard, ShardConfig, ShardMetrics, ShardService};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -21,25 +20,6 @@ fn open_shard(dir: &std::path::Path) -> Arc<Shard> {
     let shard = Shard::open(dir, config, ShardMetrics::default()).unwrap();
     shard.recover().unwrap();
     shard
-}
-
-/// The shard's status as router health.
-fn health_of(shard: &Shard) -> watch::Receiver<ShardHealth> {
-    let mut status = shard.watch_status();
-    let (tx, rx) = watch::channel(ShardHealth::NotServing("starting".into()));
-    tokio::spawn(async move {
-        loop {
-            let h = match &*status.borrow_and_update() {
-                Status::Serving => ShardHealth::Serving,
-                s => ShardHealth::NotServing(format!("{s:?}")),
-            };
-            tx.send_replace(h);
-            if status.changed().await.is_err() {
-                return;
-            }
-        }
-    });
-    rx
 }
 
 async fn start_router(shard: Arc<dyn ShardApi>) -> NeardupClient<Channel> {
@@ -154,7 +134,10 @@ async fn in_process_and_remote_shards_answer_alike() {
     // In process.
     let dir = tempfile::tempdir().unwrap();
     let shard = open_shard(dir.path());
-    let api = Arc::new(InProcess::new(ShardService::new(shard.clone()), health_of(&shard)));
+    let api = Arc::new(InProcess::new(
+        ShardService::new(shard.clone()),
+        neardup_router::shard::health_of(&shard),
+    ));
     let embedded = script(start_router(api).await).await;
     // Remote: the shard node on its own listener.
     let dir2 = tempfile::tempdir().unwrap();

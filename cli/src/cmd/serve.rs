@@ -3,10 +3,9 @@
 
 use std::sync::Arc;
 
-use neardup_router::{InProcess, Router, RpcMetrics, ShardHealth};
-use neardup_server::{Shard, ShardMetrics, ShardService, Status};
+use neardup_router::{InProcess, Router, RpcMetrics};
+use neardup_server::{Shard, ShardMetrics, ShardService};
 use prometheus_client::registry::Registry;
-use tokio::sync::watch;
 
 use crate::config::{Config, ConfigFlags};
 use crate::error::CliError;
@@ -17,28 +16,6 @@ use crate::ops;
 pub struct ServeArgs {
     #[command(flatten)]
     flags: ConfigFlags,
-}
-
-/// The shard's status, as the router's view of its health.
-pub fn health_of(shard: &Shard) -> watch::Receiver<ShardHealth> {
-    let mut status = shard.watch_status();
-    let (tx, rx) = watch::channel(ShardHealth::NotServing("starting".into()));
-    tokio::spawn(async move {
-        loop {
-            let h = match &*status.borrow_and_update() {
-                Status::Serving => ShardHealth::Serving,
-                Status::Recovering => ShardHealth::NotServing("recovering".into()),
-                Status::Corrupt(m) => ShardHealth::NotServing(format!("corrupt tablet: {m}")),
-                Status::Failed(m) => ShardHealth::NotServing(format!("storage failed: {m}")),
-                Status::ShuttingDown => ShardHealth::NotServing("shutting down".into()),
-            };
-            tx.send_replace(h);
-            if status.changed().await.is_err() {
-                return;
-            }
-        }
-    });
-    rx
 }
 
 /// Opens the shard and starts its recovery on a blocking thread.
@@ -76,7 +53,8 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
     shard_metrics.register(&mut registry);
     rpc_metrics.register(&mut registry);
     ops::serve_metrics(&config.metrics_listen, registry).await?;
-    let api = InProcess::new(ShardService::new(shard.clone()), health_of(&shard));
+    let api =
+        InProcess::new(ShardService::new(shard.clone()), neardup_router::shard::health_of(&shard));
     let router = Router::new(Arc::new(api), shard.max_k(), config.limits.clone(), rpc_metrics);
     let address = listener.local_addr().map_err(|source| CliError::Listen {
         what: "gRPC",
