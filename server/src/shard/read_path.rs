@@ -46,14 +46,12 @@ impl Shard {
         let limit = limit.max(1);
         let st = self.state.read();
         st.index.check_k(k)?;
-        // Each query's raw matches, cut to `keep`: one more than it may return, so that
-        // `truncated` can still be told.
-        let query = |fp: u64, keep: usize, scratch: &mut QueryScratch, out: &mut Vec<Match>| {
-            st.index.query_into(fp, k, scratch, out)?;
-            Ok(out[..out.len().min(keep)].to_vec())
-        };
         let mut left = budget;
         let mut results = Vec::with_capacity(fps.len());
+        // Queries answered one at a time turn their matches into documents straight from
+        // one reused buffer; only the slices spread over the cores keep each query's raw
+        // matches, cut to one more than it may return (enough to tell `truncated`).
+        let (mut scratch, mut out) = (QueryScratch::default(), Vec::new());
         let mut rest = fps;
         while !rest.is_empty() {
             // A slice holds at most about what the budget has left, so the raw matches held
@@ -62,24 +60,26 @@ impl Shard {
             let len = (left.max_matches / limit).clamp(1, PROBE_SLICE).min(rest.len());
             let (slice, next) = rest.split_at(len);
             rest = next;
-            let found: Vec<Vec<Match>> = if slice.len() >= 32 {
-                slice
-                    .par_chunks(16)
-                    .map(|c| {
-                        let (mut scratch, mut out) = (QueryScratch::default(), Vec::new());
-                        c.iter()
-                            .map(|&fp| query(fp, keep, &mut scratch, &mut out))
-                            .collect::<Vec<_>>()
-                    })
-                    .flatten_iter()
-                    .collect::<Result<_>>()?
-            } else {
-                let (mut scratch, mut out) = (QueryScratch::default(), Vec::new());
-                slice
-                    .iter()
-                    .map(|&fp| query(fp, keep, &mut scratch, &mut out))
-                    .collect::<Result<_>>()?
-            };
+            if slice.len() < 32 {
+                for &fp in slice {
+                    st.index.query_into(fp, k, &mut scratch, &mut out)?;
+                    results.push(Self::result(&st.docs, fp, &out, limit, None, &mut left)?);
+                }
+                continue;
+            }
+            let found: Vec<Vec<Match>> = slice
+                .par_chunks(16)
+                .map(|c| {
+                    let (mut scratch, mut out) = (QueryScratch::default(), Vec::new());
+                    c.iter()
+                        .map(|&fp| {
+                            st.index.query_into(fp, k, &mut scratch, &mut out)?;
+                            Ok(out[..out.len().min(keep)].to_vec())
+                        })
+                        .collect::<Vec<_>>()
+                })
+                .flatten_iter()
+                .collect::<Result<_>>()?;
             for (&fp, matches) in slice.iter().zip(found) {
                 results.push(Self::result(&st.docs, fp, &matches, limit, None, &mut left)?);
             }
