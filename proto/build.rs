@@ -7,7 +7,11 @@ use std::path::PathBuf;
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
-    let files = ["neardup/v1/neardup.proto", "neardup/internal/v1/shard.proto"];
+    let files = [
+        "neardup/v1/neardup.proto",
+        "neardup/internal/v1/shard.proto",
+        "neardup/admin/v1/admin.proto",
+    ];
     for f in files {
         println!("cargo:rerun-if-changed={f}");
     }
