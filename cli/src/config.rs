@@ -44,6 +44,8 @@ pub struct Config {
     pub limits: Limits,
     /// The router role.
     pub router: RouterSection,
+    /// Cluster mode of `serve` (see `docs/cluster.md`).
+    pub cluster: ClusterSection,
 }
 
 /// `[index]`.
@@ -101,6 +103,54 @@ pub struct RouterSection {
     pub shard: String,
 }
 
+/// `[cluster]`: a node of a cluster. `serve` runs in cluster mode when `bootstrap` is set,
+/// `join` is given, or the data directory already holds cluster state; otherwise these keys
+/// are unused.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClusterSection {
+    /// This node's id, unique in the cluster (not 0); 0: the id stored in the data directory.
+    pub node_id: u64,
+    /// Address of the internal listener: Raft, the admin API and the shard service.
+    pub internal_listen: String,
+    /// Public address the other nodes and clients are told; empty: the bound `listen` address.
+    pub advertise_public: String,
+    /// Internal address the other nodes are told; empty: the bound `internal_listen` address.
+    pub advertise_internal: String,
+    /// Start a new cluster with this node as its only voter.
+    pub bootstrap: bool,
+    /// Join the cluster through this member's internal address (HOST:PORT); empty: none.
+    pub join: String,
+    /// Raft tick, milliseconds.
+    pub tick_ms: u64,
+    /// Ticks without a heartbeat before a follower calls an election.
+    pub election_ticks: usize,
+    /// Ticks between the leader's heartbeats.
+    pub heartbeat_ticks: usize,
+    /// Most voters; further nodes stay learners.
+    pub max_voters: usize,
+    /// Compact the Raft log into a snapshot of the map after this many applied entries.
+    pub snapshot_every: u64,
+}
+
+impl Default for ClusterSection {
+    fn default() -> Self {
+        ClusterSection {
+            node_id: 0,
+            internal_listen: "127.0.0.1:50061".into(),
+            advertise_public: String::new(),
+            advertise_internal: String::new(),
+            bootstrap: false,
+            join: String::new(),
+            tick_ms: 100,
+            election_ticks: 10,
+            heartbeat_ticks: 2,
+            max_voters: 5,
+            snapshot_every: 1000,
+        }
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -112,6 +162,7 @@ impl Default for Config {
             storage: StorageSection::default(),
             limits: Limits::default(),
             router: RouterSection::default(),
+            cluster: ClusterSection::default(),
         }
     }
 }
@@ -176,6 +227,25 @@ pub struct ConfigFlags {
     /// Print the configuration in force and exit.
     #[arg(long)]
     pub print_config: bool,
+}
+
+/// The cluster flags of `neardup serve`; each overrides its `[cluster]` key.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ClusterFlags {
+    /// This node's id in the cluster (not 0); only needed the first time: a restart takes
+    /// the id stored in the data directory.
+    #[arg(long)]
+    pub node_id: Option<u64>,
+    /// Internal listener of a cluster node: Raft, the admin API, the shard service
+    /// [default: 127.0.0.1:50061].
+    #[arg(long)]
+    pub internal_listen: Option<String>,
+    /// Start a new cluster with this node as its only voter.
+    #[arg(long, conflicts_with = "join")]
+    pub bootstrap: bool,
+    /// Join a cluster through a member's internal address, HOST:PORT.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub join: Option<String>,
 }
 
 fn scalar(raw: &str) -> toml::Value {
@@ -270,12 +340,47 @@ impl Config {
         Ok(config)
     }
 
+    /// Applies the cluster flags of `serve` over the loaded configuration, checked again.
+    pub fn with_cluster_flags(mut self, flags: &ClusterFlags) -> Result<Config, CliError> {
+        let c = &mut self.cluster;
+        if let Some(id) = flags.node_id {
+            c.node_id = id;
+        }
+        if let Some(l) = &flags.internal_listen {
+            c.internal_listen = l.clone();
+        }
+        if flags.bootstrap {
+            c.bootstrap = true;
+        }
+        if let Some(j) = &flags.join {
+            c.join = j.clone();
+        }
+        self.check().map_err(CliError::Config)?;
+        Ok(self)
+    }
+
     /// Checks what deserialisation cannot.
     fn check(&self) -> Result<(), String> {
         if !matches!(self.log_format.as_str(), "text" | "json") {
             return Err(format!("log_format = {:?}: expected text or json", self.log_format));
         }
         self.index_config_text()?.validate().map_err(|e| format!("[index]: {e}"))?;
+        let c = &self.cluster;
+        if c.bootstrap && !c.join.is_empty() {
+            return Err("[cluster] bootstrap and join exclude each other: a node either starts \
+                        a new cluster or joins one"
+                .into());
+        }
+        if c.tick_ms == 0 || c.election_ticks <= c.heartbeat_ticks || c.heartbeat_ticks == 0 {
+            return Err(format!(
+                "[cluster] tick_ms = {}, election_ticks = {}, heartbeat_ticks = {}: expected a \
+                 tick above 0 and 0 < heartbeat_ticks < election_ticks",
+                c.tick_ms, c.election_ticks, c.heartbeat_ticks
+            ));
+        }
+        if c.max_voters == 0 {
+            return Err("[cluster] max_voters = 0: expected at least 1".into());
+        }
         Ok(())
     }
 
@@ -383,6 +488,11 @@ mod tests {
         assert!(bad("storage.cache_mb=many").contains("cache_mb"));
         assert!(bad("index.design=7c9").contains("design"));
         assert!(bad("log_format=xml").contains("log_format"));
+        assert!(bad("cluster.heartbeat_ticks=10").contains("heartbeat_ticks"));
+        assert!(bad("cluster.max_voters=0").contains("max_voters"));
+        let both = ClusterFlags { bootstrap: true, join: Some("h:1".into()), ..Default::default() };
+        let e = Config::default().with_cluster_flags(&both).unwrap_err().to_string();
+        assert!(e.contains("bootstrap and join"), "{e}");
         let typo = vec![("NEARDUP_STORAGE__CACHE_MBB".to_string(), "1".to_string())];
         let e = Config::load(&ConfigFlags::default(), typo.into_iter()).unwrap_err().to_string();
         assert!(e.contains("unknown field"), "{e}");

@@ -6,6 +6,7 @@
 //! - `shard`, `router`: the two roles as separate processes;
 //! - `insert`, `query`, `check`, `delete`, `stats`, `fingerprint`: client calls, printing
 //!   JSON lines;
+//! - `cluster`: the admin API of a cluster node (status, add, remove, transfer-leader);
 //! - `dedup`: corpus dedup, offline (the `neardup-dedup` library).
 //!
 //! Benchmarks and the quality evaluation are measurement programs: they are subcommands of
@@ -61,6 +62,8 @@ pub enum Command {
     Stats(cmd::stats::StatsArgs),
     /// Fingerprint texts.
     Fingerprint(cmd::fingerprint::FingerprintArgs),
+    /// Administer a cluster: status, add, remove, transfer-leader (JSON output).
+    Cluster(cmd::cluster::ClusterArgs),
     /// Every document's duplicate cluster and original, for a whole corpus (offline).
     Dedup(neardup_dedup::DedupArgs),
 }
@@ -100,6 +103,7 @@ fn run_online(command: Command) -> Result<(), CliError> {
             Command::Delete(a) => cmd::delete::run(a).await,
             Command::Stats(a) => cmd::stats::run(a).await,
             Command::Fingerprint(a) => cmd::fingerprint::run(a).await,
+            Command::Cluster(a) => cmd::cluster::run(a).await,
             Command::Dedup(_) => unreachable!("handled without a runtime"),
         }
     });

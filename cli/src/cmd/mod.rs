@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod check;
+pub mod cluster;
 pub mod common;
 pub mod delete;
 pub mod fingerprint;

@@ -1,0 +1,275 @@
+//! `neardup cluster`: the operator's side of the admin API (`neardup.admin.v1`) of a
+//! cluster node, reached on its internal listener. Each command prints one JSON object.
+//!
+//! - `status`: leader, term, epoch, applied index, nodes and tablets, as the node sees them;
+//! - `add`, `remove NODE`, `transfer-leader NODE`: a change, sent to any member (a member
+//!   that is not the leader forwards it); prints the epoch it was applied at.
+
+use std::time::Duration;
+
+use neardup_client::ClientError;
+use neardup_proto::admin::admin_client::AdminClient;
+use neardup_proto::admin::{
+    AddNodeRequest, ChangeResponse, Design, Node, NodeState, RemoveNodeRequest, Role,
+    StatusRequest, StatusResponse, Tablet, TabletState, TransferLeaderRequest,
+};
+use serde_json::{Value, json};
+use tonic::transport::Channel;
+
+use crate::cmd::common::{self, hex};
+use crate::error::CliError;
+
+/// Options of `neardup cluster`.
+#[derive(Debug, clap::Args)]
+pub struct ClusterArgs {
+    /// What to ask.
+    #[command(subcommand)]
+    pub command: ClusterCommand,
+}
+
+/// Where the admin API is.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AdminAddr {
+    /// A member's internal address (its `--internal-listen`), HOST:PORT or http://HOST:PORT.
+    #[arg(long, env = "NEARDUP_ADMIN", default_value = "127.0.0.1:50061")]
+    pub addr: String,
+    /// Deadline of the call, in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    pub timeout_ms: u64,
+}
+
+/// The `cluster` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum ClusterCommand {
+    /// The cluster as one member sees it (one JSON object).
+    Status {
+        /// The member to ask.
+        #[command(flatten)]
+        admin: AdminAddr,
+    },
+    /// Add a node (it joins as a learner, and is promoted to voter once caught up).
+    Add {
+        /// The member to ask.
+        #[command(flatten)]
+        admin: AdminAddr,
+        /// The new node's id (not 0).
+        #[arg(long)]
+        node_id: u64,
+        /// Its public address, HOST:PORT.
+        #[arg(long)]
+        public: String,
+        /// Its internal address, HOST:PORT.
+        #[arg(long)]
+        internal: String,
+    },
+    /// Remove a node (drained first).
+    Remove {
+        /// The node's id.
+        node: u64,
+        /// The member to ask.
+        #[command(flatten)]
+        admin: AdminAddr,
+    },
+    /// Hand leadership to another voter.
+    TransferLeader {
+        /// The voter to lead.
+        node: u64,
+        /// The member to ask.
+        #[command(flatten)]
+        admin: AdminAddr,
+    },
+}
+
+/// `HOST:PORT` or a URI, as a URI.
+pub fn admin_uri(addr: &str) -> String {
+    if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") }
+}
+
+/// A client of the admin API at `addr`, connecting on first use (a refused connection is the
+/// first call's error).
+pub fn admin_client(addr: &str, timeout: Duration) -> Result<AdminClient<Channel>, CliError> {
+    let endpoint = tonic::transport::Endpoint::from_shared(admin_uri(addr))
+        .map_err(|e| CliError::Connect { server: addr.to_string(), reason: e.to_string() })?
+        .connect_timeout(timeout.min(Duration::from_secs(5)))
+        .timeout(timeout);
+    Ok(AdminClient::new(endpoint.connect_lazy()))
+}
+
+/// Runs `neardup cluster`.
+pub async fn run(args: ClusterArgs) -> Result<(), CliError> {
+    let value = match args.command {
+        ClusterCommand::Status { admin } => {
+            let mut c = admin_client(&admin.addr, Duration::from_millis(admin.timeout_ms))?;
+            let r = c.status(StatusRequest {}).await.map_err(|s| failed(&admin, s))?;
+            status_json(&r.into_inner())
+        }
+        ClusterCommand::Add { admin, node_id, public, internal } => {
+            let mut c = admin_client(&admin.addr, Duration::from_millis(admin.timeout_ms))?;
+            let req = AddNodeRequest { node_id, public_addr: public, internal_addr: internal };
+            let r = c.add_node(req).await.map_err(|s| failed(&admin, s))?;
+            change_json(&r.into_inner())
+        }
+        ClusterCommand::Remove { node, admin } => {
+            let mut c = admin_client(&admin.addr, Duration::from_millis(admin.timeout_ms))?;
+            let r = c
+                .remove_node(RemoveNodeRequest { node_id: node })
+                .await
+                .map_err(|s| failed(&admin, s))?;
+            change_json(&r.into_inner())
+        }
+        ClusterCommand::TransferLeader { node, admin } => {
+            let mut c = admin_client(&admin.addr, Duration::from_millis(admin.timeout_ms))?;
+            let r = c
+                .transfer_leader(TransferLeaderRequest { node_id: node })
+                .await
+                .map_err(|s| failed(&admin, s))?;
+            change_json(&r.into_inner())
+        }
+    };
+    common::print(&value);
+    Ok(())
+}
+
+fn failed(admin: &AdminAddr, s: tonic::Status) -> CliError {
+    CliError::client(&admin.addr, ClientError::Status(s))
+}
+
+/// A change's answer as JSON.
+pub fn change_json(r: &ChangeResponse) -> Value {
+    let ChangeResponse { epoch, index, leader } = r;
+    json!({ "epoch": epoch, "index": index, "leader": leader })
+}
+
+fn role_name(role: i32) -> &'static str {
+    match Role::try_from(role) {
+        Ok(Role::Voter) => "voter",
+        Ok(Role::Learner) => "learner",
+        _ => "unknown",
+    }
+}
+
+fn state_name(state: i32) -> &'static str {
+    match NodeState::try_from(state) {
+        Ok(NodeState::Joining) => "joining",
+        Ok(NodeState::Active) => "active",
+        Ok(NodeState::Draining) => "draining",
+        Ok(NodeState::Down) => "down",
+        _ => "unknown",
+    }
+}
+
+fn tablet_state_name(state: i32) -> &'static str {
+    match TabletState::try_from(state) {
+        Ok(TabletState::Active) => "active",
+        Ok(TabletState::Moving) => "moving",
+        _ => "unknown",
+    }
+}
+
+/// The status as one JSON object: leader (null when none is known), term, epoch, applied
+/// index, nodes and tablets.
+pub fn status_json(r: &StatusResponse) -> Value {
+    let StatusResponse {
+        node_id,
+        leader,
+        leader_addr,
+        term,
+        epoch,
+        applied,
+        committed,
+        cluster_id,
+        design,
+        nodes,
+        tablets,
+    } = r;
+    let nodes: Vec<Value> = nodes
+        .iter()
+        .map(|n| {
+            let Node { id, public_addr, internal_addr, role, state, caught_up } = n;
+            json!({
+                "id": id,
+                "public_addr": public_addr,
+                "internal_addr": internal_addr,
+                "role": role_name(*role),
+                "state": state_name(*state),
+                "caught_up": caught_up,
+            })
+        })
+        .collect();
+    let tablets: Vec<Value> = tablets
+        .iter()
+        .map(|t| {
+            let Tablet { table, start, end, nodes, state } = t;
+            json!({
+                "table": table,
+                "start": hex(*start),
+                "end": hex(*end),
+                "nodes": nodes,
+                "state": tablet_state_name(*state),
+            })
+        })
+        .collect();
+    let design = design.as_ref().map(|d| {
+        let Design { name, tables, max_k } = d;
+        json!({ "name": name, "tables": tables, "max_k": max_k })
+    });
+    json!({
+        "node_id": node_id,
+        "leader": if *leader == 0 { Value::Null } else { json!(leader) },
+        "leader_addr": leader_addr,
+        "term": term,
+        "epoch": epoch,
+        "applied": applied,
+        "committed": committed,
+        "cluster_id": cluster_id,
+        "design": design,
+        "nodes": nodes,
+        "tablets": tablets,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_is_one_object_with_every_part() {
+        let r = StatusResponse {
+            node_id: 2,
+            leader: 1,
+            leader_addr: "127.0.0.1:7001".into(),
+            term: 3,
+            epoch: 5,
+            applied: 9,
+            committed: 9,
+            cluster_id: "c".into(),
+            design: Some(Design { name: "paper-10".into(), tables: 10, max_k: 3 }),
+            nodes: vec![Node {
+                id: 1,
+                public_addr: "127.0.0.1:7000".into(),
+                internal_addr: "127.0.0.1:7001".into(),
+                role: Role::Voter as i32,
+                state: NodeState::Active as i32,
+                caught_up: true,
+            }],
+            tablets: vec![Tablet {
+                table: 0,
+                start: 0,
+                end: u64::MAX,
+                nodes: vec![1],
+                state: TabletState::Active as i32,
+            }],
+        };
+        let v = status_json(&r);
+        assert_eq!(v["leader"], 1);
+        assert_eq!(v["epoch"], 5);
+        assert_eq!(v["applied"], 9);
+        assert_eq!(v["nodes"][0]["role"], "voter");
+        assert_eq!(v["nodes"][0]["state"], "active");
+        assert_eq!(v["nodes"][0]["caught_up"], true);
+        assert_eq!(v["tablets"][0]["end"], "0xffffffffffffffff");
+        assert_eq!(v["tablets"][0]["nodes"][0], 1);
+        let none = status_json(&StatusResponse::default());
+        assert!(none["leader"].is_null());
+    }
+}
