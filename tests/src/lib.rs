@@ -3,8 +3,11 @@
 //! Integration tests that run neardup as real processes on loopback: start a server with a
 //! data directory, talk to it over gRPC, kill it (`SIGTERM` or `kill -9`), start it again.
 //! The harness here starts and stops processes and waits for health; the tests are in
-//! `tests/`. No test asserts on time.
+//! `tests/`. No test asserts on time. [`cluster`] starts cluster nodes and the network
+//! namespaces that partition them.
 #![deny(missing_docs)]
+
+pub mod cluster;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
