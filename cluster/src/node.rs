@@ -1,0 +1,692 @@
+//! [`ClusterNode`]: a [`Replica`] on its own thread.
+//!
+//! The thread owns the replica. Everything reaches it through one inbox channel (messages
+//! from peers, changes with a reply channel, shutdown); it wakes at once on input and
+//! otherwise at the next tick (`recv_timeout`). After every wake-up it handles Raft's ready
+//! state until there is none, sends the messages through the [`Transport`], answers the
+//! changes that were applied, and publishes the map, the readiness and the status. Callers
+//! never wait on the thread except for the answer to their own change.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use protobuf::Message as _;
+use raft::eraftpb::{ConfChangeType, Message};
+use tokio::sync::{oneshot, watch};
+
+use crate::error::ClusterError;
+use crate::map::{ClusterMap, Command, NodeInfo, NodeState, Role};
+use crate::metrics::{ClusterMetrics, RoleLabels};
+use crate::replica::{Outbox, Replica, ReplicaConfig};
+use crate::storage::{Identity, RaftStore};
+use crate::{ClusterConfig, NodeId, Transport};
+
+/// A change that was applied: the map's epoch after it and the Raft index it is at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Applied {
+    /// The map's epoch once the change is applied.
+    pub epoch: u64,
+    /// The Raft index applied.
+    pub index: u64,
+}
+
+/// A node's view of the cluster.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterStatus {
+    /// This node's id.
+    pub node_id: NodeId,
+    /// The leader it knows, if any.
+    pub leader: Option<NodeId>,
+    /// Its current term.
+    pub term: u64,
+    /// The epoch of its applied map.
+    pub epoch: u64,
+    /// Its last applied index.
+    pub applied: u64,
+    /// The commit index it knows.
+    pub committed: u64,
+    /// Its applied map.
+    pub map: Arc<ClusterMap>,
+    /// On the leader: whether each member is reachable and caught up with the log. Empty on
+    /// other nodes.
+    pub progress: std::collections::BTreeMap<NodeId, bool>,
+}
+
+type Reply = oneshot::Sender<Result<Applied, ClusterError>>;
+
+enum Input {
+    Message(Message, String),
+    Add { id: NodeId, public_addr: String, internal_addr: String, reply: Reply },
+    Remove { id: NodeId, reply: Reply },
+    Transfer { to: NodeId, reply: Reply },
+    Shutdown,
+}
+
+/// A running cluster node; clones share it.
+#[derive(Clone)]
+pub struct ClusterNode {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    id: NodeId,
+    tx: Sender<Input>,
+    status: Arc<Mutex<ClusterStatus>>,
+    map_rx: watch::Receiver<Arc<ClusterMap>>,
+    ready_rx: watch::Receiver<bool>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Shared {
+    fn stop(&self) {
+        let _ = self.tx.send(Input::Shutdown);
+        let handle = self.thread.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(h) = handle
+            && h.thread().id() != std::thread::current().id()
+        {
+            let _ = h.join();
+        }
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn stopped() -> ClusterError {
+    ClusterError::Unavailable("the cluster node has stopped".into())
+}
+
+fn new_cluster_id(node_id: NodeId) -> String {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(node_id);
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default(),
+    );
+    h.write_u32(std::process::id());
+    format!("{:016x}", h.finish())
+}
+
+/// Opens the store in `cfg.dir`, checks its identity and bootstraps it when asked.
+pub(crate) fn open_store(cfg: &ClusterConfig) -> Result<RaftStore, ClusterError> {
+    if cfg.node_id == 0 {
+        return Err(ClusterError::InvalidArgument("node id 0 is reserved".into()));
+    }
+    if cfg.internal_addr.is_empty() {
+        return Err(ClusterError::InvalidArgument(
+            "a cluster node needs an internal address".into(),
+        ));
+    }
+    let store = RaftStore::open_dir(&cfg.dir)?;
+    match store.identity() {
+        Some(id) if id.node_id != cfg.node_id => {
+            return Err(ClusterError::FailedPrecondition(format!(
+                "{} holds the Raft state of node {}, not node {}",
+                cfg.dir.display(),
+                id.node_id,
+                cfg.node_id
+            )));
+        }
+        Some(_) => {}
+        None => store.set_identity(Identity { node_id: cfg.node_id, cluster_id: String::new() })?,
+    }
+    let fresh = store.last() == 0 && store.hard_state() == Default::default();
+    match &cfg.bootstrap {
+        Some(design) if fresh => {
+            let cluster_id = new_cluster_id(cfg.node_id);
+            let mut map = ClusterMap::default();
+            map.apply(&Command::Bootstrap {
+                cluster_id: cluster_id.clone(),
+                design: design.clone(),
+                node: NodeInfo {
+                    id: cfg.node_id,
+                    public_addr: cfg.public_addr.clone(),
+                    internal_addr: cfg.internal_addr.clone(),
+                    role: Role::Voter,
+                    state: NodeState::Active,
+                },
+            })?;
+            store.bootstrap(vec![cfg.node_id], map.encode())?;
+            store.set_identity(Identity { node_id: cfg.node_id, cluster_id })?;
+            tracing::info!(node = cfg.node_id, "bootstrapped a new cluster");
+        }
+        Some(_) => tracing::info!(
+            node = cfg.node_id,
+            "the Raft directory holds a cluster already; bootstrap ignored"
+        ),
+        None => {}
+    }
+    Ok(store)
+}
+
+impl ClusterNode {
+    /// Opens (or creates) the Raft state in `cfg.dir` and starts the Raft thread. A node
+    /// restarted on its dir comes back with its id and map; a dir holding another node id is
+    /// refused (FailedPrecondition).
+    pub fn start(
+        cfg: ClusterConfig,
+        transport: Arc<dyn Transport>,
+        metrics: ClusterMetrics,
+    ) -> Result<ClusterNode, ClusterError> {
+        let store = open_store(&cfg)?;
+        let replica = Replica::open(
+            ReplicaConfig {
+                id: cfg.node_id,
+                election_ticks: cfg.election_ticks,
+                heartbeat_ticks: cfg.heartbeat_ticks,
+                max_voters: cfg.max_voters.max(1),
+                snapshot_every: cfg.snapshot_every.max(1),
+                catch_up_slack: 2,
+            },
+            store,
+            &crate::logger::raft_logger(cfg.node_id),
+        )?;
+        let (tx, rx) = mpsc::channel();
+        let map = Arc::new(replica.map().clone());
+        let (map_tx, map_rx) = watch::channel(map.clone());
+        let (ready_tx, ready_rx) = watch::channel(false);
+        let status = Arc::new(Mutex::new(ClusterStatus {
+            node_id: cfg.node_id,
+            epoch: map.epoch,
+            applied: replica.applied(),
+            map,
+            ..Default::default()
+        }));
+        let wait = (cfg.tick * cfg.election_ticks as u32 * 5).max(Duration::from_secs(10));
+        let mut runner = Runner {
+            replica,
+            transport,
+            metrics,
+            tick: cfg.tick.max(Duration::from_millis(1)),
+            wait,
+            addrs: HashMap::new(),
+            waiters: Vec::new(),
+            status: status.clone(),
+            map_tx,
+            ready_tx,
+            was_leader: false,
+            identity_cluster: String::new(),
+        };
+        runner.identity_cluster =
+            runner.replica.store().identity().map(|i| i.cluster_id).unwrap_or_default();
+        let thread = std::thread::Builder::new()
+            .name(format!("neardup-raft-{}", cfg.node_id))
+            .spawn(move || runner.run(rx))
+            .map_err(|e| ClusterError::Unavailable(format!("cannot start the Raft thread: {e}")))?;
+        Ok(ClusterNode {
+            shared: Arc::new(Shared {
+                id: cfg.node_id,
+                tx,
+                status,
+                map_rx,
+                ready_rx,
+                thread: Mutex::new(Some(thread)),
+            }),
+        })
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> NodeId {
+        self.shared.id
+    }
+
+    /// An incoming message from a peer (`from_addr`: its internal address, learned for
+    /// replies). Returns at once; InvalidArgument when the bytes are not a Raft message.
+    pub fn step(&self, message: &[u8], from_addr: &str) -> Result<(), ClusterError> {
+        let msg = Message::parse_from_bytes(message)
+            .map_err(|e| ClusterError::InvalidArgument(format!("not a Raft message: {e}")))?;
+        self.shared.tx.send(Input::Message(msg, from_addr.to_string())).map_err(|_| stopped())
+    }
+
+    async fn ask(&self, make: impl FnOnce(Reply) -> Input) -> Result<Applied, ClusterError> {
+        let (reply, rx) = oneshot::channel();
+        self.shared.tx.send(make(reply)).map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
+    }
+
+    /// Leader only (else `NotLeader` with the leader): adds a node as a learner; the leader
+    /// promotes it to voter once caught up while voters are fewer than `max_voters`. The same
+    /// id with the same internal address again is Ok (idempotent); the same id with another
+    /// address is `IdInUse`.
+    pub async fn add_node(
+        &self,
+        id: NodeId,
+        public_addr: String,
+        internal_addr: String,
+    ) -> Result<Applied, ClusterError> {
+        self.ask(|reply| Input::Add { id, public_addr, internal_addr, reply }).await
+    }
+
+    /// Leader only: marks the node draining, then removes it (conf change) and answers once
+    /// the removal is applied. Refused with FailedPrecondition (saying why) when it would lose
+    /// quorum or remove the last voter. Removing the leader itself hands leadership over
+    /// first; the answer may then be Unavailable while the new leader completes the removal.
+    pub async fn remove_node(&self, id: NodeId) -> Result<Applied, ClusterError> {
+        self.ask(|reply| Input::Remove { id, reply }).await
+    }
+
+    /// Leader only: hands leadership to voter `to`; answers once `to` leads.
+    pub async fn transfer_leader(&self, to: NodeId) -> Result<Applied, ClusterError> {
+        self.ask(|reply| Input::Transfer { to, reply }).await
+    }
+
+    /// This node's view of the cluster.
+    pub fn status(&self) -> ClusterStatus {
+        self.shared.status.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The applied map, updated on every change.
+    pub fn watch_map(&self) -> watch::Receiver<Arc<ClusterMap>> {
+        self.shared.map_rx.clone()
+    }
+
+    /// True once this node has applied the committed map (health SERVING needs it).
+    pub fn watch_ready(&self) -> watch::Receiver<bool> {
+        self.shared.ready_rx.clone()
+    }
+
+    /// Stops the Raft thread (everything is persisted as it happens); idempotent. Pending
+    /// changes are answered Unavailable.
+    pub fn shutdown(&self) {
+        self.shared.stop();
+    }
+}
+
+enum Wait {
+    /// A proposed entry at (index, term); on success, `then_removal` waits for the removal.
+    Entry { index: u64, term: u64, then_removal: Option<NodeId> },
+    /// The node leaves the map.
+    Removal(NodeId),
+    /// `to` becomes the leader.
+    Transfer(NodeId),
+}
+
+struct Waiter {
+    wait: Wait,
+    reply: Reply,
+    deadline: Instant,
+}
+
+struct Runner {
+    replica: Replica,
+    transport: Arc<dyn Transport>,
+    metrics: ClusterMetrics,
+    tick: Duration,
+    wait: Duration,
+    addrs: HashMap<NodeId, String>,
+    waiters: Vec<Waiter>,
+    status: Arc<Mutex<ClusterStatus>>,
+    map_tx: watch::Sender<Arc<ClusterMap>>,
+    ready_tx: watch::Sender<bool>,
+    was_leader: bool,
+    identity_cluster: String,
+}
+
+impl Runner {
+    fn run(mut self, rx: Receiver<Input>) {
+        let mut next_tick = Instant::now() + self.tick;
+        if let Err(e) = self.drain() {
+            return self.fail(e);
+        }
+        loop {
+            let now = Instant::now();
+            let input = match rx.recv_timeout(next_tick.saturating_duration_since(now)) {
+                Ok(input) => Some(input),
+                Err(RecvTimeoutError::Timeout) => None,
+                Err(RecvTimeoutError::Disconnected) => break,
+            };
+            let mut inputs: Vec<Input> = input.into_iter().collect();
+            while inputs.len() < 1024 {
+                match rx.try_recv() {
+                    Ok(i) => inputs.push(i),
+                    Err(_) => break,
+                }
+            }
+            let mut shutdown = false;
+            for input in inputs {
+                match input {
+                    Input::Shutdown => shutdown = true,
+                    other => self.handle(other),
+                }
+            }
+            if shutdown {
+                break;
+            }
+            if Instant::now() >= next_tick {
+                if let Err(e) = self.replica.tick() {
+                    tracing::warn!(error = %e, "leader duty failed");
+                }
+                next_tick += self.tick;
+                if next_tick < Instant::now() {
+                    next_tick = Instant::now() + self.tick;
+                }
+            }
+            if let Err(e) = self.drain() {
+                return self.fail(e);
+            }
+        }
+        self.ready_tx.send_replace(false);
+        for w in self.waiters.drain(..) {
+            let _ = w.reply.send(Err(stopped()));
+        }
+    }
+
+    /// A storage failure stops the node: the state machine cannot go on safely.
+    fn fail(mut self, e: ClusterError) {
+        tracing::error!(error = %e, "the Raft thread stops");
+        self.ready_tx.send_replace(false);
+        for w in self.waiters.drain(..) {
+            let _ = w.reply.send(Err(e.clone()));
+        }
+    }
+
+    fn handle(&mut self, input: Input) {
+        match input {
+            Input::Message(msg, from_addr) => {
+                if msg.from != 0 && !from_addr.is_empty() {
+                    self.addrs.insert(msg.from, from_addr);
+                }
+                if let Err(e) = self.replica.step(msg) {
+                    tracing::debug!(error = %e, "raft message refused");
+                }
+            }
+            Input::Add { id, public_addr, internal_addr, reply } => {
+                let r = self.add(id, public_addr, internal_addr);
+                self.answer(r, reply);
+            }
+            Input::Remove { id, reply } => {
+                let r = self.remove(id);
+                self.answer(r, reply);
+            }
+            Input::Transfer { to, reply } => {
+                let r = self.replica.transfer_leader(to).map(|()| {
+                    if to == self.replica.id() {
+                        Err(self.applied_now())
+                    } else {
+                        Ok(Wait::Transfer(to))
+                    }
+                });
+                self.answer(r, reply);
+            }
+            Input::Shutdown => {}
+        }
+    }
+
+    /// Err(Applied) = answered already.
+    fn answer(&mut self, r: Result<Result<Wait, Applied>, ClusterError>, reply: Reply) {
+        match r {
+            Ok(Ok(wait)) => {
+                self.waiters.push(Waiter { wait, reply, deadline: Instant::now() + self.wait })
+            }
+            Ok(Err(applied)) => {
+                let _ = reply.send(Ok(applied));
+            }
+            Err(e) => {
+                let _ = reply.send(Err(e));
+            }
+        }
+    }
+
+    fn applied_now(&self) -> Applied {
+        Applied { epoch: self.replica.map().epoch, index: self.replica.applied() }
+    }
+
+    fn leader_check(&self) -> Result<(), ClusterError> {
+        if self.replica.is_leader() {
+            return Ok(());
+        }
+        let leader = self.replica.leader().map(|id| {
+            let addr = self
+                .replica
+                .map()
+                .nodes
+                .get(&id)
+                .map(|n| n.internal_addr.clone())
+                .or_else(|| self.addrs.get(&id).cloned())
+                .unwrap_or_default();
+            (id, addr)
+        });
+        Err(ClusterError::NotLeader { leader })
+    }
+
+    fn add(
+        &mut self,
+        id: NodeId,
+        public_addr: String,
+        internal_addr: String,
+    ) -> Result<Result<Wait, Applied>, ClusterError> {
+        self.leader_check()?;
+        if id == 0 {
+            return Err(ClusterError::InvalidArgument("node id 0 is reserved".into()));
+        }
+        if internal_addr.is_empty() {
+            return Err(ClusterError::InvalidArgument(format!(
+                "node {id} needs an internal address"
+            )));
+        }
+        if let Some(n) = self.replica.map().nodes.get(&id) {
+            return if n.internal_addr == internal_addr {
+                Ok(Err(self.applied_now()))
+            } else {
+                Err(ClusterError::IdInUse { id, existing_addr: n.internal_addr.clone() })
+            };
+        }
+        if self.replica.change_in_flight() {
+            return Err(ClusterError::Unavailable(
+                "another membership change is in progress; retry".into(),
+            ));
+        }
+        let cmd = Command::AddNode { id, public_addr, internal_addr };
+        let (index, term) = self.replica.propose_conf_change(
+            ConfChangeType::AddLearnerNode,
+            id,
+            &cmd,
+            Vec::new(),
+        )?;
+        self.metrics.inner.proposals.inc();
+        Ok(Ok(Wait::Entry { index, term, then_removal: None }))
+    }
+
+    fn remove(&mut self, id: NodeId) -> Result<Result<Wait, Applied>, ClusterError> {
+        self.leader_check()?;
+        let Some(node) = self.replica.map().nodes.get(&id) else {
+            return Err(ClusterError::NotFound(id));
+        };
+        let draining = node.state == NodeState::Draining;
+        self.replica.check_removal(id)?;
+        if draining {
+            return Ok(Ok(Wait::Removal(id)));
+        }
+        let (index, term) = self
+            .replica
+            .propose(&Command::SetState { id, state: NodeState::Draining }, Vec::new())?;
+        self.metrics.inner.proposals.inc();
+        Ok(Ok(Wait::Entry { index, term, then_removal: Some(id) }))
+    }
+
+    /// Handles readies until none is left, then answers and publishes.
+    fn drain(&mut self) -> Result<(), ClusterError> {
+        loop {
+            let mut out = Outbox::default();
+            self.replica.handle_ready(&mut out)?;
+            let idle = out.messages.is_empty()
+                && out.applied.is_empty()
+                && out.installed_snapshot.is_none();
+            self.deliver(out);
+            if idle {
+                break;
+            }
+        }
+        self.settle_waiters();
+        self.publish()
+    }
+
+    fn deliver(&mut self, out: Outbox) {
+        let Outbox { messages, applied, installed_snapshot: _, snapshot_sends, elections } = out;
+        self.metrics.inner.snapshot_sends.inc_by(snapshot_sends);
+        self.metrics.inner.elections.inc_by(elections);
+        for m in messages {
+            let to = m.to;
+            let addr = self
+                .replica
+                .map()
+                .nodes
+                .get(&to)
+                .map(|n| n.internal_addr.clone())
+                .or_else(|| self.addrs.get(&to).cloned());
+            let Some(addr) = addr else {
+                tracing::debug!(to, "no address for a Raft peer; message dropped");
+                continue;
+            };
+            match m.write_to_bytes() {
+                Ok(bytes) => self.transport.send(to, &addr, bytes),
+                Err(e) => tracing::warn!(error = %e, "cannot encode a Raft message"),
+            }
+        }
+        for a in applied {
+            let mut i = 0;
+            while i < self.waiters.len() {
+                let done = match &self.waiters[i].wait {
+                    Wait::Entry { index, term, then_removal } if *index == a.index => {
+                        if *term != a.term {
+                            Some(Err(ClusterError::Unavailable(
+                                "the change was replaced by a new leader's log and not applied; retry".into(),
+                            )))
+                        } else {
+                            match (&a.result, then_removal) {
+                                (Ok(_), Some(id)) => {
+                                    let id = *id;
+                                    self.waiters[i].wait = Wait::Removal(id);
+                                    self.waiters[i].deadline = Instant::now() + self.wait;
+                                    None
+                                }
+                                (Ok(epoch), None) => {
+                                    Some(Ok(Applied { epoch: *epoch, index: a.index }))
+                                }
+                                (Err(e), _) => Some(Err(ClusterError::from(e.clone()))),
+                            }
+                        }
+                    }
+                    _ => None,
+                };
+                match done {
+                    Some(r) => {
+                        let w = self.waiters.swap_remove(i);
+                        let _ = w.reply.send(r);
+                    }
+                    None => i += 1,
+                }
+            }
+        }
+    }
+
+    fn settle_waiters(&mut self) {
+        let now = Instant::now();
+        let leader = self.replica.is_leader();
+        let lost = self.was_leader && !leader;
+        self.was_leader = leader;
+        let applied = self.applied_now();
+        let current_leader = self.replica.leader();
+        let me = self.replica.id();
+        let map = self.replica.map();
+        let mut i = 0;
+        while i < self.waiters.len() {
+            let w = &self.waiters[i];
+            let r = match w.wait {
+                Wait::Removal(id) if !map.nodes.contains_key(&id) => Some(Ok(applied)),
+                Wait::Transfer(to) if current_leader == Some(to) => Some(Ok(applied)),
+                Wait::Transfer(_) if lost => Some(Err(ClusterError::Unavailable(
+                    "leadership went to another node than the one asked".into(),
+                ))),
+                Wait::Entry { .. } if lost => Some(Err(ClusterError::Unavailable(
+                    "this node lost the leadership; the change may or may not be applied, \
+                     read the map and retry"
+                        .into(),
+                ))),
+                _ if now >= w.deadline => Some(Err(match w.wait {
+                    Wait::Removal(id) => ClusterError::Unavailable(format!(
+                        "node {id} is draining; its removal is not applied here yet"
+                    )),
+                    _ => ClusterError::Unavailable(
+                        "the change timed out; read the map and retry".into(),
+                    ),
+                })),
+                _ => None,
+            };
+            let _ = me;
+            match r {
+                Some(r) => {
+                    let w = self.waiters.swap_remove(i);
+                    let _ = w.reply.send(r);
+                }
+                None => i += 1,
+            }
+        }
+    }
+
+    fn publish(&mut self) -> Result<(), ClusterError> {
+        let r = &self.replica;
+        let map = r.map();
+        if !map.cluster_id.is_empty() && self.identity_cluster != map.cluster_id {
+            if !self.identity_cluster.is_empty() {
+                tracing::warn!(
+                    was = %self.identity_cluster,
+                    now = %map.cluster_id,
+                    "this node's Raft state changed cluster"
+                );
+            }
+            r.store()
+                .set_identity(Identity { node_id: r.id(), cluster_id: map.cluster_id.clone() })?;
+            self.identity_cluster = map.cluster_id.clone();
+        }
+        let changed = {
+            let cur = self.map_tx.borrow();
+            cur.epoch != map.epoch || cur.cluster_id != map.cluster_id || **cur != *map
+        };
+        let shared_map = if changed {
+            let m = Arc::new(map.clone());
+            self.map_tx.send_replace(m.clone());
+            m
+        } else {
+            self.map_tx.borrow().clone()
+        };
+        let ready = r.is_ready();
+        self.ready_tx.send_if_modified(|v| {
+            let changed = *v != ready;
+            *v = ready;
+            changed
+        });
+        let status = ClusterStatus {
+            node_id: r.id(),
+            leader: r.leader(),
+            term: r.term(),
+            epoch: map.epoch,
+            applied: r.applied(),
+            committed: r.committed(),
+            map: shared_map,
+            progress: r.progress(),
+        };
+        let m = &self.metrics.inner;
+        m.term.set(status.term);
+        m.is_leader.set(r.is_leader() as i64);
+        m.epoch.set(status.epoch);
+        m.applied_index.set(status.applied);
+        m.committed_index.set(status.committed);
+        let voters = map.nodes.values().filter(|n| n.role == Role::Voter).count();
+        m.members.get_or_create(&RoleLabels { role: "voter" }).set(voters as i64);
+        m.members
+            .get_or_create(&RoleLabels { role: "learner" })
+            .set((map.nodes.len() - voters) as i64);
+        *self.status.lock().unwrap_or_else(|p| p.into_inner()) = status;
+        Ok(())
+    }
+}

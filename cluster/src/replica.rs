@@ -1,0 +1,576 @@
+//! A synchronous driver around `raft::RawNode`: one replica of the cluster map.
+//!
+//! No threads, clocks or sockets here: the caller ticks it, feeds it messages and proposals,
+//! and calls [`Replica::handle_ready`], which returns the messages to send and the entries
+//! applied. The threaded [`crate::ClusterNode`] and the deterministic simulation drive the
+//! same code.
+//!
+//! # The ready loop
+//!
+//! [`Replica::handle_ready`] follows the order raft-rs documents for `RawNode::ready`:
+//!
+//! 1. **Leader messages** (`Ready::take_messages`) go out first: a leader may send its appends
+//!    before persisting them (its own vote counts only once they are persisted, step 3).
+//! 2. **Snapshot**: a snapshot from the leader is stored (it replaces the log) and the map is
+//!    replaced by the snapshot's map, before any entry after it is appended.
+//! 3. **Entries** are appended to the log and flushed.
+//! 4. **Hard state** (term, vote, commit) is persisted: the vote before any message that
+//!    carries it, and the commit index before (with) applying what it commits.
+//! 5. **Persisted messages** (`take_persisted_messages`: votes, append responses) go out only
+//!    now, because each promises something steps 2 to 4 made durable.
+//! 6. **Committed entries** are applied to the map (conf changes to Raft's configuration too).
+//! 7. **`advance`**, then the light ready: its commit index is persisted first, then its
+//!    messages sent, then its committed entries applied; finally `advance_apply`.
+//!
+//! After applying, when `snapshot_every` entries have been applied since the last snapshot,
+//! the map is written as the new snapshot and the log before it dropped.
+//!
+//! # Membership
+//!
+//! A conf change entry (`ConfChangeV2`) carries in its context the map [`Command`] that goes
+//! with it (`AddNode` with the addresses for a new learner, `Promote` for a learner made voter,
+//! `RemoveNode` for a removal), so Raft's configuration and the map change in the same entry
+//! on every replica. The leader's [`Replica::tick`] does the duties: promote caught-up learners
+//! while voters are fewer than `max_voters` (else mark them active), remove draining nodes when
+//! that keeps a quorum (handing leadership away first when the draining node is itself), one
+//! conf change at a time.
+
+use std::collections::BTreeMap;
+
+use protobuf::Message as _;
+use raft::eraftpb::{
+    ConfChange, ConfChangeSingle, ConfChangeType, ConfChangeV2, ConfState, Entry, EntryType,
+    Message, MessageType, Snapshot,
+};
+use raft::{Config, RawNode, StateRole};
+
+use crate::NodeId;
+use crate::error::ClusterError;
+use crate::map::{ClusterMap, Command, MapError, NodeState, Role};
+use crate::storage::RaftStore;
+
+/// How a replica is configured.
+#[derive(Clone, Debug)]
+pub struct ReplicaConfig {
+    /// This replica's id.
+    pub id: NodeId,
+    /// Ticks without a leader before an election.
+    pub election_ticks: usize,
+    /// Ticks between the leader's heartbeats.
+    pub heartbeat_ticks: usize,
+    /// The largest number of voters; further nodes stay learners.
+    pub max_voters: usize,
+    /// Compact the log after this many applied entries.
+    pub snapshot_every: u64,
+    /// A follower is caught up when its match index is at least the leader's last index minus
+    /// this.
+    pub catch_up_slack: u64,
+}
+
+/// One entry applied to the map.
+#[derive(Clone, Debug)]
+pub struct AppliedEntry {
+    /// Its index.
+    pub index: u64,
+    /// Its term.
+    pub term: u64,
+    /// The proposer's tag (entry context), empty for entries without one.
+    pub tag: Vec<u8>,
+    /// The command, if the entry carried one.
+    pub command: Option<Command>,
+    /// The map's epoch after it, or why the map refused it.
+    pub result: Result<u64, MapError>,
+}
+
+/// What one [`Replica::handle_ready`] produced.
+#[derive(Default, Debug)]
+pub struct Outbox {
+    /// Messages to send, in order.
+    pub messages: Vec<Message>,
+    /// Entries applied, in order.
+    pub applied: Vec<AppliedEntry>,
+    /// Index of a snapshot installed from the leader, if one was.
+    pub installed_snapshot: Option<u64>,
+    /// Snapshots sent.
+    pub snapshot_sends: u64,
+    /// Elections this replica started.
+    pub elections: u64,
+}
+
+/// One Raft replica of the cluster map.
+pub struct Replica {
+    raw: RawNode<RaftStore>,
+    store: RaftStore,
+    cfg: ReplicaConfig,
+    map: ClusterMap,
+    conf: ConfState,
+    applied: u64,
+    ticks: u64,
+    last_heard: BTreeMap<NodeId, u64>,
+    /// A duty proposal's index: no further duty until it is applied.
+    duty_wait: u64,
+    last_term: u64,
+}
+
+fn leader_role(raw: &RawNode<RaftStore>) -> bool {
+    raw.raft.state == StateRole::Leader
+}
+
+impl Replica {
+    /// Opens a replica on its store: the map from the store's snapshot (empty for a node that
+    /// has not joined yet), the committed entries after it replayed by the first readies.
+    pub fn open(
+        cfg: ReplicaConfig,
+        store: RaftStore,
+        logger: &slog::Logger,
+    ) -> Result<Replica, ClusterError> {
+        let snap = store.snapshot_now();
+        let map = if snap.data.is_empty() {
+            ClusterMap::default()
+        } else {
+            ClusterMap::decode(&snap.data)
+                .map_err(|e| ClusterError::Corrupt(format!("the snapshot's map: {e}")))?
+        };
+        let applied = snap.get_metadata().index;
+        let conf = snap.get_metadata().get_conf_state().clone();
+        let raft_cfg = Config {
+            id: cfg.id,
+            election_tick: cfg.election_ticks,
+            heartbeat_tick: cfg.heartbeat_ticks,
+            applied,
+            pre_vote: true,
+            check_quorum: true,
+            max_size_per_msg: 1 << 20,
+            max_inflight_msgs: 256,
+            ..Default::default()
+        };
+        raft_cfg
+            .validate()
+            .map_err(|e| ClusterError::InvalidArgument(format!("raft configuration: {e}")))?;
+        let last_term = store.hard_state().term;
+        let raw = RawNode::new(&raft_cfg, store.clone(), logger)?;
+        Ok(Replica {
+            raw,
+            store,
+            cfg,
+            map,
+            conf,
+            applied,
+            ticks: 0,
+            last_heard: BTreeMap::new(),
+            duty_wait: 0,
+            last_term,
+        })
+    }
+
+    /// This replica's id.
+    pub fn id(&self) -> NodeId {
+        self.cfg.id
+    }
+
+    /// The map as applied here.
+    pub fn map(&self) -> &ClusterMap {
+        &self.map
+    }
+
+    /// The store (shared with Raft).
+    pub fn store(&self) -> &RaftStore {
+        &self.store
+    }
+
+    /// The last applied index.
+    pub fn applied(&self) -> u64 {
+        self.applied
+    }
+
+    /// The commit index known here.
+    pub fn committed(&self) -> u64 {
+        self.raw.raft.raft_log.committed
+    }
+
+    /// The current term.
+    pub fn term(&self) -> u64 {
+        self.raw.raft.term
+    }
+
+    /// The leader this replica knows, if any.
+    pub fn leader(&self) -> Option<NodeId> {
+        match self.raw.raft.leader_id {
+            0 => None,
+            id => Some(id),
+        }
+    }
+
+    /// Whether this replica is the leader.
+    pub fn is_leader(&self) -> bool {
+        leader_role(&self.raw)
+    }
+
+    /// The Raft configuration as applied here.
+    pub fn conf(&self) -> &ConfState {
+        &self.conf
+    }
+
+    /// True when this replica has applied everything committed that it knows of, knows a
+    /// leader (the commit index came from it) and, as leader, has committed an entry of its
+    /// term (so its commit index is the cluster's).
+    pub fn is_ready(&self) -> bool {
+        !self.map.cluster_id.is_empty()
+            && self.leader().is_some()
+            && self.applied >= self.committed()
+            && (!self.is_leader() || self.raw.raft.commit_to_current_term())
+    }
+
+    /// The leader's view of which members are caught up (empty on other replicas).
+    pub fn progress(&self) -> BTreeMap<NodeId, bool> {
+        if !self.is_leader() {
+            return BTreeMap::new();
+        }
+        self.map.nodes.keys().map(|&id| (id, self.caught_up(id))).collect()
+    }
+
+    fn reachable(&self, id: NodeId) -> bool {
+        id == self.cfg.id
+            || self
+                .last_heard
+                .get(&id)
+                .is_some_and(|&t| self.ticks.saturating_sub(t) <= self.cfg.election_ticks as u64)
+    }
+
+    fn caught_up(&self, id: NodeId) -> bool {
+        if id == self.cfg.id {
+            return true;
+        }
+        let last = self.raw.raft.raft_log.last_index();
+        self.reachable(id)
+            && self
+                .raw
+                .raft
+                .prs()
+                .get(id)
+                .is_some_and(|p| p.matched + self.cfg.catch_up_slack >= last)
+    }
+
+    /// Advances Raft's clock by one tick and, on the leader, does the membership duties.
+    pub fn tick(&mut self) -> Result<(), ClusterError> {
+        self.ticks += 1;
+        self.raw.tick();
+        self.leader_duties()
+    }
+
+    /// Steps a message from a peer.
+    pub fn step(&mut self, msg: Message) -> Result<(), ClusterError> {
+        if msg.from != 0 {
+            self.last_heard.insert(msg.from, self.ticks);
+        }
+        match self.raw.step(msg) {
+            Ok(()) => Ok(()),
+            // A message from a node not (or no longer) in the configuration: ignored.
+            Err(raft::Error::StepPeerNotFound) | Err(raft::Error::StepLocalMsg) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The leader (id) to name in a `NotLeader` answer.
+    fn not_leader(&self) -> ClusterError {
+        ClusterError::NotLeader {
+            leader: self.leader().map(|id| {
+                let addr =
+                    self.map.nodes.get(&id).map(|n| n.internal_addr.clone()).unwrap_or_default();
+                (id, addr)
+            }),
+        }
+    }
+
+    /// Whether a membership change may be proposed now (none in flight).
+    pub fn change_in_flight(&self) -> bool {
+        self.raw.raft.has_pending_conf() || self.applied < self.duty_wait
+    }
+
+    /// Leader only: proposes a map command; returns the (index, term) the entry got.
+    pub fn propose(&mut self, cmd: &Command, tag: Vec<u8>) -> Result<(u64, u64), ClusterError> {
+        if !self.is_leader() {
+            return Err(self.not_leader());
+        }
+        self.raw.propose(tag, cmd.encode())?;
+        Ok((self.raw.raft.raft_log.last_index(), self.raw.raft.term))
+    }
+
+    /// Leader only: proposes one conf change together with the map command that goes with it.
+    pub fn propose_conf_change(
+        &mut self,
+        change: ConfChangeType,
+        node: NodeId,
+        cmd: &Command,
+        tag: Vec<u8>,
+    ) -> Result<(u64, u64), ClusterError> {
+        if !self.is_leader() {
+            return Err(self.not_leader());
+        }
+        if self.raw.raft.has_pending_conf() {
+            return Err(ClusterError::Unavailable(
+                "another membership change is in progress; retry".into(),
+            ));
+        }
+        let mut single = ConfChangeSingle::default();
+        single.set_change_type(change);
+        single.node_id = node;
+        let mut cc = ConfChangeV2::default();
+        cc.set_changes(vec![single].into());
+        cc.context = cmd.encode().into();
+        self.raw.propose_conf_change(tag, cc)?;
+        Ok((self.raw.raft.raft_log.last_index(), self.raw.raft.term))
+    }
+
+    /// Leader only: checks that `id` may be removed. Refuses (FailedPrecondition, saying why)
+    /// the last voter, and a voter whose removal would leave fewer reachable caught-up voters
+    /// than a quorum of the remaining ones.
+    pub fn check_removal(&self, id: NodeId) -> Result<(), ClusterError> {
+        let Some(node) = self.map.nodes.get(&id) else {
+            return Err(ClusterError::NotFound(id));
+        };
+        if node.role != Role::Voter && !self.conf.voters.contains(&id) {
+            return Ok(());
+        }
+        let remaining: Vec<NodeId> =
+            self.conf.voters.iter().copied().filter(|&v| v != id).collect();
+        if remaining.is_empty() {
+            return Err(ClusterError::FailedPrecondition(format!(
+                "node {id} is the last voter; a cluster cannot remove its last voter"
+            )));
+        }
+        let quorum = remaining.len() / 2 + 1;
+        let healthy: Vec<NodeId> =
+            remaining.iter().copied().filter(|&v| self.caught_up(v)).collect();
+        if healthy.len() < quorum {
+            return Err(ClusterError::FailedPrecondition(format!(
+                "removing node {id} would lose quorum: {} voters would remain, only {} of them \
+                 ({:?}) reachable and caught up, a quorum needs {quorum}",
+                remaining.len(),
+                healthy.len(),
+                healthy
+            )));
+        }
+        Ok(())
+    }
+
+    /// Leader only: hands leadership to `to` (a voter).
+    pub fn transfer_leader(&mut self, to: NodeId) -> Result<(), ClusterError> {
+        if !self.is_leader() {
+            return Err(self.not_leader());
+        }
+        if !self.conf.voters.contains(&to) {
+            return Err(ClusterError::FailedPrecondition(format!(
+                "node {to} is not a voter; only a voter can lead"
+            )));
+        }
+        if to != self.cfg.id {
+            self.raw.transfer_leader(to);
+        }
+        Ok(())
+    }
+
+    fn leader_duties(&mut self) -> Result<(), ClusterError> {
+        if !self.is_leader() || self.change_in_flight() || !self.raw.raft.commit_to_current_term() {
+            return Ok(());
+        }
+        // Removals first: a draining node leaves once that keeps a quorum.
+        let draining: Vec<NodeId> = self
+            .map
+            .nodes
+            .values()
+            .filter(|n| n.state == NodeState::Draining)
+            .map(|n| n.id)
+            .collect();
+        for id in draining {
+            if id == self.cfg.id {
+                if self.conf.voters.len() > 1 {
+                    // Hand leadership to a caught-up voter; it finishes the removal.
+                    if let Some(&to) =
+                        self.conf.voters.iter().find(|&&v| v != id && self.caught_up(v))
+                    {
+                        self.raw.transfer_leader(to);
+                    }
+                    return Ok(());
+                }
+                continue;
+            }
+            if self.check_removal(id).is_ok() {
+                let (index, _) = self.propose_conf_change(
+                    ConfChangeType::RemoveNode,
+                    id,
+                    &Command::RemoveNode { id },
+                    Vec::new(),
+                )?;
+                self.duty_wait = index;
+                return Ok(());
+            }
+        }
+        // Then promotions of caught-up learners.
+        let voters = self.conf.voters.len();
+        let learners: Vec<(NodeId, NodeState)> = self
+            .map
+            .nodes
+            .values()
+            .filter(|n| {
+                n.role == Role::Learner && matches!(n.state, NodeState::Joining | NodeState::Active)
+            })
+            .map(|n| (n.id, n.state))
+            .collect();
+        for (id, state) in learners {
+            if !self.conf.learners.contains(&id) || !self.caught_up(id) {
+                continue;
+            }
+            let index = if voters < self.cfg.max_voters {
+                self.propose_conf_change(
+                    ConfChangeType::AddNode,
+                    id,
+                    &Command::Promote { id },
+                    Vec::new(),
+                )?
+                .0
+            } else if state == NodeState::Joining {
+                self.propose(&Command::SetState { id, state: NodeState::Active }, Vec::new())?.0
+            } else {
+                continue;
+            };
+            self.duty_wait = index;
+            return Ok(());
+        }
+        Ok(())
+    }
+
+    /// Handles one `Ready` in the documented order (see the module docs). Returns with nothing
+    /// done when Raft has nothing ready.
+    pub fn handle_ready(&mut self, out: &mut Outbox) -> Result<(), ClusterError> {
+        if !self.raw.has_ready() {
+            return Ok(());
+        }
+        let mut rd = self.raw.ready();
+        // 1. Leader messages.
+        self.send(rd.take_messages(), out);
+        // 2. Snapshot from the leader.
+        if !rd.snapshot().is_empty() {
+            self.install_snapshot(rd.snapshot(), out)?;
+        }
+        // 3. Entries.
+        self.store.append(rd.entries())?;
+        // 4. Hard state (vote, term, commit).
+        if let Some(hs) = rd.hs() {
+            if hs.term > self.last_term && hs.vote == self.cfg.id {
+                out.elections += 1;
+            }
+            self.last_term = hs.term;
+            self.store.set_hard_state(hs)?;
+        }
+        // 5. Messages that promise what steps 2-4 persisted.
+        self.send(rd.take_persisted_messages(), out);
+        // 6. Committed entries.
+        self.apply(rd.take_committed_entries(), out)?;
+        // 7. Advance; the light ready's commit index before its entries.
+        let mut light = self.raw.advance(rd);
+        if let Some(commit) = light.commit_index() {
+            self.store.set_commit(commit)?;
+        }
+        self.send(light.take_messages(), out);
+        self.apply(light.take_committed_entries(), out)?;
+        self.raw.advance_apply_to(self.applied);
+        self.maybe_compact()
+    }
+
+    fn send(&mut self, msgs: Vec<Message>, out: &mut Outbox) {
+        for m in msgs {
+            if m.get_msg_type() == MessageType::MsgSnapshot {
+                out.snapshot_sends += 1;
+                // Delivery is best effort; if it is lost the follower rejects the next append
+                // and the leader sends the snapshot again.
+                self.raw.report_snapshot(m.to, raft::SnapshotStatus::Finish);
+            }
+            out.messages.push(m);
+        }
+    }
+
+    fn install_snapshot(&mut self, snap: &Snapshot, out: &mut Outbox) -> Result<(), ClusterError> {
+        let map = ClusterMap::decode(&snap.data)
+            .map_err(|e| ClusterError::Corrupt(format!("a snapshot from the leader: {e}")))?;
+        self.store.apply_snapshot(snap)?;
+        self.map = map;
+        self.conf = snap.get_metadata().get_conf_state().clone();
+        self.applied = snap.get_metadata().index;
+        out.installed_snapshot = Some(self.applied);
+        Ok(())
+    }
+
+    fn apply(&mut self, entries: Vec<Entry>, out: &mut Outbox) -> Result<(), ClusterError> {
+        for e in entries {
+            if e.index <= self.applied {
+                continue;
+            }
+            let (command, result) = match e.get_entry_type() {
+                EntryType::EntryNormal if e.data.is_empty() => (None, Ok(self.map.epoch)),
+                EntryType::EntryNormal => match Command::decode(&e.data) {
+                    Ok(cmd) => {
+                        let r = self.map.apply(&cmd).map(|()| self.map.epoch);
+                        (Some(cmd), r)
+                    }
+                    Err(err) => (None, Err(err)),
+                },
+                EntryType::EntryConfChange => {
+                    let cc = ConfChange::parse_from_bytes(&e.data).map_err(|err| {
+                        ClusterError::Corrupt(format!("conf change {}: {err}", e.index))
+                    })?;
+                    let r = self.raw.apply_conf_change(&cc);
+                    self.apply_conf(r, &cc.context)
+                }
+                EntryType::EntryConfChangeV2 => {
+                    let cc = ConfChangeV2::parse_from_bytes(&e.data).map_err(|err| {
+                        ClusterError::Corrupt(format!("conf change {}: {err}", e.index))
+                    })?;
+                    let r = self.raw.apply_conf_change(&cc);
+                    self.apply_conf(r, &cc.context)
+                }
+            };
+            self.applied = e.index;
+            out.applied.push(AppliedEntry {
+                index: e.index,
+                term: e.term,
+                tag: e.context.to_vec(),
+                command,
+                result,
+            });
+        }
+        Ok(())
+    }
+
+    fn apply_conf(
+        &mut self,
+        conf: raft::Result<ConfState>,
+        context: &[u8],
+    ) -> (Option<Command>, Result<u64, MapError>) {
+        match conf {
+            Ok(cs) => self.conf = cs,
+            // Refused the same way on every replica (an invalid configuration): the map stays.
+            Err(e) => return (None, Err(MapError::Refused(format!("conf change: {e}")))),
+        }
+        if context.is_empty() {
+            return (None, Ok(self.map.epoch));
+        }
+        match Command::decode(context) {
+            Ok(cmd) => {
+                let r = self.map.apply(&cmd).map(|()| self.map.epoch);
+                (Some(cmd), r)
+            }
+            Err(err) => (None, Err(err)),
+        }
+    }
+
+    fn maybe_compact(&mut self) -> Result<(), ClusterError> {
+        let snap_index = self.store.first() - 1;
+        if self.applied >= snap_index + self.cfg.snapshot_every.max(1)
+            && self.applied <= self.store.last()
+        {
+            self.store.compact(self.applied, &self.conf, self.map.encode())?;
+        }
+        Ok(())
+    }
+}
