@@ -11,7 +11,10 @@
 //!   layout, the document table and group commit.
 //! - [`service`]: the internal gRPC service (`neardup.internal.v1.Shard`) over a [`Shard`],
 //!   and the one conversion between the shard's types and the wire types.
-//! - [`node`]: a shard node's gRPC server (shard, reserved Raft, health).
+//! - [`node`]: a node's internal gRPC server (shard, Raft, health; the admin API in a
+//!   cluster).
+//! - [`cluster_rpc`]: a cluster node's network side: the gRPC [`neardup_cluster::Transport`],
+//!   the Raft and admin services, and the one mapping of cluster errors to gRPC codes.
 //! - [`metrics`]: the shard's Prometheus series.
 //!
 //! ```no_run
@@ -24,6 +27,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod cluster_rpc;
 pub mod commit;
 pub mod doc_table;
 pub mod error;

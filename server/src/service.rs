@@ -207,13 +207,17 @@ fn stats_response(s: ShardStats) -> pb::StatsResponse {
     }
 }
 
-/// The reserved Raft transport: refuses every message until the cluster release.
+/// The Raft service of a node that is not in a cluster: refuses every message (a cluster
+/// node serves [`crate::cluster_rpc::RaftRpc`] instead).
 #[derive(Debug, Clone, Default)]
 pub struct RaftService;
 
 #[tonic::async_trait]
 impl Raft for RaftService {
     async fn step(&self, _request: Request<RaftMessage>) -> Result<Response<RaftAck>, Status> {
-        Err(Status::unimplemented("Raft is not enabled in this release"))
+        Err(Status::failed_precondition(
+            "this node is not in a cluster: it was started without --bootstrap or --join \
+             and holds no cluster state",
+        ))
     }
 }

@@ -1,0 +1,499 @@
+//! The network side of a cluster node: what carries Raft between nodes and what operators
+//! call, over gRPC on the node's internal listener.
+//!
+//! - [`GrpcTransport`]: the [`Transport`] a [`ClusterNode`] sends its Raft messages through.
+//!   One lazily connected tonic channel per peer (it reconnects by itself), and a bounded
+//!   queue per peer drained by a task of its own: [`Transport::send`] only queues, so the Raft
+//!   thread never waits on the network. A full queue drops the message (Raft retries); a
+//!   failed call drops what is queued behind it, so a peer that comes back gets fresh
+//!   messages, not a backlog of stale ones.
+//! - [`RaftRpc`]: the internal `neardup.internal.v1.Raft` service: every message is handed
+//!   to [`ClusterNode::step`] with the sender's address.
+//! - [`AdminService`]: `neardup.admin.v1.Admin`. Status answers from this node's state. A
+//!   change goes to [`ClusterNode`]; on a node that is not the leader it is forwarded once to
+//!   the leader's internal address (marked so that it is not forwarded again); when there is
+//!   no leader, or the leader cannot be reached, the answer is UNAVAILABLE with the leader's
+//!   address in the message when it is known.
+//! - [`cluster_status`]: the one mapping of [`ClusterError`] to gRPC codes. Every answer
+//!   carries the epoch: a success in its body, an error in the `neardup-epoch` metadata key.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use neardup_cluster::map::{self, ClusterMap};
+use neardup_cluster::{Applied, ClusterError, ClusterNode, NodeId, Transport};
+use neardup_proto::admin::admin_client::AdminClient;
+use neardup_proto::admin::admin_server::Admin;
+use neardup_proto::admin::{
+    AddNodeRequest, ChangeResponse, Design, Node, NodeState, RemoveNodeRequest, Role,
+    StatusRequest, StatusResponse, Tablet, TabletState, TransferLeaderRequest,
+};
+use neardup_proto::internal::raft_client::RaftClient;
+use neardup_proto::internal::raft_server::Raft;
+use neardup_proto::internal::{RaftAck, RaftMessage};
+use parking_lot::Mutex;
+use tokio::sync::mpsc;
+use tonic::{Code, Request, Response, Status};
+
+/// Messages queued for one peer before new ones are dropped.
+pub const PEER_QUEUE: usize = 1024;
+
+/// How long a Raft message may take to reach a peer (connecting included).
+const SEND_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The metadata key an error's epoch travels in.
+pub const EPOCH_METADATA: &str = "neardup-epoch";
+
+/// The metadata key that marks a change forwarded by another node (not forwarded again).
+pub const FORWARDED_METADATA: &str = "neardup-forwarded";
+
+/// A change's deadline when the caller gives none.
+const CHANGE_DEADLINE: Duration = Duration::from_secs(10);
+
+/// The one mapping of a cluster error to a gRPC status, with the node's `epoch` in the
+/// `neardup-epoch` metadata: bad input -> INVALID_ARGUMENT, an unknown node -> NOT_FOUND, an
+/// id held by another address -> ALREADY_EXISTS, a refused change -> FAILED_PRECONDITION, no
+/// leader or storage trouble -> UNAVAILABLE (retry may work), corrupt storage -> DATA_LOSS.
+pub fn cluster_status(e: &ClusterError, epoch: u64) -> Status {
+    let code = match e {
+        ClusterError::InvalidArgument(_) => Code::InvalidArgument,
+        ClusterError::NotFound(_) => Code::NotFound,
+        ClusterError::IdInUse { .. } => Code::AlreadyExists,
+        ClusterError::FailedPrecondition(_) => Code::FailedPrecondition,
+        ClusterError::NotLeader { .. } | ClusterError::Unavailable(_) => Code::Unavailable,
+        ClusterError::Storage(_) => Code::Unavailable,
+        ClusterError::Corrupt(_) => Code::DataLoss,
+    };
+    with_epoch(Status::new(code, e.to_string()), epoch)
+}
+
+/// `status` with `epoch` in its metadata.
+fn with_epoch(mut status: Status, epoch: u64) -> Status {
+    if let Ok(v) = epoch.to_string().parse() {
+        status.metadata_mut().insert(EPOCH_METADATA, v);
+    }
+    status
+}
+
+/// `HOST:PORT` (or a URI) as a URI.
+fn uri(addr: &str) -> String {
+    if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") }
+}
+
+/// A lazily connected channel to `addr`, or why the address is not usable.
+fn channel(addr: &str, timeout: Duration) -> Result<tonic::transport::Channel, String> {
+    let endpoint = tonic::transport::Endpoint::from_shared(uri(addr))
+        .map_err(|e| format!("bad address {addr:?}: {e}"))?
+        .connect_timeout(timeout)
+        .timeout(timeout)
+        .tcp_nodelay(true);
+    Ok(endpoint.connect_lazy())
+}
+
+/// The [`Transport`] of a cluster node over gRPC (see the module docs).
+#[derive(Clone)]
+pub struct GrpcTransport {
+    inner: Arc<TransportInner>,
+}
+
+struct TransportInner {
+    from_id: NodeId,
+    from_addr: String,
+    runtime: tokio::runtime::Handle,
+    peers: Mutex<HashMap<NodeId, Peer>>,
+    dropped: AtomicU64,
+}
+
+struct Peer {
+    addr: String,
+    queue: mpsc::Sender<Vec<u8>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl GrpcTransport {
+    /// A transport sending as node `from_id` reachable at `from_addr`; its tasks run on the
+    /// current tokio runtime (call it inside one).
+    pub fn new(from_id: NodeId, from_addr: String) -> GrpcTransport {
+        GrpcTransport {
+            inner: Arc::new(TransportInner {
+                from_id,
+                from_addr,
+                runtime: tokio::runtime::Handle::current(),
+                peers: Mutex::new(HashMap::new()),
+                dropped: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// Messages dropped so far (a full queue, or behind a failed call).
+    pub fn dropped(&self) -> u64 {
+        self.inner.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Stops every peer's task.
+    pub fn close(&self) {
+        for (_, p) in self.inner.peers.lock().drain() {
+            p.task.abort();
+        }
+    }
+
+    fn open_peer(&self, to: NodeId, addr: &str) -> Peer {
+        let (queue, rx) = mpsc::channel(PEER_QUEUE);
+        let inner = self.inner.clone();
+        let addr_owned = addr.to_string();
+        let task = self.inner.runtime.spawn(drain(inner, to, addr_owned, rx));
+        Peer { addr: addr.to_string(), queue, task }
+    }
+}
+
+impl Transport for GrpcTransport {
+    fn send(&self, to: NodeId, to_addr: &str, message: Vec<u8>) {
+        let mut peers = self.inner.peers.lock();
+        let stale = peers.get(&to).is_none_or(|p| p.addr != to_addr || p.queue.is_closed());
+        if stale {
+            if let Some(old) = peers.remove(&to) {
+                old.task.abort();
+            }
+            let peer = self.open_peer(to, to_addr);
+            peers.insert(to, peer);
+        }
+        let Some(peer) = peers.get(&to) else { return };
+        if peer.queue.try_send(message).is_err() {
+            self.inner.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Sends the messages queued for peer `to` at `addr`, one call at a time, until the queue
+/// closes.
+async fn drain(
+    inner: Arc<TransportInner>,
+    to: NodeId,
+    addr: String,
+    mut rx: mpsc::Receiver<Vec<u8>>,
+) {
+    let mut client = match channel(&addr, SEND_TIMEOUT) {
+        Ok(c) => RaftClient::new(c).max_decoding_message_size(64 << 20),
+        Err(e) => {
+            tracing::warn!(peer = to, error = %e, "cannot send Raft messages to this peer");
+            while rx.recv().await.is_some() {
+                inner.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            return;
+        }
+    };
+    let mut failing = false;
+    while let Some(message) = rx.recv().await {
+        let req =
+            RaftMessage { message, from_id: inner.from_id, from_addr: inner.from_addr.clone() };
+        match client.step(req).await {
+            Ok(_) => {
+                if failing {
+                    tracing::info!(peer = to, addr = %addr, "Raft peer reachable again");
+                    failing = false;
+                }
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::info!(peer = to, addr = %addr, error = %e.message(), "Raft peer unreachable");
+                    failing = true;
+                }
+                // What waited behind a failed call is stale by now: Raft sends again.
+                while rx.try_recv().is_ok() {
+                    inner.dropped.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
+/// The internal `Raft` service of a cluster node.
+#[derive(Clone)]
+pub struct RaftRpc {
+    node: ClusterNode,
+}
+
+impl RaftRpc {
+    /// The service handing messages to `node`.
+    pub fn new(node: ClusterNode) -> RaftRpc {
+        RaftRpc { node }
+    }
+}
+
+#[tonic::async_trait]
+impl Raft for RaftRpc {
+    async fn step(&self, request: Request<RaftMessage>) -> Result<Response<RaftAck>, Status> {
+        let RaftMessage { message, from_id: _, from_addr } = request.into_inner();
+        self.node
+            .step(&message, &from_addr)
+            .map_err(|e| cluster_status(&e, self.node.status().epoch))?;
+        Ok(Response::new(RaftAck {}))
+    }
+}
+
+/// The admin service of a cluster node.
+#[derive(Clone)]
+pub struct AdminService {
+    node: ClusterNode,
+}
+
+impl AdminService {
+    /// The service over `node`.
+    pub fn new(node: ClusterNode) -> AdminService {
+        AdminService { node }
+    }
+
+    fn epoch(&self) -> u64 {
+        self.node.status().epoch
+    }
+
+    /// Runs a change here, or forwards it once to the leader when this node is not it.
+    async fn change<T, F, Fut, G, GFut>(
+        &self,
+        request: Request<T>,
+        local: F,
+        forward: G,
+    ) -> Result<Response<ChangeResponse>, Status>
+    where
+        T: Clone,
+        F: FnOnce(ClusterNode, T) -> Fut,
+        Fut: std::future::Future<Output = Result<Applied, ClusterError>>,
+        G: FnOnce(AdminClient<tonic::transport::Channel>, Request<T>) -> GFut,
+        GFut: std::future::Future<Output = Result<Response<ChangeResponse>, Status>>,
+    {
+        let forwarded = request.metadata().contains_key(FORWARDED_METADATA);
+        let deadline = deadline_of(&request);
+        let body = request.into_inner();
+        let outcome = tokio::time::timeout(deadline, local(self.node.clone(), body.clone())).await;
+        let e = match outcome {
+            Ok(Ok(applied)) => return Ok(Response::new(self.applied(applied))),
+            Ok(Err(e)) => e,
+            Err(_) => {
+                return Err(with_epoch(
+                    Status::deadline_exceeded(format!(
+                        "the change was not committed within {} ms (no quorum reachable?); \
+                         read the status before retrying",
+                        deadline.as_millis()
+                    )),
+                    self.epoch(),
+                ));
+            }
+        };
+        let ClusterError::NotLeader { leader: Some((leader, addr)) } = &e else {
+            return Err(cluster_status(&e, self.epoch()));
+        };
+        if forwarded || *leader == self.node.status().node_id {
+            return Err(cluster_status(&e, self.epoch()));
+        }
+        let client = match channel(addr, deadline) {
+            Ok(c) => AdminClient::new(c),
+            Err(why) => return Err(with_epoch(Status::unavailable(why), self.epoch())),
+        };
+        let mut req = Request::new(body);
+        req.set_timeout(deadline);
+        req.metadata_mut()
+            .insert(FORWARDED_METADATA, tonic::metadata::MetadataValue::from_static("1"));
+        match forward(client, req).await {
+            Ok(r) => Ok(r),
+            // The leader's own answer (with its epoch) is passed on as it is; a failure to
+            // reach it says where it is.
+            Err(s) if s.metadata().contains_key(EPOCH_METADATA) => Err(s),
+            Err(s) => Err(with_epoch(
+                Status::unavailable(format!(
+                    "not the leader; the leader is node {leader} at {addr}, which could not be \
+                     reached: {}",
+                    s.message()
+                )),
+                self.epoch(),
+            )),
+        }
+    }
+
+    fn applied(&self, applied: Applied) -> ChangeResponse {
+        let Applied { epoch, index } = applied;
+        ChangeResponse { epoch, index, leader: self.node.status().leader.unwrap_or(0) }
+    }
+}
+
+/// The caller's deadline (`grpc-timeout`), or [`CHANGE_DEADLINE`].
+fn deadline_of<T>(request: &Request<T>) -> Duration {
+    request
+        .metadata()
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_grpc_timeout)
+        .unwrap_or(CHANGE_DEADLINE)
+}
+
+/// A `grpc-timeout` value (`100m`, `5S`...).
+fn parse_grpc_timeout(v: &str) -> Option<Duration> {
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn status(
+        &self,
+        _request: Request<StatusRequest>,
+    ) -> Result<Response<StatusResponse>, Status> {
+        Ok(Response::new(status_response(&self.node)))
+    }
+
+    async fn add_node(
+        &self,
+        request: Request<AddNodeRequest>,
+    ) -> Result<Response<ChangeResponse>, Status> {
+        let AddNodeRequest { node_id, public_addr, internal_addr } = request.get_ref();
+        if *node_id == 0 || public_addr.is_empty() || internal_addr.is_empty() {
+            return Err(with_epoch(
+                Status::invalid_argument(
+                    "AddNode needs a node id (not 0), a public and an internal address",
+                ),
+                self.epoch(),
+            ));
+        }
+        self.change(
+            request,
+            |node, r: AddNodeRequest| async move {
+                node.add_node(r.node_id, r.public_addr, r.internal_addr).await
+            },
+            |mut c, r| async move { c.add_node(r).await },
+        )
+        .await
+    }
+
+    async fn remove_node(
+        &self,
+        request: Request<RemoveNodeRequest>,
+    ) -> Result<Response<ChangeResponse>, Status> {
+        self.change(
+            request,
+            |node, r: RemoveNodeRequest| async move { node.remove_node(r.node_id).await },
+            |mut c, r| async move { c.remove_node(r).await },
+        )
+        .await
+    }
+
+    async fn transfer_leader(
+        &self,
+        request: Request<TransferLeaderRequest>,
+    ) -> Result<Response<ChangeResponse>, Status> {
+        self.change(
+            request,
+            |node, r: TransferLeaderRequest| async move { node.transfer_leader(r.node_id).await },
+            |mut c, r| async move { c.transfer_leader(r).await },
+        )
+        .await
+    }
+}
+
+/// The status of `node` as the admin API answers it.
+pub fn status_response(node: &ClusterNode) -> StatusResponse {
+    let s = node.status();
+    let leader = s.leader.unwrap_or(0);
+    let ClusterMap { cluster_id, epoch: _, design, nodes, tablets } = &*s.map;
+    let leader_addr =
+        s.leader.and_then(|l| nodes.get(&l)).map(|n| n.internal_addr.clone()).unwrap_or_default();
+    let nodes = nodes
+        .values()
+        .map(|n| {
+            let map::NodeInfo { id, public_addr, internal_addr, role, state } = n;
+            Node {
+                id: *id,
+                public_addr: public_addr.clone(),
+                internal_addr: internal_addr.clone(),
+                role: match role {
+                    map::Role::Voter => Role::Voter,
+                    map::Role::Learner => Role::Learner,
+                } as i32,
+                state: match state {
+                    map::NodeState::Joining => NodeState::Joining,
+                    map::NodeState::Active => NodeState::Active,
+                    map::NodeState::Draining => NodeState::Draining,
+                    map::NodeState::Down => NodeState::Down,
+                } as i32,
+                caught_up: s.progress.get(id).copied().unwrap_or(false),
+            }
+        })
+        .collect();
+    let tablets = tablets
+        .iter()
+        .map(|t| {
+            let map::Tablet { table, start, end, nodes, state } = t;
+            Tablet {
+                table: *table,
+                start: *start,
+                end: *end,
+                nodes: nodes.clone(),
+                state: match state {
+                    map::TabletState::Active => TabletState::Active,
+                    map::TabletState::Moving => TabletState::Moving,
+                } as i32,
+            }
+        })
+        .collect();
+    let design = design.as_ref().map(|d| {
+        let map::DesignInfo { name, tables, max_k } = d;
+        Design { name: name.clone(), tables: *tables, max_k: *max_k }
+    });
+    StatusResponse {
+        node_id: s.node_id,
+        leader,
+        leader_addr,
+        term: s.term,
+        epoch: s.map.epoch,
+        applied: s.applied,
+        committed: s.committed,
+        cluster_id: cluster_id.clone(),
+        design,
+        nodes,
+        tablets,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_cluster_error_has_its_code_and_the_epoch() {
+        let cases = [
+            (ClusterError::InvalidArgument("x".into()), Code::InvalidArgument),
+            (ClusterError::NotFound(3), Code::NotFound),
+            (ClusterError::IdInUse { id: 2, existing_addr: "a:1".into() }, Code::AlreadyExists),
+            (ClusterError::FailedPrecondition("quorum".into()), Code::FailedPrecondition),
+            (ClusterError::NotLeader { leader: None }, Code::Unavailable),
+            (ClusterError::NotLeader { leader: Some((2, "h:7".into())) }, Code::Unavailable),
+            (ClusterError::Unavailable("x".into()), Code::Unavailable),
+            (ClusterError::Storage("disk".into()), Code::Unavailable),
+            (ClusterError::Corrupt("crc".into()), Code::DataLoss),
+        ];
+        for (e, code) in cases {
+            let s = cluster_status(&e, 41);
+            assert_eq!(s.code(), code, "{e}");
+            assert_eq!(s.metadata().get(EPOCH_METADATA).unwrap(), "41");
+        }
+        let s = cluster_status(&ClusterError::NotLeader { leader: Some((2, "h:7".into())) }, 1);
+        assert!(s.message().contains("h:7"), "the leader's address is in the message: {s:?}");
+    }
+
+    #[test]
+    fn grpc_timeouts_parse() {
+        assert_eq!(parse_grpc_timeout("100m"), Some(Duration::from_millis(100)));
+        assert_eq!(parse_grpc_timeout("5S"), Some(Duration::from_secs(5)));
+        assert_eq!(parse_grpc_timeout("5x"), None);
+        assert_eq!(parse_grpc_timeout(""), None);
+    }
+}
