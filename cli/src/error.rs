@@ -69,6 +69,9 @@ pub enum CliError {
     /// The shard's storage cannot be opened (data directory, disk space, configuration).
     #[error("cannot start: {0}")]
     Start(#[source] neardup_server::Error),
+    /// The cluster node cannot start or join (its identity, its Raft state, the join).
+    #[error("{0}")]
+    Cluster(String),
     /// Stopping the shard (flush, checkpoint, sync) failed.
     #[error("shutdown failed: {0}")]
     Shutdown(String),

@@ -2,6 +2,7 @@
 
 pub mod check;
 pub mod cluster;
+pub mod cluster_node;
 pub mod common;
 pub mod delete;
 pub mod fingerprint;
