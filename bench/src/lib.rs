@@ -10,6 +10,7 @@
 #![recursion_limit = "256"]
 
 mod bruteforce;
+mod cluster_map;
 mod decode;
 mod designs;
 mod eval;
@@ -46,6 +47,9 @@ enum Command {
     /// The gRPC service on loopback: latency at fixed rates, batch throughput, durable
     /// inserts, mixed load, restart time, and the in-process index as the baseline.
     Service(service::ServiceArgs),
+    /// The cluster map on real processes (3 and 5 nodes on loopback): time to a new leader
+    /// after kill -9, to commit a membership change, and until every node sees it.
+    ClusterMap(cluster_map::ClusterMapArgs),
     /// Write a seeded web-page-like corpus (JSONL or one HTML file a page) with planted
     /// exact and near-duplicates, for measuring `neardup dedup`.
     Corpus(neardup_dedup::GenerateArgs),
@@ -76,6 +80,7 @@ pub fn main() -> i32 {
             Ok(())
         }
         Command::Service(args) => service::main(args),
+        Command::ClusterMap(args) => cluster_map::main(args),
         Command::Corpus(args) => corpus(args),
         Command::Eval(args) => eval::run(args).map_err(|e| e.to_string()),
         Command::Decode(args) => {
