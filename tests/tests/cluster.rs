@@ -1,0 +1,402 @@
+//! A cluster of real `neardup serve` processes: kill the leader, restart everything, grow and
+//! shrink under a status-reading client, and partition the leader away (network namespaces).
+//!
+//! Every test keeps the set of membership changes the cluster acknowledged and checks that
+//! the map's node set at the end is exactly that set. No test asserts on time: waits are
+//! bounded safety nets.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use neardup_proto::admin::{RemoveNodeRequest, StatusResponse, Tablet};
+use neardup_tests::cluster::{Member, Netns, add_node, admin, check_well_formed, node_ids};
+use neardup_tests::skip_without;
+use serde_json::Value;
+
+/// The replicated part of a status: everything but who answers and what it alone knows.
+type MapView = (String, u64, Vec<(u64, String, String, i32, i32)>, Vec<Tablet>);
+
+fn map_view(s: &StatusResponse) -> MapView {
+    let nodes = s
+        .nodes
+        .iter()
+        .map(|n| (n.id, n.public_addr.clone(), n.internal_addr.clone(), n.role, n.state))
+        .collect();
+    (s.cluster_id.clone(), s.epoch, nodes, s.tablets.clone())
+}
+
+/// Starts node 1 with `--bootstrap`, then nodes 2..=n with `--join` (and an AddNode of the
+/// test's own, idempotent, whose answer is the acknowledgement); waits until every node sees
+/// every node and a leader. Returns the members and the acknowledged node ids.
+async fn form(dir: &Path, n: u64) -> (Vec<Member>, BTreeSet<u64>) {
+    let mut members: Vec<Member> = (1..=n).map(|id| Member::on_loopback(id, dir)).collect();
+    members[0].start(&["--bootstrap"]);
+    members[0].wait_status("a leader", |s| s.leader == 1 && s.epoch >= 1).await;
+    let mut acked = BTreeSet::from([1]);
+    for i in 1..n as usize {
+        let via = members[0].internal.clone();
+        members[i].start(&["--join", &via]);
+        let m = &members[i];
+        let r = retry(|| add_node(&via, m)).await;
+        assert!(r.epoch >= 1);
+        acked.insert(m.id);
+    }
+    for m in members.iter_mut() {
+        m.wait_status("every node and a leader", |s| {
+            node_ids(s).len() == n as usize && s.leader != 0
+        })
+        .await;
+    }
+    (members, acked)
+}
+
+/// Retries a call that may meet no leader yet (bounded: 200 tries, a safety net).
+async fn retry<T, F, Fut>(mut call: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    let mut last = None;
+    for _ in 0..200 {
+        match call().await {
+            Ok(v) => return v,
+            Err(s)
+                if matches!(s.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded) =>
+            {
+                last = Some(s);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(s) => panic!("refused: {s:?}"),
+        }
+    }
+    panic!("no answer after 200 tries: {last:?}")
+}
+
+/// Waits until every running member sees the same map, with `ids` as its nodes and a leader
+/// among them; returns that map.
+async fn agreed(members: &mut [&mut Member], ids: &BTreeSet<u64>) -> MapView {
+    let limit = Instant::now() + Duration::from_secs(120);
+    loop {
+        let mut views = Vec::new();
+        for m in members.iter() {
+            match m.status().await {
+                Ok(s) if &node_ids(&s) == ids && ids.contains(&s.leader) => {
+                    check_well_formed(&s).unwrap();
+                    views.push(map_view(&s));
+                }
+                _ => break,
+            }
+        }
+        if views.len() == members.len() && views.windows(2).all(|w| w[0] == w[1]) {
+            return views.swap_remove(0);
+        }
+        assert!(Instant::now() < limit, "no agreement on nodes {ids:?}: {views:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_of_the_leader_elects_another_with_the_same_map() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut members, acked) = form(dir.path(), 3).await;
+    let before = agreed(&mut members.iter_mut().collect::<Vec<_>>(), &acked).await;
+    for round in 0..2 {
+        let leader = members[0].status().await.unwrap().leader;
+        let li = members.iter().position(|m| m.id == leader).unwrap();
+        members[li].kill9();
+        for (i, m) in members.iter_mut().enumerate() {
+            if i != li {
+                m.wait_status("a new leader", |s| s.leader != 0 && s.leader != leader).await;
+            }
+        }
+        let mut rest: Vec<&mut Member> =
+            members.iter_mut().enumerate().filter(|(i, _)| *i != li).map(|(_, m)| m).collect();
+        let after = agreed(&mut rest, &acked).await;
+        assert_eq!(
+            (&after.0, &after.2, &after.3),
+            (&before.0, &before.2, &before.3),
+            "round {round}"
+        );
+        // The killed node comes back with its id and map (no flags: identity from its dir).
+        members[li].start(&[]);
+        let now = agreed(&mut members.iter_mut().collect::<Vec<_>>(), &acked).await;
+        assert_eq!((&now.0, &now.2), (&before.0, &before.2));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_of_every_node_keeps_the_map_and_epoch() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut members, acked) = form(dir.path(), 3).await;
+    let before = agreed(&mut members.iter_mut().collect::<Vec<_>>(), &acked).await;
+    for m in members.iter_mut() {
+        m.terminate();
+    }
+    for m in members.iter_mut() {
+        m.start(&[]);
+    }
+    let after = agreed(&mut members.iter_mut().collect::<Vec<_>>(), &acked).await;
+    assert_eq!(after, before, "same map and epoch after a restart of every node");
+    // A restart with another id on a node's directory is refused, clearly.
+    members[2].terminate();
+    let out = neardup_tests::run(&[
+        "serve",
+        "--data",
+        members[2].data.to_str().unwrap(),
+        "--node-id",
+        "7",
+        "--listen",
+        "127.0.0.1:0",
+        "--internal-listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("belongs to node 3"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grow_to_five_and_remove_one_while_a_client_reads_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut members, mut acked) = form(dir.path(), 3).await;
+    // The reader: status from every node in turn, until told to stop (at most 20,000 calls
+    // or two minutes). Every answer must be well-formed, and no node's epoch goes back.
+    let stop = Arc::new(AtomicBool::new(false));
+    let addrs: Vec<String> = members.iter().map(|m| m.internal.clone()).collect();
+    let reader = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut last: BTreeMap<String, u64> = BTreeMap::new();
+            let mut answers = 0u64;
+            let end = Instant::now() + Duration::from_secs(120);
+            for i in 0..20_000usize {
+                if stop.load(Ordering::Relaxed) || Instant::now() > end {
+                    break;
+                }
+                let addr = &addrs[i % addrs.len()];
+                let Ok(mut c) = admin(addr).await else { continue };
+                let Ok(s) = c.status(neardup_proto::admin::StatusRequest {}).await else {
+                    continue;
+                };
+                let s = s.into_inner();
+                check_well_formed(&s).unwrap();
+                let prev = last.insert(addr.clone(), s.epoch).unwrap_or(0);
+                assert!(s.epoch >= prev, "node at {addr}: epoch {} after {prev}", s.epoch);
+                answers += 1;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            answers
+        })
+    };
+    for id in 4..=5 {
+        let mut m = Member::on_loopback(id, dir.path());
+        let via = members[1].internal.clone(); // a follower or the leader: either works
+        m.start(&["--join", &via]);
+        let r = retry(|| add_node(&via, &m)).await;
+        assert!(r.epoch >= 1);
+        acked.insert(id);
+        members.push(m);
+    }
+    // Five voters once the new nodes have caught up.
+    members[0]
+        .wait_status("five voters", |s| {
+            s.nodes.len() == 5
+                && s.nodes.iter().all(|n| n.role == neardup_proto::admin::Role::Voter as i32)
+        })
+        .await;
+    let via = members[3].internal.clone();
+    let r = retry(|| async {
+        Ok(admin(&via).await?.remove_node(RemoveNodeRequest { node_id: 2 }).await?.into_inner())
+    })
+    .await;
+    assert!(r.epoch >= 1);
+    acked.remove(&2);
+    let mut rest: Vec<&mut Member> = members.iter_mut().filter(|m| m.id != 2).collect();
+    let view = agreed(&mut rest, &acked).await;
+    assert_eq!(view.2.iter().map(|n| n.0).collect::<BTreeSet<_>>(), acked);
+    stop.store(true, Ordering::Relaxed);
+    let answers = reader.await.unwrap();
+    assert!(answers > 0, "the reader got answers");
+    eprintln!("{answers} status answers checked");
+}
+
+/// `neardup cluster status` inside member `m`'s namespace, retried until `ready` holds
+/// (a safety net of two minutes).
+fn wait_cli(m: &Member, what: &str, ready: impl Fn(&Value) -> bool) -> Value {
+    let limit = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Ok(v) = m.status_cli()
+            && ready(&v)
+        {
+            return v;
+        }
+        assert!(
+            Instant::now() < limit,
+            "node {}: no {what}; last {:?}\n{}",
+            m.id,
+            m.status_cli(),
+            m.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn ids_of(v: &Value) -> BTreeSet<u64> {
+    v["nodes"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|n| n["id"].as_u64()).collect())
+        .unwrap_or_default()
+}
+
+/// The replicated part of a status printed by `neardup cluster status`.
+fn json_map(v: &Value) -> Value {
+    let nodes: Vec<Value> = v["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|n| {
+            serde_json::json!([
+                n["id"],
+                n["public_addr"],
+                n["internal_addr"],
+                n["role"],
+                n["state"]
+            ])
+        })
+        .collect();
+    serde_json::json!([v["cluster_id"], v["epoch"], nodes, v["tablets"]])
+}
+
+#[test]
+fn a_partitioned_leader_cannot_change_the_map_and_one_map_remains_after_healing() {
+    let net = match Netns::create(3) {
+        Ok(n) => n,
+        Err(why) => {
+            skip_without(&format!("network namespaces (ip netns): {why}"));
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut members: Vec<Member> = (0..3)
+        .map(|i| {
+            let host = Netns::addr(i);
+            Member::new(
+                i as u64 + 1,
+                dir.path(),
+                format!("{host}:7000"),
+                format!("{host}:7001"),
+                Some(net.nodes[i].clone()),
+            )
+        })
+        .collect();
+    members[0].start(&["--bootstrap"]);
+    wait_cli(&members[0], "a leader", |v| v["leader"] == 1);
+    let via = members[0].internal.clone();
+    let mut acked = BTreeSet::from([1u64]);
+    for i in 1..3 {
+        members[i].start(&["--join", &via]);
+        let m = &members[i];
+        let id = m.id.to_string();
+        let args = [
+            "cluster",
+            "add",
+            "--addr",
+            &via,
+            "--node-id",
+            &id,
+            "--public",
+            &m.public,
+            "--internal",
+            &m.internal,
+        ];
+        let mut done = false;
+        for _ in 0..100 {
+            if members[0].cli(&args).is_ok() {
+                done = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(done, "node {id} added");
+        acked.insert(m.id);
+    }
+    for m in &members {
+        wait_cli(m, "three voters and a leader", |v| {
+            ids_of(v).len() == 3
+                && !v["leader"].is_null()
+                && v["nodes"].as_array().unwrap().iter().all(|n| n["role"] == "voter")
+        });
+    }
+    let leader = members[0].status_cli().unwrap()["leader"].as_u64().unwrap();
+    let li = (leader - 1) as usize;
+    net.cut(li).unwrap();
+    // The minority side (the old leader alone) cannot change the map.
+    let old = &members[li];
+    let refused = old.cli(&[
+        "cluster",
+        "add",
+        "--addr",
+        &old.internal,
+        "--node-id",
+        "9",
+        "--public",
+        "10.201.0.99:7000",
+        "--internal",
+        "10.201.0.99:7001",
+        "--timeout-ms",
+        "3000",
+    ]);
+    assert!(refused.is_err(), "the minority added a node: {refused:?}");
+    // The majority elects a leader of its own and can.
+    let majority: Vec<usize> = (0..3).filter(|&i| i != li).collect();
+    let m = &members[majority[0]];
+    let mut added = None;
+    for _ in 0..100 {
+        match m.cli(&[
+            "cluster",
+            "add",
+            "--addr",
+            &m.internal,
+            "--node-id",
+            "4",
+            "--public",
+            "10.201.0.98:7000",
+            "--internal",
+            "10.201.0.98:7001",
+            "--timeout-ms",
+            "3000",
+        ]) {
+            Ok(v) => {
+                added = Some(v);
+                break;
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(100)),
+        }
+    }
+    assert!(added.is_some(), "the majority could not add a node:\n{}", m.log_text());
+    acked.insert(4);
+    net.heal(li).unwrap();
+    // One map again, everywhere: exactly the acknowledged nodes.
+    let limit = Instant::now() + Duration::from_secs(120);
+    loop {
+        let views: Vec<Value> = members.iter().filter_map(|m| m.status_cli().ok()).collect();
+        let one = views.len() == 3
+            && views.iter().all(|v| ids_of(v) == acked && !v["leader"].is_null())
+            && views.windows(2).all(|w| json_map(&w[0]) == json_map(&w[1]));
+        if one {
+            break;
+        }
+        assert!(Instant::now() < limit, "no single map after healing: {views:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for m in members.iter_mut() {
+        m.kill9();
+    }
+    drop(members);
+    drop(net);
+}
