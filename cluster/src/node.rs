@@ -210,6 +210,7 @@ impl ClusterNode {
             wait,
             addrs: HashMap::new(),
             waiters: Vec::new(),
+            answers: Vec::new(),
             status: status.clone(),
             map_tx,
             ready_tx,
@@ -324,6 +325,7 @@ struct Runner {
     wait: Duration,
     addrs: HashMap<NodeId, String>,
     waiters: Vec<Waiter>,
+    answers: Vec<(Reply, Result<Applied, ClusterError>)>,
     status: Arc<Mutex<ClusterStatus>>,
     map_tx: watch::Sender<Arc<ClusterMap>>,
     ready_tx: watch::Sender<bool>,
@@ -527,7 +529,12 @@ impl Runner {
             }
         }
         self.settle_waiters();
-        self.publish()
+        self.publish()?;
+        // Answers go out after the publication: who gets one sees the map it speaks of.
+        for (reply, r) in self.answers.drain(..) {
+            let _ = reply.send(r);
+        }
+        Ok(())
     }
 
     fn deliver(&mut self, out: Outbox) {
@@ -581,7 +588,7 @@ impl Runner {
                 match done {
                     Some(r) => {
                         let w = self.waiters.swap_remove(i);
-                        let _ = w.reply.send(r);
+                        self.answers.push((w.reply, r));
                     }
                     None => i += 1,
                 }
@@ -604,9 +611,12 @@ impl Runner {
             let r = match w.wait {
                 Wait::Removal(id) if !map.nodes.contains_key(&id) => Some(Ok(applied)),
                 Wait::Transfer(to) if current_leader == Some(to) => Some(Ok(applied)),
-                Wait::Transfer(_) if lost => Some(Err(ClusterError::Unavailable(
-                    "leadership went to another node than the one asked".into(),
-                ))),
+                Wait::Transfer(to) if current_leader.is_some_and(|l| l != to && l != me) => {
+                    Some(Err(ClusterError::Unavailable(format!(
+                        "leadership went to node {} instead of node {to}",
+                        current_leader.unwrap_or_default()
+                    ))))
+                }
                 Wait::Entry { .. } if lost => Some(Err(ClusterError::Unavailable(
                     "this node lost the leadership; the change may or may not be applied, \
                      read the map and retry"
@@ -622,11 +632,10 @@ impl Runner {
                 })),
                 _ => None,
             };
-            let _ = me;
             match r {
                 Some(r) => {
                     let w = self.waiters.swap_remove(i);
-                    let _ = w.reply.send(r);
+                    self.answers.push((w.reply, r));
                 }
                 None => i += 1,
             }
@@ -652,19 +661,7 @@ impl Runner {
             let cur = self.map_tx.borrow();
             cur.epoch != map.epoch || cur.cluster_id != map.cluster_id || **cur != *map
         };
-        let shared_map = if changed {
-            let m = Arc::new(map.clone());
-            self.map_tx.send_replace(m.clone());
-            m
-        } else {
-            self.map_tx.borrow().clone()
-        };
-        let ready = r.is_ready();
-        self.ready_tx.send_if_modified(|v| {
-            let changed = *v != ready;
-            *v = ready;
-            changed
-        });
+        let shared_map = if changed { Arc::new(map.clone()) } else { self.map_tx.borrow().clone() };
         let status = ClusterStatus {
             node_id: r.id(),
             leader: r.leader(),
@@ -672,7 +669,7 @@ impl Runner {
             epoch: map.epoch,
             applied: r.applied(),
             committed: r.committed(),
-            map: shared_map,
+            map: shared_map.clone(),
             progress: r.progress(),
         };
         let m = &self.metrics.inner;
@@ -686,7 +683,18 @@ impl Runner {
         m.members
             .get_or_create(&RoleLabels { role: "learner" })
             .set((map.nodes.len() - voters) as i64);
+        // The status first, then the watches: a watcher woken by them reads a status at least
+        // as new.
         *self.status.lock().unwrap_or_else(|p| p.into_inner()) = status;
+        if changed {
+            self.map_tx.send_replace(shared_map);
+        }
+        let ready = r.is_ready();
+        self.ready_tx.send_if_modified(|v| {
+            let changed = *v != ready;
+            *v = ready;
+            changed
+        });
         Ok(())
     }
 }

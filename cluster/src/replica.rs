@@ -475,6 +475,9 @@ impl Replica {
         self.send(light.take_messages(), out);
         self.apply(light.take_committed_entries(), out)?;
         self.raw.advance_apply_to(self.applied);
+        if !out.applied.is_empty() {
+            self.store.set_applied(self.applied, &self.conf, self.map.encode())?;
+        }
         self.maybe_compact()
     }
 
