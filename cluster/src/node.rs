@@ -186,6 +186,7 @@ impl ClusterNode {
                 max_voters: cfg.max_voters.max(1),
                 snapshot_every: cfg.snapshot_every.max(1),
                 catch_up_slack: 2,
+                fixed_election_timeout: false,
             },
             store,
             &crate::logger::raft_logger(cfg.node_id),
