@@ -340,6 +340,9 @@ impl Runner {
         if let Err(e) = self.drain() {
             return self.fail(e);
         }
+        if let Err(e) = self.replica.campaign_if_sole_voter().and_then(|()| self.drain()) {
+            return self.fail(e);
+        }
         loop {
             let now = Instant::now();
             let input = match rx.recv_timeout(next_tick.saturating_duration_since(now)) {

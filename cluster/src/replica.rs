@@ -266,6 +266,16 @@ impl Replica {
                 .is_some_and(|p| p.matched + self.cfg.catch_up_slack >= last)
     }
 
+    /// Starts an election at once when this replica is the only voter, so that a bootstrapped
+    /// or restarted single node does not wait for an election timeout. Call it after the first
+    /// [`Replica::handle_ready`], which applies the committed conf changes after the snapshot.
+    pub fn campaign_if_sole_voter(&mut self) -> Result<(), ClusterError> {
+        if self.conf.voters == [self.cfg.id] && !self.is_leader() {
+            self.raw.campaign()?;
+        }
+        Ok(())
+    }
+
     /// Advances Raft's clock by one tick and, on the leader, does the membership duties.
     pub fn tick(&mut self) -> Result<(), ClusterError> {
         self.ticks += 1;

@@ -14,6 +14,8 @@ use neardup_cluster::{
 #[derive(Clone, Default)]
 struct Net {
     nodes: Arc<Mutex<HashMap<String, ClusterNode>>>,
+    /// Addresses cut off from everyone.
+    cut: Arc<Mutex<Vec<String>>>,
 }
 
 struct Link {
@@ -23,6 +25,11 @@ struct Link {
 
 impl Transport for Link {
     fn send(&self, _to: NodeId, to_addr: &str, message: Vec<u8>) {
+        let cut = self.net.cut.lock().unwrap();
+        if cut.iter().any(|a| a == to_addr || *a == self.from_addr) {
+            return;
+        }
+        drop(cut);
         let node = self.net.nodes.lock().unwrap().get(to_addr).cloned();
         if let Some(node) = node {
             let _ = node.step(&message, &self.from_addr);
@@ -177,5 +184,63 @@ async fn three_nodes_join_lose_their_leader_and_restart() {
     match ClusterNode::start(cfg, link, ClusterMetrics::default()) {
         Err(ClusterError::FailedPrecondition(m)) => assert!(m.contains("node 1"), "{m}"),
         r => panic!("{:?}", r.err()),
+    }
+}
+
+async fn add_retrying(
+    node: &ClusterNode,
+    id: NodeId,
+) -> Result<neardup_cluster::Applied, ClusterError> {
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        match node.add_node(id, format!("node{id}:public"), addr(id)).await {
+            Err(ClusterError::Unavailable(_)) if Instant::now() < end => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            r => return r,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_leader_cannot_change_the_map_and_the_majority_can() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Net::default();
+    let n1 = start(&net, dir.path(), 1, true);
+    let mut ready = n1.watch_ready();
+    tokio::time::timeout(Duration::from_secs(30), ready.wait_for(|r| *r)).await.unwrap().unwrap();
+    let n2 = start(&net, dir.path(), 2, false);
+    let n3 = start(&net, dir.path(), 3, false);
+    add(&n1, 2).await;
+    add(&n1, 3).await;
+    let all = [&n1, &n2, &n3];
+    wait_until("three voters", || {
+        all.iter()
+            .all(|n| n.watch_map().borrow().voters().count() == 3 && *n.watch_ready().borrow())
+    });
+    // Cut the leader (node 1) off.
+    net.cut.lock().unwrap().push(addr(1));
+    let before = n1.watch_map().borrow().epoch;
+    // The minority side cannot change the map: it steps down (check_quorum) or never commits.
+    match n1.add_node(5, "node5:public".into(), addr(5)).await {
+        Err(ClusterError::NotLeader { .. }) | Err(ClusterError::Unavailable(_)) => {}
+        r => panic!("the cut-off leader answered {r:?}"),
+    }
+    wait_until("the cut-off leader steps down", || n1.status().leader != Some(1));
+    assert_eq!(n1.watch_map().borrow().epoch, before);
+    // The majority elects a leader and changes the map.
+    wait_until("a leader on the majority side", || leader_of(&[&n2, &n3]).is_some());
+    let leader = leader_of(&[&n2, &n3]).unwrap();
+    let applied = add_retrying(&leader, 4).await.unwrap();
+    assert!(applied.epoch > before);
+    // Healed: one map.
+    net.cut.lock().unwrap().clear();
+    wait_until("one map after healing", || {
+        all.iter().all(|n| n.watch_map().borrow().epoch >= applied.epoch)
+            && *n1.watch_map().borrow().clone() == *leader.watch_map().borrow().clone()
+    });
+    assert!(n1.watch_map().borrow().nodes.contains_key(&4));
+    for n in all {
+        n.shutdown();
     }
 }

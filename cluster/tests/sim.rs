@@ -111,6 +111,7 @@ struct Stats {
     final_index: u64,
     voters: usize,
     members: usize,
+    removals: usize,
 }
 
 fn config(id: NodeId) -> ReplicaConfig {
@@ -500,7 +501,7 @@ impl Sim {
                 let busy = map.nodes.values().any(|n| {
                     n.state == NodeState::Draining
                         || (n.role == Role::Learner && n.state == NodeState::Joining)
-                }) || !self.proposed.is_empty() && self.net.iter().any(|_| true);
+                });
                 if agreed && leader.applied() == target && !busy {
                     if let Some((&last, _)) = self.acked.iter().next_back()
                         && last > target
@@ -519,6 +520,8 @@ impl Sim {
                     self.stats.voters =
                         map.nodes.values().filter(|n| n.role == Role::Voter).count();
                     self.stats.members = map.nodes.len();
+                    self.stats.removals =
+                        self.removed.iter().filter(|id| !map.nodes.contains_key(id)).count();
                     self.stats.max_term = self.leaders.keys().next_back().copied().unwrap_or(0);
                     return Ok(());
                 }
@@ -564,6 +567,7 @@ fn seeded_chaos_keeps_one_history() {
     let steps = env("NEARDUP_SIM_STEPS", 3000);
     let first = env("NEARDUP_SIM_FIRST_SEED", 1);
     let mut total = Stats::default();
+    let (mut three_voters, mut with_learners, mut removals) = (0, 0, 0);
     for seed in first..first + seeds {
         match run_seed(seed, steps, Fault::None) {
             Ok(s) => {
@@ -576,12 +580,24 @@ fn seeded_chaos_keeps_one_history() {
                 total.max_term = total.max_term.max(s.max_term);
                 total.final_epoch += s.final_epoch;
                 assert!(s.voters >= 1 && s.voters <= 3, "seed {seed}: {} voters", s.voters);
+                if s.voters == 3 {
+                    three_voters += 1;
+                }
+                if s.members > s.voters {
+                    with_learners += 1;
+                }
+                removals += s.removals;
             }
             Err(e) => panic!("seed {seed}: {e}"),
         }
     }
-    eprintln!("{seeds} seeds x {steps} steps: {total:?}");
+    eprintln!(
+        "{seeds} seeds x {steps} steps: {total:?}; ended with 3 voters: {three_voters}, \
+         with learners beyond them: {with_learners}; nodes removed: {removals}"
+    );
+    // The runs exercise what they claim to.
     assert!(total.acked > 0 && total.restarts > 0 && total.snapshots > 0, "{total:?}");
+    assert!(three_voters > 0 && with_learners > 0 && removals > 0);
 }
 
 /// The checks can fail: replicas that forget their vote on restart break Raft's safety (two
