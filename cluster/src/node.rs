@@ -195,6 +195,7 @@ impl ClusterNode {
         let map = Arc::new(replica.map().clone());
         let (map_tx, map_rx) = watch::channel(map.clone());
         let (ready_tx, ready_rx) = watch::channel(false);
+        let ready_tx = Arc::new(ready_tx);
         let status = Arc::new(Mutex::new(ClusterStatus {
             node_id: cfg.node_id,
             epoch: map.epoch,
@@ -220,9 +221,19 @@ impl ClusterNode {
         };
         runner.identity_cluster =
             runner.replica.store().identity().map(|i| i.cluster_id).unwrap_or_default();
+        let ready_after = runner.ready_tx.clone();
         let thread = std::thread::Builder::new()
             .name(format!("neardup-raft-{}", cfg.node_id))
-            .spawn(move || runner.run(rx))
+            .spawn(move || {
+                // raft-rs panics on states it deems impossible (a log it was told is committed
+                // but is not there): the node then stops and says so, health no longer ready.
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runner.run(rx)))
+                    .is_err()
+                {
+                    tracing::error!("the Raft thread panicked; the cluster node has stopped");
+                    ready_after.send_replace(false);
+                }
+            })
             .map_err(|e| ClusterError::Unavailable(format!("cannot start the Raft thread: {e}")))?;
         Ok(ClusterNode {
             shared: Arc::new(Shared {
@@ -329,7 +340,7 @@ struct Runner {
     answers: Vec<(Reply, Result<Applied, ClusterError>)>,
     status: Arc<Mutex<ClusterStatus>>,
     map_tx: watch::Sender<Arc<ClusterMap>>,
-    ready_tx: watch::Sender<bool>,
+    ready_tx: Arc<watch::Sender<bool>>,
     was_leader: bool,
     identity_cluster: String,
 }
