@@ -42,6 +42,16 @@ fn addr(id: NodeId) -> String {
 }
 
 fn start(net: &Net, dir: &std::path::Path, id: NodeId, bootstrap: bool) -> ClusterNode {
+    start_with(net, dir, id, bootstrap, ClusterMetrics::default())
+}
+
+fn start_with(
+    net: &Net,
+    dir: &std::path::Path,
+    id: NodeId,
+    bootstrap: bool,
+    metrics: ClusterMetrics,
+) -> ClusterNode {
     let mut cfg =
         ClusterConfig::new(id, format!("node{id}:public"), addr(id), dir.join(format!("n{id}")));
     cfg.tick = Duration::from_millis(10);
@@ -50,7 +60,7 @@ fn start(net: &Net, dir: &std::path::Path, id: NodeId, bootstrap: bool) -> Clust
         cfg.bootstrap = Some(DesignInfo { name: "5c2".into(), tables: 10, max_k: 3 });
     }
     let link = Arc::new(Link { net: net.clone(), from_addr: addr(id) });
-    let node = ClusterNode::start(cfg, link, ClusterMetrics::default()).unwrap();
+    let node = ClusterNode::start(cfg, link, metrics).unwrap();
     net.nodes.lock().unwrap().insert(addr(id), node.clone());
     node
 }
@@ -85,10 +95,18 @@ fn leader_of(nodes: &[&ClusterNode]) -> Option<ClusterNode> {
 async fn three_nodes_join_lose_their_leader_and_restart() {
     let dir = tempfile::tempdir().unwrap();
     let net = Net::default();
-    let n1 = start(&net, dir.path(), 1, true);
+    let metrics = ClusterMetrics::default();
+    let n1 = start_with(&net, dir.path(), 1, true, metrics.clone());
     let mut ready = n1.watch_ready();
     tokio::time::timeout(Duration::from_secs(30), ready.wait_for(|r| *r)).await.unwrap().unwrap();
     assert_eq!(n1.status().leader, Some(1));
+    // The last voter cannot leave; only a voter can lead.
+    match n1.remove_node(1).await {
+        Err(ClusterError::FailedPrecondition(m)) => assert!(m.contains("last voter"), "{m}"),
+        r => panic!("{r:?}"),
+    }
+    assert!(matches!(n1.transfer_leader(9).await, Err(ClusterError::FailedPrecondition(_))));
+    assert!(matches!(n1.remove_node(9).await, Err(ClusterError::NotFound(9))));
     let n2 = start(&net, dir.path(), 2, false);
     let n3 = start(&net, dir.path(), 3, false);
     // A follower (or a node outside the cluster) answers NotLeader.
@@ -115,6 +133,23 @@ async fn three_nodes_join_lose_their_leader_and_restart() {
     wait_until("every node ready", || all.iter().all(|n| *n.watch_ready().borrow()));
     let progress = n1.status().progress;
     assert_eq!(progress.len(), 3);
+    let values: HashMap<&str, u64> = metrics.snapshot().into_iter().collect();
+    assert_eq!(values["is_leader"], 1);
+    assert_eq!(values["members_voter"], 3);
+    assert_eq!(values["epoch"], n1.status().epoch);
+    assert!(values["elections_total"] >= 1 && values["proposals_total"] >= 2, "{values:?}");
+    assert!(values["snapshot_sends_total"] >= 2, "{values:?}");
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    for name in [
+        "neardup_cluster_term",
+        "neardup_cluster_members{role=\"voter\"} 3",
+        "neardup_cluster_elections_total",
+    ] {
+        assert!(text.contains(name), "{name} missing in\n{text}");
+    }
 
     // Transfer leadership to 2, then kill it.
     n1.transfer_leader(2).await.unwrap();
