@@ -153,7 +153,8 @@ async fn three_nodes_join_lose_their_leader_and_restart() {
 
     // Transfer leadership to 2, then kill it.
     n1.transfer_leader(2).await.unwrap();
-    assert_eq!(n2.status().leader, Some(2));
+    // Node 1 saw node 2 lead; node 2 publishes its own status a moment later.
+    wait_until("node 2 leads", || n2.status().leader == Some(2));
     net.nodes.lock().unwrap().remove(&addr(2));
     n2.shutdown();
     n2.shutdown();
