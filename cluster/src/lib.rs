@@ -6,6 +6,16 @@
 //! bytes) to a peer's internal address, and hands it the messages that arrive with
 //! [`ClusterNode::step`].
 //!
+//! # Modules
+//!
+//! - [`map`]: the map and its commands, pure (no I/O, clocks or randomness).
+//! - [`storage`]: raft-rs `Storage` on sled (log, hard state, snapshot, node identity), a
+//!   CRC-32 on every value, log compaction by snapshots of the map.
+//! - [`replica`]: a synchronous driver of `raft::RawNode` (the ready loop, membership duties),
+//!   driven by the node's thread and by the deterministic simulation (`tests/sim.rs`).
+//! - [`node`]: [`ClusterNode`], the replica on its own thread behind a channel.
+//! - [`metrics`], [`error`], [`logger`] (raft-rs's slog records into `tracing`).
+//!
 //! # How the wiring uses it
 //!
 //! ```no_run

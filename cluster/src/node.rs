@@ -186,6 +186,7 @@ impl ClusterNode {
                 max_voters: cfg.max_voters.max(1),
                 snapshot_every: cfg.snapshot_every.max(1),
                 catch_up_slack: 2,
+                fixed_election_timeout: false,
             },
             store,
             &crate::logger::raft_logger(cfg.node_id),
@@ -194,6 +195,7 @@ impl ClusterNode {
         let map = Arc::new(replica.map().clone());
         let (map_tx, map_rx) = watch::channel(map.clone());
         let (ready_tx, ready_rx) = watch::channel(false);
+        let ready_tx = Arc::new(ready_tx);
         let status = Arc::new(Mutex::new(ClusterStatus {
             node_id: cfg.node_id,
             epoch: map.epoch,
@@ -210,6 +212,7 @@ impl ClusterNode {
             wait,
             addrs: HashMap::new(),
             waiters: Vec::new(),
+            answers: Vec::new(),
             status: status.clone(),
             map_tx,
             ready_tx,
@@ -218,9 +221,19 @@ impl ClusterNode {
         };
         runner.identity_cluster =
             runner.replica.store().identity().map(|i| i.cluster_id).unwrap_or_default();
+        let ready_after = runner.ready_tx.clone();
         let thread = std::thread::Builder::new()
             .name(format!("neardup-raft-{}", cfg.node_id))
-            .spawn(move || runner.run(rx))
+            .spawn(move || {
+                // raft-rs panics on states it deems impossible (a log it was told is committed
+                // but is not there): the node then stops and says so, health no longer ready.
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runner.run(rx)))
+                    .is_err()
+                {
+                    tracing::error!("the Raft thread panicked; the cluster node has stopped");
+                    ready_after.send_replace(false);
+                }
+            })
             .map_err(|e| ClusterError::Unavailable(format!("cannot start the Raft thread: {e}")))?;
         Ok(ClusterNode {
             shared: Arc::new(Shared {
@@ -324,9 +337,10 @@ struct Runner {
     wait: Duration,
     addrs: HashMap<NodeId, String>,
     waiters: Vec<Waiter>,
+    answers: Vec<(Reply, Result<Applied, ClusterError>)>,
     status: Arc<Mutex<ClusterStatus>>,
     map_tx: watch::Sender<Arc<ClusterMap>>,
-    ready_tx: watch::Sender<bool>,
+    ready_tx: Arc<watch::Sender<bool>>,
     was_leader: bool,
     identity_cluster: String,
 }
@@ -335,6 +349,9 @@ impl Runner {
     fn run(mut self, rx: Receiver<Input>) {
         let mut next_tick = Instant::now() + self.tick;
         if let Err(e) = self.drain() {
+            return self.fail(e);
+        }
+        if let Err(e) = self.replica.campaign_if_sole_voter().and_then(|()| self.drain()) {
             return self.fail(e);
         }
         loop {
@@ -527,7 +544,12 @@ impl Runner {
             }
         }
         self.settle_waiters();
-        self.publish()
+        self.publish()?;
+        // Answers go out after the publication: who gets one sees the map it speaks of.
+        for (reply, r) in self.answers.drain(..) {
+            let _ = reply.send(r);
+        }
+        Ok(())
     }
 
     fn deliver(&mut self, out: Outbox) {
@@ -581,7 +603,7 @@ impl Runner {
                 match done {
                     Some(r) => {
                         let w = self.waiters.swap_remove(i);
-                        let _ = w.reply.send(r);
+                        self.answers.push((w.reply, r));
                     }
                     None => i += 1,
                 }
@@ -604,9 +626,12 @@ impl Runner {
             let r = match w.wait {
                 Wait::Removal(id) if !map.nodes.contains_key(&id) => Some(Ok(applied)),
                 Wait::Transfer(to) if current_leader == Some(to) => Some(Ok(applied)),
-                Wait::Transfer(_) if lost => Some(Err(ClusterError::Unavailable(
-                    "leadership went to another node than the one asked".into(),
-                ))),
+                Wait::Transfer(to) if current_leader.is_some_and(|l| l != to && l != me) => {
+                    Some(Err(ClusterError::Unavailable(format!(
+                        "leadership went to node {} instead of node {to}",
+                        current_leader.unwrap_or_default()
+                    ))))
+                }
                 Wait::Entry { .. } if lost => Some(Err(ClusterError::Unavailable(
                     "this node lost the leadership; the change may or may not be applied, \
                      read the map and retry"
@@ -622,11 +647,10 @@ impl Runner {
                 })),
                 _ => None,
             };
-            let _ = me;
             match r {
                 Some(r) => {
                     let w = self.waiters.swap_remove(i);
-                    let _ = w.reply.send(r);
+                    self.answers.push((w.reply, r));
                 }
                 None => i += 1,
             }
@@ -652,19 +676,7 @@ impl Runner {
             let cur = self.map_tx.borrow();
             cur.epoch != map.epoch || cur.cluster_id != map.cluster_id || **cur != *map
         };
-        let shared_map = if changed {
-            let m = Arc::new(map.clone());
-            self.map_tx.send_replace(m.clone());
-            m
-        } else {
-            self.map_tx.borrow().clone()
-        };
-        let ready = r.is_ready();
-        self.ready_tx.send_if_modified(|v| {
-            let changed = *v != ready;
-            *v = ready;
-            changed
-        });
+        let shared_map = if changed { Arc::new(map.clone()) } else { self.map_tx.borrow().clone() };
         let status = ClusterStatus {
             node_id: r.id(),
             leader: r.leader(),
@@ -672,7 +684,7 @@ impl Runner {
             epoch: map.epoch,
             applied: r.applied(),
             committed: r.committed(),
-            map: shared_map,
+            map: shared_map.clone(),
             progress: r.progress(),
         };
         let m = &self.metrics.inner;
@@ -686,7 +698,18 @@ impl Runner {
         m.members
             .get_or_create(&RoleLabels { role: "learner" })
             .set((map.nodes.len() - voters) as i64);
+        // The status first, then the watches: a watcher woken by them reads a status at least
+        // as new.
         *self.status.lock().unwrap_or_else(|p| p.into_inner()) = status;
+        if changed {
+            self.map_tx.send_replace(shared_map);
+        }
+        let ready = r.is_ready();
+        self.ready_tx.send_if_modified(|v| {
+            let changed = *v != ready;
+            *v = ready;
+            changed
+        });
         Ok(())
     }
 }

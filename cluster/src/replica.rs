@@ -65,6 +65,10 @@ pub struct ReplicaConfig {
     /// A follower is caught up when its match index is at least the leader's last index minus
     /// this.
     pub catch_up_slack: u64,
+    /// When true, the election timeout is exactly `election_ticks` instead of Raft's random
+    /// pick in `[election_ticks, 2 * election_ticks)` (raft-rs draws it from the thread's
+    /// RNG): deterministic simulations vary the ticks themselves.
+    pub fixed_election_timeout: bool,
 }
 
 /// One entry applied to the map.
@@ -80,6 +84,8 @@ pub struct AppliedEntry {
     pub command: Option<Command>,
     /// The map's epoch after it, or why the map refused it.
     pub result: Result<u64, MapError>,
+    /// The map's epoch after it (also when refused).
+    pub epoch: u64,
 }
 
 /// What one [`Replica::handle_ready`] produced.
@@ -89,8 +95,8 @@ pub struct Outbox {
     pub messages: Vec<Message>,
     /// Entries applied, in order.
     pub applied: Vec<AppliedEntry>,
-    /// Index of a snapshot installed from the leader, if one was.
-    pub installed_snapshot: Option<u64>,
+    /// A snapshot installed from the leader, if one was: its index and map.
+    pub installed_snapshot: Option<(u64, ClusterMap)>,
     /// Snapshots sent.
     pub snapshot_sends: u64,
     /// Elections this replica started.
@@ -143,6 +149,15 @@ impl Replica {
             max_size_per_msg: 1 << 20,
             max_inflight_msgs: 256,
             ..Default::default()
+        };
+        let raft_cfg = if cfg.fixed_election_timeout {
+            Config {
+                min_election_tick: cfg.election_ticks,
+                max_election_tick: cfg.election_ticks + 1,
+                ..raft_cfg
+            }
+        } else {
+            raft_cfg
         };
         raft_cfg
             .validate()
@@ -251,11 +266,26 @@ impl Replica {
                 .is_some_and(|p| p.matched + self.cfg.catch_up_slack >= last)
     }
 
+    /// Starts an election at once when this replica is the only voter, so that a bootstrapped
+    /// or restarted single node does not wait for an election timeout. Call it after the first
+    /// [`Replica::handle_ready`], which applies the committed conf changes after the snapshot.
+    pub fn campaign_if_sole_voter(&mut self) -> Result<(), ClusterError> {
+        if self.conf.voters == [self.cfg.id] && !self.is_leader() {
+            self.raw.campaign()?;
+        }
+        Ok(())
+    }
+
     /// Advances Raft's clock by one tick and, on the leader, does the membership duties.
     pub fn tick(&mut self) -> Result<(), ClusterError> {
         self.ticks += 1;
         self.raw.tick();
-        self.leader_duties()
+        match self.leader_duties() {
+            // Raft dropped the duty's proposal (a leader transfer in progress, say): the next
+            // tick tries again.
+            Err(ClusterError::Unavailable(_)) => Ok(()),
+            r => r,
+        }
     }
 
     /// Steps a message from a peer.
@@ -475,6 +505,9 @@ impl Replica {
         self.send(light.take_messages(), out);
         self.apply(light.take_committed_entries(), out)?;
         self.raw.advance_apply_to(self.applied);
+        if !out.applied.is_empty() {
+            self.store.set_applied(self.applied, &self.conf, self.map.encode())?;
+        }
         self.maybe_compact()
     }
 
@@ -497,7 +530,7 @@ impl Replica {
         self.map = map;
         self.conf = snap.get_metadata().get_conf_state().clone();
         self.applied = snap.get_metadata().index;
-        out.installed_snapshot = Some(self.applied);
+        out.installed_snapshot = Some((self.applied, self.map.clone()));
         Ok(())
     }
 
@@ -537,6 +570,7 @@ impl Replica {
                 tag: e.context.to_vec(),
                 command,
                 result,
+                epoch: self.map.epoch,
             });
         }
         Ok(())

@@ -200,6 +200,10 @@ struct Core {
     /// The entries after the snapshot, contiguous.
     entries: Vec<Entry>,
     identity: Option<Identity>,
+    /// The map as applied now (in memory only), sent to followers that need a snapshot: a
+    /// follower must find itself in the snapshot's conf state, so the persisted one (possibly
+    /// older than its joining) will not do.
+    live: Option<Snapshot>,
 }
 
 impl Core {
@@ -267,7 +271,14 @@ impl RaftStore {
             }
         }
         Ok(RaftStore {
-            core: Arc::new(RwLock::new(Core { kv, hard, snap, entries: log, identity })),
+            core: Arc::new(RwLock::new(Core {
+                kv,
+                hard,
+                snap,
+                entries: log,
+                identity,
+                live: None,
+            })),
         })
     }
 
@@ -412,6 +423,26 @@ impl RaftStore {
         Ok(())
     }
 
+    /// Records the map applied up to `index` (with the conf state there) as the snapshot to send
+    /// to followers. Kept in memory only; [`RaftStore::compact`] persists one.
+    pub fn set_applied(
+        &self,
+        index: u64,
+        conf: &ConfState,
+        data: Vec<u8>,
+    ) -> Result<(), ClusterError> {
+        let term = self.term(index).map_err(|e| {
+            ClusterError::Storage(format!("no term for the applied index {index}: {e}"))
+        })?;
+        let mut snap = Snapshot { data: data.into(), ..Default::default() };
+        let meta = snap.mut_metadata();
+        meta.index = index;
+        meta.term = term;
+        meta.set_conf_state(conf.clone());
+        self.wl().live = Some(snap);
+        Ok(())
+    }
+
     /// Stores the first state of a new cluster: a snapshot at index 1, term 1 holding `data`
     /// (the bootstrapped map) with `voters`, and the matching hard and conf states.
     pub fn bootstrap(&self, voters: Vec<NodeId>, data: Vec<u8>) -> Result<(), ClusterError> {
@@ -478,10 +509,14 @@ impl Storage for RaftStore {
 
     fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
         let core = self.rl();
-        if core.snap.get_metadata().index < request_index {
+        let snap = match &core.live {
+            Some(live) if live.get_metadata().index >= core.snap.get_metadata().index => live,
+            _ => &core.snap,
+        };
+        if snap.get_metadata().index < request_index {
             return Err(raft::Error::Store(StorageError::SnapshotTemporarilyUnavailable));
         }
-        Ok(core.snap.clone())
+        Ok(snap.clone())
     }
 }
 

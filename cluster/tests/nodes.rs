@@ -1,0 +1,282 @@
+//! Three `ClusterNode`s in one process over an in-process transport: bootstrap, join, promote,
+//! kill the leader, a new leader with the same map, restart from the directories.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use neardup_cluster::map::{DesignInfo, NodeState, Role};
+use neardup_cluster::{
+    ClusterConfig, ClusterError, ClusterMetrics, ClusterNode, NodeId, Transport,
+};
+
+/// Nodes by internal address; a node missing from it is unreachable.
+#[derive(Clone, Default)]
+struct Net {
+    nodes: Arc<Mutex<HashMap<String, ClusterNode>>>,
+    /// Addresses cut off from everyone.
+    cut: Arc<Mutex<Vec<String>>>,
+}
+
+struct Link {
+    net: Net,
+    from_addr: String,
+}
+
+impl Transport for Link {
+    fn send(&self, _to: NodeId, to_addr: &str, message: Vec<u8>) {
+        let cut = self.net.cut.lock().unwrap();
+        if cut.iter().any(|a| a == to_addr || *a == self.from_addr) {
+            return;
+        }
+        drop(cut);
+        let node = self.net.nodes.lock().unwrap().get(to_addr).cloned();
+        if let Some(node) = node {
+            let _ = node.step(&message, &self.from_addr);
+        }
+    }
+}
+
+fn addr(id: NodeId) -> String {
+    format!("node{id}:internal")
+}
+
+fn start(net: &Net, dir: &std::path::Path, id: NodeId, bootstrap: bool) -> ClusterNode {
+    start_with(net, dir, id, bootstrap, ClusterMetrics::default())
+}
+
+fn start_with(
+    net: &Net,
+    dir: &std::path::Path,
+    id: NodeId,
+    bootstrap: bool,
+    metrics: ClusterMetrics,
+) -> ClusterNode {
+    let mut cfg =
+        ClusterConfig::new(id, format!("node{id}:public"), addr(id), dir.join(format!("n{id}")));
+    cfg.tick = Duration::from_millis(10);
+    cfg.snapshot_every = 5;
+    if bootstrap {
+        cfg.bootstrap = Some(DesignInfo { name: "5c2".into(), tables: 10, max_k: 3 });
+    }
+    let link = Arc::new(Link { net: net.clone(), from_addr: addr(id) });
+    let node = ClusterNode::start(cfg, link, metrics).unwrap();
+    net.nodes.lock().unwrap().insert(addr(id), node.clone());
+    node
+}
+
+/// Waits (bounded) until `f` holds.
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + Duration::from_secs(30);
+    while !f() {
+        assert!(Instant::now() < end, "gave up waiting for {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+async fn add(leader: &ClusterNode, id: NodeId) {
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        match leader.add_node(id, format!("node{id}:public"), addr(id)).await {
+            Ok(_) => return,
+            Err(ClusterError::Unavailable(_)) if Instant::now() < end => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            Err(e) => panic!("add {id}: {e}"),
+        }
+    }
+}
+
+fn leader_of(nodes: &[&ClusterNode]) -> Option<ClusterNode> {
+    nodes.iter().find(|n| n.status().leader == Some(n.id())).map(|n| (*n).clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_join_lose_their_leader_and_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Net::default();
+    let metrics = ClusterMetrics::default();
+    let n1 = start_with(&net, dir.path(), 1, true, metrics.clone());
+    let mut ready = n1.watch_ready();
+    tokio::time::timeout(Duration::from_secs(30), ready.wait_for(|r| *r)).await.unwrap().unwrap();
+    assert_eq!(n1.status().leader, Some(1));
+    // The last voter cannot leave; only a voter can lead.
+    match n1.remove_node(1).await {
+        Err(ClusterError::FailedPrecondition(m)) => assert!(m.contains("last voter"), "{m}"),
+        r => panic!("{r:?}"),
+    }
+    assert!(matches!(n1.transfer_leader(9).await, Err(ClusterError::FailedPrecondition(_))));
+    assert!(matches!(n1.remove_node(9).await, Err(ClusterError::NotFound(9))));
+    let n2 = start(&net, dir.path(), 2, false);
+    let n3 = start(&net, dir.path(), 3, false);
+    // A follower (or a node outside the cluster) answers NotLeader.
+    assert!(matches!(
+        n2.add_node(9, "p".into(), "i".into()).await,
+        Err(ClusterError::NotLeader { .. })
+    ));
+    add(&n1, 2).await;
+    add(&n1, 3).await;
+    // Idempotent; another address is refused.
+    n1.add_node(3, "node3:public".into(), addr(3)).await.unwrap();
+    assert!(matches!(
+        n1.add_node(3, "x".into(), "elsewhere".into()).await,
+        Err(ClusterError::IdInUse { id: 3, .. })
+    ));
+    let all = [&n1, &n2, &n3];
+    wait_until("three active voters everywhere", || {
+        all.iter().all(|n| {
+            let m = n.watch_map().borrow().clone();
+            m.nodes.len() == 3
+                && m.nodes.values().all(|x| x.role == Role::Voter && x.state == NodeState::Active)
+        })
+    });
+    wait_until("every node ready", || all.iter().all(|n| *n.watch_ready().borrow()));
+    let progress = n1.status().progress;
+    assert_eq!(progress.len(), 3);
+    let values: HashMap<&str, u64> = metrics.snapshot().into_iter().collect();
+    assert_eq!(values["is_leader"], 1);
+    assert_eq!(values["members_voter"], 3);
+    assert_eq!(values["epoch"], n1.status().epoch);
+    assert!(values["elections_total"] >= 1 && values["proposals_total"] >= 2, "{values:?}");
+    assert!(values["snapshot_sends_total"] >= 2, "{values:?}");
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    for name in [
+        "neardup_cluster_term",
+        "neardup_cluster_members{role=\"voter\"} 3",
+        "neardup_cluster_elections_total",
+    ] {
+        assert!(text.contains(name), "{name} missing in\n{text}");
+    }
+
+    // Transfer leadership to 2, then kill it.
+    n1.transfer_leader(2).await.unwrap();
+    // Node 1 saw node 2 lead; node 2 publishes its own status a moment later.
+    wait_until("node 2 leads", || n2.status().leader == Some(2));
+    net.nodes.lock().unwrap().remove(&addr(2));
+    n2.shutdown();
+    n2.shutdown();
+    assert!(matches!(
+        n2.add_node(7, "p".into(), "i".into()).await,
+        Err(ClusterError::Unavailable(_))
+    ));
+    wait_until("a new leader", || leader_of(&[&n1, &n3]).is_some());
+    let leader = leader_of(&[&n1, &n3]).unwrap();
+    // With node 2 down, removing another voter would lose quorum.
+    let other = if leader.id() == 1 { 3 } else { 1 };
+    match leader.remove_node(other).await {
+        Err(ClusterError::FailedPrecondition(m)) => assert!(m.contains("quorum"), "{m}"),
+        r => panic!("{r:?}"),
+    }
+    // The majority can still change the map: add a learner (node 4, never started).
+    let before = leader.status().epoch;
+    let end = Instant::now() + Duration::from_secs(30);
+    let applied = loop {
+        match leader.add_node(4, "node4:public".into(), addr(4)).await {
+            Ok(a) => break a,
+            Err(ClusterError::Unavailable(_)) if Instant::now() < end => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert!(applied.epoch > before);
+    wait_until("the same map on the survivors", || {
+        n1.watch_map().borrow().epoch == applied.epoch
+            && n3.watch_map().borrow().epoch == applied.epoch
+    });
+    assert_eq!(*n1.watch_map().borrow().clone(), *n3.watch_map().borrow().clone());
+    // Remove the never-started learner (drains first, no quorum at stake).
+    let removed = leader.remove_node(4).await.unwrap();
+    assert!(removed.epoch >= applied.epoch + 2);
+    assert!(!leader.watch_map().borrow().nodes.contains_key(&4));
+    let map = leader.watch_map().borrow().clone();
+
+    // Stop everything and restart on the same directories: same map, a leader again.
+    n1.shutdown();
+    n3.shutdown();
+    net.nodes.lock().unwrap().clear();
+    let n1 = start(&net, dir.path(), 1, true);
+    let n2 = start(&net, dir.path(), 2, false);
+    let n3 = start(&net, dir.path(), 3, false);
+    let all = [&n1, &n2, &n3];
+    wait_until("everyone ready after the restart", || {
+        all.iter().all(|n| *n.watch_ready().borrow())
+    });
+    wait_until("the map after the restart", || {
+        all.iter().all(|n| n.watch_map().borrow().epoch == map.epoch)
+    });
+    for n in all {
+        assert_eq!(*n.watch_map().borrow().clone(), *map);
+    }
+    for n in all {
+        n.shutdown();
+    }
+    // A directory holding another node's state is refused.
+    let link = Arc::new(Link { net: net.clone(), from_addr: addr(5) });
+    let cfg = ClusterConfig::new(5, "p", addr(5), dir.path().join("n1"));
+    match ClusterNode::start(cfg, link, ClusterMetrics::default()) {
+        Err(ClusterError::FailedPrecondition(m)) => assert!(m.contains("node 1"), "{m}"),
+        r => panic!("{:?}", r.err()),
+    }
+}
+
+async fn add_retrying(
+    node: &ClusterNode,
+    id: NodeId,
+) -> Result<neardup_cluster::Applied, ClusterError> {
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        match node.add_node(id, format!("node{id}:public"), addr(id)).await {
+            Err(ClusterError::Unavailable(_)) if Instant::now() < end => {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            r => return r,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_leader_cannot_change_the_map_and_the_majority_can() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Net::default();
+    let n1 = start(&net, dir.path(), 1, true);
+    let mut ready = n1.watch_ready();
+    tokio::time::timeout(Duration::from_secs(30), ready.wait_for(|r| *r)).await.unwrap().unwrap();
+    let n2 = start(&net, dir.path(), 2, false);
+    let n3 = start(&net, dir.path(), 3, false);
+    add(&n1, 2).await;
+    add(&n1, 3).await;
+    let all = [&n1, &n2, &n3];
+    wait_until("three voters", || {
+        all.iter()
+            .all(|n| n.watch_map().borrow().voters().count() == 3 && *n.watch_ready().borrow())
+    });
+    // Cut the leader (node 1) off.
+    net.cut.lock().unwrap().push(addr(1));
+    let before = n1.watch_map().borrow().epoch;
+    // The minority side cannot change the map: it steps down (check_quorum) or never commits.
+    match n1.add_node(5, "node5:public".into(), addr(5)).await {
+        Err(ClusterError::NotLeader { .. }) | Err(ClusterError::Unavailable(_)) => {}
+        r => panic!("the cut-off leader answered {r:?}"),
+    }
+    wait_until("the cut-off leader steps down", || n1.status().leader != Some(1));
+    assert_eq!(n1.watch_map().borrow().epoch, before);
+    // The majority elects a leader and changes the map.
+    wait_until("a leader on the majority side", || leader_of(&[&n2, &n3]).is_some());
+    let leader = leader_of(&[&n2, &n3]).unwrap();
+    let applied = add_retrying(&leader, 4).await.unwrap();
+    assert!(applied.epoch > before);
+    // Healed: one map.
+    net.cut.lock().unwrap().clear();
+    wait_until("one map after healing", || {
+        all.iter().all(|n| n.watch_map().borrow().epoch >= applied.epoch)
+            && *n1.watch_map().borrow().clone() == *leader.watch_map().borrow().clone()
+    });
+    assert!(n1.watch_map().borrow().nodes.contains_key(&4));
+    for n in all {
+        n.shutdown();
+    }
+}
