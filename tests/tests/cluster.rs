@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use neardup_proto::admin::{RemoveNodeRequest, StatusResponse, Tablet};
+use neardup_proto::admin::{RemoveNodeRequest, Role, StatusResponse, Tablet};
 use neardup_tests::cluster::{Member, Netns, add_node, admin, check_well_formed, node_ids};
 use neardup_tests::skip_without;
 use serde_json::Value;
@@ -30,7 +30,7 @@ fn map_view(s: &StatusResponse) -> MapView {
 
 /// Starts node 1 with `--bootstrap`, then nodes 2..=n with `--join` (and an AddNode of the
 /// test's own, idempotent, whose answer is the acknowledgement); waits until every node sees
-/// every node and a leader. Returns the members and the acknowledged node ids.
+/// every node as a voter (up to 5), and a leader. Returns the members and the acknowledged node ids.
 async fn form(dir: &Path, n: u64) -> (Vec<Member>, BTreeSet<u64>) {
     let mut members: Vec<Member> = (1..=n).map(|id| Member::on_loopback(id, dir)).collect();
     members[0].start(&["--bootstrap"]);
@@ -45,8 +45,10 @@ async fn form(dir: &Path, n: u64) -> (Vec<Member>, BTreeSet<u64>) {
         acked.insert(m.id);
     }
     for m in members.iter_mut() {
-        m.wait_status("every node and a leader", |s| {
-            node_ids(s).len() == n as usize && s.leader != 0
+        m.wait_status("every node a voter, and a leader", |s| {
+            node_ids(s).len() == n as usize
+                && s.leader != 0
+                && s.nodes.iter().all(|x| x.role == Role::Voter as i32)
         })
         .await;
     }
@@ -205,8 +207,7 @@ async fn grow_to_five_and_remove_one_while_a_client_reads_status() {
     // Five voters once the new nodes have caught up.
     members[0]
         .wait_status("five voters", |s| {
-            s.nodes.len() == 5
-                && s.nodes.iter().all(|n| n.role == neardup_proto::admin::Role::Voter as i32)
+            s.nodes.len() == 5 && s.nodes.iter().all(|n| n.role == Role::Voter as i32)
         })
         .await;
     let via = members[3].internal.clone();
@@ -352,6 +353,7 @@ fn a_partitioned_leader_cannot_change_the_map_and_one_map_remains_after_healing(
         "3000",
     ]);
     assert!(refused.is_err(), "the minority added a node: {refused:?}");
+    eprintln!("leader {leader} cut off; its AddNode: {}", refused.unwrap_err());
     // The majority elects a leader of its own and can.
     let majority: Vec<usize> = (0..3).filter(|&i| i != li).collect();
     let m = &members[majority[0]];
@@ -379,6 +381,7 @@ fn a_partitioned_leader_cannot_change_the_map_and_one_map_remains_after_healing(
         }
     }
     assert!(added.is_some(), "the majority could not add a node:\n{}", m.log_text());
+    eprintln!("the majority's AddNode: {}", added.unwrap_or_default());
     acked.insert(4);
     net.heal(li).unwrap();
     // One map again, everywhere: exactly the acknowledged nodes.
