@@ -403,3 +403,35 @@ fn a_partitioned_leader_cannot_change_the_map_and_one_map_remains_after_healing(
     drop(members);
     drop(net);
 }
+
+#[test]
+fn the_cluster_map_benchmark_prints_its_figures() {
+    let neardup = neardup_tests::binary();
+    let out = neardup_tests::run_bench(&[
+        "cluster-map",
+        "--neardup",
+        neardup.to_str().unwrap(),
+        "--nodes",
+        "3",
+        "--kills",
+        "1",
+        "--changes",
+        "1",
+        "--tick-ms",
+        "20",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed: {stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("3 nodes: new leader after kill -9"), "{stdout}");
+    let last = stdout.lines().last().expect("a JSON line");
+    let r: Value = serde_json::from_str(last).expect("the last line is JSON");
+    let size = &r["cluster_map"][0];
+    assert_eq!(size["nodes"], 3);
+    assert_eq!(size["kills"], 1);
+    assert_eq!(size["changes"], 2, "an AddNode and a RemoveNode");
+    for key in ["new_leader_ms", "change_commit_ms", "change_seen_by_all_ms"] {
+        let (median, max) = (size[key]["median"].as_f64(), size[key]["max"].as_f64());
+        assert!(median.unwrap() > 0.0 && max.unwrap() >= median.unwrap(), "{key}: {size}");
+    }
+}
