@@ -145,6 +145,20 @@ impl Member {
         }
     }
 
+    /// Health of the public listener ("" service), or None when unreachable (loopback only).
+    pub async fn public_health(&self) -> Option<i32> {
+        use tonic_health::pb::HealthCheckRequest;
+        use tonic_health::pb::health_client::HealthClient;
+        let endpoint =
+            tonic::transport::Endpoint::from_shared(format!("http://{}", self.public)).ok()?;
+        let channel = endpoint.connect().await.ok()?;
+        let r = HealthClient::new(channel)
+            .check(HealthCheckRequest { service: String::new() })
+            .await
+            .ok()?;
+        Some(r.get_ref().status)
+    }
+
     /// The admin API's answer to Status (loopback members only).
     pub async fn status(&self) -> Result<StatusResponse, tonic::Status> {
         Ok(admin(&self.internal).await?.status(StatusRequest {}).await?.into_inner())

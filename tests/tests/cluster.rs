@@ -52,6 +52,15 @@ async fn form(dir: &Path, n: u64) -> (Vec<Member>, BTreeSet<u64>) {
         })
         .await;
     }
+    // Each node has applied the map and its shard serves: the public health says SERVING.
+    for m in &members {
+        let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+        let limit = Instant::now() + Duration::from_secs(120);
+        while m.public_health().await != Some(serving) {
+            assert!(Instant::now() < limit, "node {} never SERVING:\n{}", m.id, m.log_text());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
     (members, acked)
 }
 
@@ -195,9 +204,12 @@ async fn grow_to_five_and_remove_one_while_a_client_reads_status() {
             answers
         })
     };
+    // Changes sent to a follower, which forwards them to the leader.
+    let leader = members[0].status().await.unwrap().leader;
+    let follower = members.iter().find(|m| m.id != leader).unwrap().internal.clone();
     for id in 4..=5 {
         let mut m = Member::on_loopback(id, dir.path());
-        let via = members[1].internal.clone(); // a follower or the leader: either works
+        let via = follower.clone();
         m.start(&["--join", &via]);
         let r = retry(|| add_node(&via, &m)).await;
         assert!(r.epoch >= 1);
@@ -210,7 +222,8 @@ async fn grow_to_five_and_remove_one_while_a_client_reads_status() {
             s.nodes.len() == 5 && s.nodes.iter().all(|n| n.role == Role::Voter as i32)
         })
         .await;
-    let via = members[3].internal.clone();
+    let leader = members[0].status().await.unwrap().leader;
+    let via = members.iter().find(|m| m.id != leader && m.id != 2).unwrap().internal.clone();
     let r = retry(|| async {
         Ok(admin(&via).await?.remove_node(RemoveNodeRequest { node_id: 2 }).await?.into_inner())
     })
@@ -434,4 +447,91 @@ fn the_cluster_map_benchmark_prints_its_figures() {
         let (median, max) = (size[key]["median"].as_f64(), size[key]["max"].as_f64());
         assert!(median.unwrap() > 0.0 && max.unwrap() >= median.unwrap(), "{key}: {size}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_errors_have_their_codes_and_the_epoch_and_metrics_show_the_cluster() {
+    use neardup_proto::admin::{AddNodeRequest, TransferLeaderRequest};
+    use neardup_proto::internal::RaftMessage;
+    use neardup_proto::internal::raft_client::RaftClient;
+    use tonic::Code;
+
+    let dir = tempfile::tempdir().unwrap();
+    let metrics = format!("127.0.0.1:{}", neardup_tests::free_port());
+    let mut m = Member::on_loopback(1, dir.path());
+    m.start(&["--bootstrap", "--set", &format!("metrics_listen={metrics}")]);
+    let s = m.wait_status("a leader", |s| s.leader == 1).await;
+    let mut a = admin(&m.internal).await.unwrap();
+    let epoch_of = |st: &tonic::Status| -> u64 {
+        st.metadata().get("neardup-epoch").unwrap().to_str().unwrap().parse().unwrap()
+    };
+    let bad = |node_id, public: &str, internal: &str| AddNodeRequest {
+        node_id,
+        public_addr: public.into(),
+        internal_addr: internal.into(),
+    };
+    let cases = [
+        (a.add_node(bad(0, "h:1", "h:2")).await.unwrap_err(), Code::InvalidArgument),
+        (a.add_node(bad(1, "h:1", "h:2")).await.unwrap_err(), Code::AlreadyExists),
+        (a.remove_node(RemoveNodeRequest { node_id: 42 }).await.unwrap_err(), Code::NotFound),
+        (
+            a.remove_node(RemoveNodeRequest { node_id: 1 }).await.unwrap_err(),
+            Code::FailedPrecondition,
+        ),
+        (
+            // Only a voter can lead: a transfer to anything else is refused as such.
+            a.transfer_leader(TransferLeaderRequest { node_id: 42 }).await.unwrap_err(),
+            Code::FailedPrecondition,
+        ),
+    ];
+    for (status, code) in cases {
+        assert_eq!(status.code(), code, "{status:?}");
+        assert_eq!(epoch_of(&status), s.epoch, "the error carries the epoch: {status:?}");
+    }
+    assert!(m.status().await.unwrap().epoch == s.epoch, "refused changes change nothing");
+    // A Raft message that does not decode is refused; the node goes on.
+    let mut raft = RaftClient::new(
+        tonic::transport::Endpoint::from_shared(format!("http://{}", m.internal))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let junk = RaftMessage { message: vec![0xff; 7], from_id: 9, from_addr: "h:1".into() };
+    assert_eq!(raft.step(junk).await.unwrap_err().code(), Code::InvalidArgument);
+    assert_eq!(m.status().await.unwrap().leader, 1);
+    // The cluster's series are on the node's /metrics.
+    let body = {
+        use std::io::{Read, Write};
+        let mut c = std::net::TcpStream::connect(&metrics).unwrap();
+        c.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
+        let mut body = String::new();
+        c.read_to_string(&mut body).unwrap();
+        body
+    };
+    for series in ["neardup_cluster_epoch", "neardup_cluster_is_leader 1", "neardup_cluster_term"] {
+        assert!(body.contains(series), "{series} missing:\n{body}");
+    }
+}
+
+/// A single-node server (no cluster flags) refuses Raft messages with FAILED_PRECONDITION.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_outside_a_cluster_refuses_raft_messages() {
+    use neardup_proto::internal::RaftMessage;
+    use neardup_proto::internal::raft_client::RaftClient;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut node =
+        neardup_tests::Node::start(&["shard", "--data", data.to_str().unwrap()], dir.path());
+    node.serving().await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", node.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let msg = RaftMessage { message: vec![], from_id: 2, from_addr: "h:1".into() };
+    let e = RaftClient::new(channel).step(msg).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("not in a cluster"), "{e:?}");
+    node.terminate();
 }
