@@ -116,6 +116,17 @@ impl Member {
         self.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_none())
     }
 
+    /// Waits (up to two minutes) for the process to exit by itself; its success.
+    pub fn wait_exit(&mut self) -> bool {
+        let limit = Instant::now() + Duration::from_secs(120);
+        while self.running() {
+            assert!(Instant::now() < limit, "node {} still runs:\n{}", self.id, self.log_text());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let status = self.child.take().and_then(|mut c| c.wait().ok());
+        status.is_some_and(|s| s.success())
+    }
+
     /// The current log.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

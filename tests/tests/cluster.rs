@@ -489,6 +489,14 @@ async fn admin_errors_have_their_codes_and_the_epoch_and_metrics_show_the_cluste
         assert_eq!(epoch_of(&status), s.epoch, "the error carries the epoch: {status:?}");
     }
     assert!(m.status().await.unwrap().epoch == s.epoch, "refused changes change nothing");
+    // A node joining with an id in use by another address stops with a clear error.
+    let other = dir.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    let mut twin = Member::on_loopback(1, &other);
+    twin.start(&["--join", &m.internal]);
+    assert!(!twin.wait_exit(), "the twin must fail");
+    let log = twin.log_text();
+    assert!(log.contains("cannot join the cluster") && log.contains("already in use"), "{log}");
     // A Raft message that does not decode is refused; the node goes on.
     let mut raft = RaftClient::new(
         tonic::transport::Endpoint::from_shared(format!("http://{}", m.internal))
