@@ -532,14 +532,27 @@ impl Runner {
 
     /// Handles readies until none is left, then answers and publishes.
     fn drain(&mut self) -> Result<(), ClusterError> {
+        let mut duties = true;
         loop {
             let mut out = Outbox::default();
             self.replica.handle_ready(&mut out)?;
             let idle = out.messages.is_empty()
                 && out.applied.is_empty()
                 && out.installed_snapshot.is_none();
+            // An applied change may make the next one possible (a drained node's removal, a
+            // promotion): the leader starts it now, not at the next tick; once per drain.
+            let applied = !out.applied.is_empty();
             self.deliver(out);
-            if idle {
+            if applied && duties {
+                duties = false;
+                if let Err(e) = self.replica.duties() {
+                    tracing::warn!(error = %e, "leader duty failed");
+                }
+                continue;
+            }
+            // A ready that showed nothing may still have made another (a commit completed by
+            // the entries it persisted): waiting for the next tick would delay it.
+            if idle && !self.replica.has_ready() {
                 break;
             }
         }

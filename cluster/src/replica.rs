@@ -280,9 +280,14 @@ impl Replica {
     pub fn tick(&mut self) -> Result<(), ClusterError> {
         self.ticks += 1;
         self.raw.tick();
+        self.duties()
+    }
+
+    /// Runs the leader's membership duties now (promote a caught-up learner, remove a drained
+    /// node) rather than at the next tick: a driver calls it once an applied change may have
+    /// made the next one possible. A dropped proposal is retried at the next tick.
+    pub fn duties(&mut self) -> Result<(), ClusterError> {
         match self.leader_duties() {
-            // Raft dropped the duty's proposal (a leader transfer in progress, say): the next
-            // tick tries again.
             Err(ClusterError::Unavailable(_)) => Ok(()),
             r => r,
         }
@@ -310,6 +315,12 @@ impl Replica {
                 (id, addr)
             }),
         }
+    }
+
+    /// Whether raft-rs has a ready to handle: persisting a ready can make another (a commit
+    /// that the persisted entries complete), so a driver handles readies until this is false.
+    pub fn has_ready(&self) -> bool {
+        self.raw.has_ready()
     }
 
     /// Whether a membership change may be proposed now (none in flight).
