@@ -174,9 +174,11 @@ impl Load {
                     let mut req = tonic::Request::new(QueryRequest {
                         target: Some(QueryTarget {
                             target: Some(query_target::Target::Fingerprint(q)),
+                            sketch: Vec::new(),
                         }),
                         k: Some(self.k),
                         limit: 100,
+                        ..Default::default()
                     });
                     req.set_timeout(Duration::from_secs(10));
                     Box::pin(async move { rpc.query(req).await.is_ok() })

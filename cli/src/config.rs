@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use neardup_core::codec::TableOptions;
 use neardup_core::{Design, IndexConfig};
-use neardup_router::Limits;
+use neardup_router::{Limits, VerifyDefaults};
 use neardup_server::ShardConfig;
 use serde::{Deserialize, Serialize};
 
@@ -42,6 +42,8 @@ pub struct Config {
     pub storage: StorageSection,
     /// Request limits.
     pub limits: Limits,
+    /// Verification defaults of CheckAndInsert and Query.
+    pub verify: VerifyDefaults,
     /// The router role.
     pub router: RouterSection,
 }
@@ -111,6 +113,7 @@ impl Default for Config {
             index: IndexSection::default(),
             storage: StorageSection::default(),
             limits: Limits::default(),
+            verify: VerifyDefaults::default(),
             router: RouterSection::default(),
         }
     }
@@ -276,6 +279,7 @@ impl Config {
             return Err(format!("log_format = {:?}: expected text or json", self.log_format));
         }
         self.index_config_text()?.validate().map_err(|e| format!("[index]: {e}"))?;
+        self.verify.validate().map_err(|e| format!("[verify]: {e}"))?;
         Ok(())
     }
 

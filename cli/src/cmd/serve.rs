@@ -55,7 +55,13 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
     ops::serve_metrics(&config.metrics_listen, registry).await?;
     let api =
         InProcess::new(ShardService::new(shard.clone()), neardup_router::shard::health_of(&shard));
-    let router = Router::new(Arc::new(api), shard.max_k(), config.limits.clone(), rpc_metrics);
+    let router = Router::with_verify(
+        Arc::new(api),
+        shard.max_k(),
+        config.limits.clone(),
+        config.verify.clone(),
+        rpc_metrics,
+    );
     let address = listener.local_addr().map_err(|source| CliError::Listen {
         what: "gRPC",
         address: config.listen.clone(),
