@@ -386,7 +386,8 @@ def word_shingles(text, n, hangul_as_chars=False):
     return sorted({xxh3_64(g.encode("utf-8")) for g in ngrams(items, n, " ")})
 
 
-SKETCH_BINS, SKETCH_BITS = 128, 4
+SKETCH_BINS, SKETCH_BITS = 512, 1
+SKETCH_SHIFT = 64 - 9  # 64 - log2(SKETCH_BINS): bins are the top 9 bits
 DENSIFY_SEED = 0x6E65617264757031
 DENSIFY_ATTEMPTS = 4096
 
@@ -399,13 +400,13 @@ def mix64(x):
 
 
 def sketch(shingles):
-    """Section 15: 128 four-bit values, or None for an empty set."""
+    """Section 15: 512 one-bit values, or None for an empty set."""
     if not shingles:
         return None
     bins = [None] * SKETCH_BINS
     for h in shingles:
         g = mix64(h)
-        b, v = g >> 57, g & ((1 << 57) - 1)
+        b, v = g >> SKETCH_SHIFT, g & ((1 << SKETCH_SHIFT) - 1)
         if bins[b] is None or v < bins[b]:
             bins[b] = v
     out = []
@@ -413,20 +414,27 @@ def sketch(shingles):
         v = bins[i]
         if v is None:
             for a in range(1, DENSIFY_ATTEMPTS + 1):
-                j = mix64(DENSIFY_SEED ^ (i << 32) ^ a) >> 57
+                j = mix64(DENSIFY_SEED ^ (i << 32) ^ a) >> SKETCH_SHIFT
                 if bins[j] is not None:
                     v = bins[j]
                     break
         if v is None:
             v = next(bins[(i + d) % SKETCH_BINS] for d in range(1, SKETCH_BINS)
                      if bins[(i + d) % SKETCH_BINS] is not None)
-        out.append(mix64(v ^ (i << 57)) >> (64 - SKETCH_BITS))
+        out.append(mix64(v ^ (i << SKETCH_SHIFT)) >> (64 - SKETCH_BITS))
     return out
 
 
 def sketch_bytes(values):
-    """Version 1, length 64, value 2j in the low nibble of byte j and 2j+1 in its high one."""
-    return bytes([1, 64] + [values[2 * j] | (values[2 * j + 1] << 4) for j in range(64)])
+    """Version 1, payload length 64, value i at bit i*b of the payload, least significant
+    bit of each byte first."""
+    payload = bytearray(SKETCH_BINS * SKETCH_BITS // 8)
+    for i, v in enumerate(values):
+        for bit in range(SKETCH_BITS):
+            if (v >> bit) & 1:
+                at = i * SKETCH_BITS + bit
+                payload[at // 8] |= 1 << (at % 8)
+    return bytes([1, len(payload)]) + bytes(payload)
 
 
 def sketch_estimate(a, b):

@@ -13,6 +13,7 @@ mod bruteforce;
 mod decode;
 mod designs;
 mod eval;
+mod eval_online;
 mod eval_set_stats;
 mod fingerprint;
 mod index;

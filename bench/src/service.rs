@@ -141,28 +141,42 @@ fn name(i: usize) -> String {
 }
 
 /// The server under test, a child process.
-struct ServerProcess {
+pub(crate) struct ServerProcess {
     child: Child,
-    addr: String,
+    pub(crate) addr: String,
 }
 
-fn free_port() -> Result<u16, String> {
+pub(crate) fn free_port() -> Result<u16, String> {
     let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     Ok(l.local_addr().map_err(|e| e.to_string())?.port())
 }
 
 impl ServerProcess {
     fn start(data: &std::path::Path, port: u16, args: &ServiceArgs) -> Result<Self, String> {
-        let exe = args.neardup();
+        let mut sets = vec![
+            format!("index.block_bytes={}", args.block_bytes),
+            // Compact as soon as the loading stops, so the measured phases see one run and
+            // no background merge (later --server-set values override this).
+            "storage.compact_idle_secs=1".to_string(),
+        ];
+        sets.extend(args.server_set.iter().cloned());
+        Self::launch(&args.neardup(), data, port, &args.design, &sets)
+    }
+
+    /// `neardup serve` from `exe` on 127.0.0.1:`port` with data in `data`, table design
+    /// `design` and `--set` settings `sets`.
+    pub(crate) fn launch(
+        exe: &std::path::Path,
+        data: &std::path::Path,
+        port: u16,
+        design: &str,
+        sets: &[String],
+    ) -> Result<Self, String> {
         let addr = format!("127.0.0.1:{port}");
-        let mut cmd = Command::new(&exe);
+        let mut cmd = Command::new(exe);
         cmd.args(["serve", "--data"]).arg(data).args(["--listen", &addr, "--metrics-listen", ""]);
-        cmd.args(["--design", &args.design]);
-        cmd.args(["--set", &format!("index.block_bytes={}", args.block_bytes)]);
-        // Compact as soon as the loading stops, so the measured phases see one run and no
-        // background merge (later --server-set values override this).
-        cmd.args(["--set", "storage.compact_idle_secs=1"]);
-        for s in &args.server_set {
+        cmd.args(["--design", design]);
+        for s in sets {
             cmd.args(["--set", s]);
         }
         cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::inherit());
@@ -173,7 +187,11 @@ impl ServerProcess {
     }
 
     /// Waits until health says SERVING; the time since `since`.
-    async fn wait_serving(&mut self, since: Instant, limit: Duration) -> Result<f64, String> {
+    pub(crate) async fn wait_serving(
+        &mut self,
+        since: Instant,
+        limit: Duration,
+    ) -> Result<f64, String> {
         use tonic_health::pb::HealthCheckRequest;
         use tonic_health::pb::health_check_response::ServingStatus;
         use tonic_health::pb::health_client::HealthClient;
@@ -208,7 +226,7 @@ impl ServerProcess {
     }
 
     /// SIGTERM and wait; the seconds it took to exit.
-    fn stop(mut self) -> Result<f64, String> {
+    pub(crate) fn stop(mut self) -> Result<f64, String> {
         let t = Instant::now();
         self.signal(libc::SIGTERM);
         let status = self.child.wait().map_err(|e| e.to_string())?;

@@ -11,40 +11,42 @@
 //! # The scheme
 //!
 //! One-permutation MinHash (Li, Owen & Zhang 2012) with optimal densification
-//! (Shrivastava 2017), keeping [`BITS`] bits of each of [`BINS`] values (b-bit MinHash,
+//! (Shrivastava 2017), keeping [`BITS`] bit of each of [`BINS`] values (b-bit MinHash,
 //! Li & König 2010):
 //!
-//! 1. every shingle hash `h` is mixed, `g = mix64(h)` (SplitMix64's finaliser); its top 7
-//!    bits pick one of 128 bins, its low 57 bits are its value; each bin keeps the smallest
+//! 1. every shingle hash `h` is mixed, `g = mix64(h)` (SplitMix64's finaliser); its top 9
+//!    bits pick one of 512 bins, its low 55 bits are its value; each bin keeps the smallest
 //!    value that falls into it;
 //! 2. an empty bin `i` takes the value of the first non-empty bin among
-//!    `mix64(DENSIFY_SEED ^ (i << 32) ^ a) >> 57` for `a = 1, 2, ...` (after 4,096 misses, the
-//!    first non-empty bin after `i`, cyclically: never reached in practice);
-//! 3. bin `i` keeps the top [`BITS`] bits of `mix64(v_i ^ (i << 57))`, `v_i` its (57-bit)
-//!    value: a hash of value and bin, so that two different minima agree in a bin 1 time in
-//!    16 independently of the other bins, even when densification copied one value into
-//!    many bins (without it, two one-shingle documents would agree everywhere 1 time in 16).
+//!    `mix64(DENSIFY_SEED ^ (i << 32) ^ a) >> 55` for `a = 1, 2, ...` (after 4,096 misses,
+//!    the first non-empty bin after `i`, cyclically);
+//! 3. bin `i` keeps the top bit of `mix64(v_i ^ (i << 55))`, `v_i` its value: a hash of
+//!    value and bin, so that two different minima agree in a bin half the time independently
+//!    of the other bins, even when densification copied one value into many bins.
 //!
-//! Two sketches agree in a bin with probability `P = J + (1 - J) / 16` (the minimum is the
-//! same element with probability `J`; two different values agree in 4 bits 1 time in 16).
-//! With `m` agreeing bins of 128, the estimate is `Ĵ = clamp((m / 128 - 1/16) / (15/16))`,
-//! unbiased up to the clamp, with standard deviation at most
-//! `σ(J) = sqrt(P (1 - P) / 128) / (15/16)`: 0.0275 at J = 0.9 ([`std_dev`]).
+//! Two sketches agree in a bin with probability `P = J + (1 - J) / 2` (the minimum is the
+//! same shingle with probability `J`; two different values agree in 1 bit half the time).
+//! With `m` agreeing bins of 512, the estimate is `Ĵ = clamp(2 m / 512 - 1)`, unbiased up
+//! to the clamp, with standard deviation `σ(J) = 2 sqrt(P (1 - P) / 512)`: 0.0193 at
+//! J = 0.9 ([`std_dev`]), for unions of at least 512 shingles; for a union of `u < 512`
+//! shingles the sketch holds only `u` independent minima and `σ` is that of `u` values
+//! ([`std_dev_for`]: 0.043 at J = 0.9 and u = 100).
 //!
-//! # Why 128 bins of 4 bits
+//! # Why 512 bins of 1 bit
 //!
 //! Measured on random sets of 400 shingles at J = 0.9 (root mean square error over 4,000
-//! pairs; the test `measured_error_by_shape` prints the table, the bound `σ` in brackets):
-//! 64 bins of 4 bits (32 bytes) 0.036 (0.039); 64 bins of 8 bits (64 bytes) 0.035 (0.038);
-//! **128 bins of 4 bits (64 bytes) 0.025 (0.028)**; 128 bins of 8 bits (128 bytes) 0.024
-//! (0.027). At the same 64 bytes, more bins with fewer bits each is clearly better;
-//! doubling the bytes for 8-bit values gains 0.001. The b-bit collision bias (1/16 of the
-//! disagreeing bins) is corrected exactly by the estimator above.
+//! pairs; the test `measured_error_by_shape` prints the table): at 64 bytes, 64 × 8 bits
+//! 0.035, 128 × 4 0.025, 256 × 2 0.021, **512 × 1 0.019**; at 128 bytes, 128 × 8 0.024,
+//! 1,024 × 1 0.014. Near J = 0.9 the b-bit collisions cost less than the extra values gain
+//! (Li & König's result for high similarity). On the evaluation set, the online rule
+//! (candidates within k = 8, kept when the estimate reaches 0.9) scores per document
+//! P 0.953 / R 0.976 with 128 × 4 and P 0.979 / R 0.986 with 512 × 1 (`neardup-bench eval
+//! --online --sketch-shapes`, `docs/quality.md`).
 //!
 //! # Encoding
 //!
-//! `[version = 1][length = 64][64 bytes]`: value `2j` in the low nibble of byte `j`, value
-//! `2j + 1` in its high nibble. [`Sketch::from_bytes`] refuses any other version or length.
+//! `[version = 1][length = 64][64 bytes]`: the value of bin `i` is bit `i % 8` of payload
+//! byte `i / 8`. [`Sketch::from_bytes`] refuses any other version or length.
 
 use crate::fingerprint::Fingerprinter;
 use crate::{Error, Result};
@@ -52,13 +54,16 @@ use crate::{Error, Result};
 /// The version of the sketch computation and encoding.
 pub const SKETCH_VERSION: u8 = 1;
 /// Values per sketch.
-pub const BINS: usize = 128;
+pub const BINS: usize = 512;
 /// Bits kept of each value.
-pub const BITS: u32 = 4;
+pub const BITS: u32 = 1;
 /// The shingle size the sketch summarises (word 3-grams, as the ground truth).
 pub const SHINGLE_N: usize = 3;
 /// Bytes of the packed values.
 pub const PAYLOAD_BYTES: usize = BINS * BITS as usize / 8;
+const _: () = assert!(
+    (64u32).is_multiple_of(BITS) && PAYLOAD_BYTES.is_multiple_of(8) && PAYLOAD_BYTES <= 255
+);
 /// Bytes of an encoded sketch: version, length, values.
 pub const ENCODED_BYTES: usize = 2 + PAYLOAD_BYTES;
 /// Seed of the densification probes.
@@ -75,25 +80,25 @@ pub fn mix64(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The `bits`-bit value kept of bin `i` with (57-bit or narrower) minimum `m`.
+/// The `bits`-bit value kept of bin `i` of `bins` with minimum `m` (which has
+/// `64 - log2(bins)` bits, so `m ^ (i << (64 - log2(bins)))` is one-to-one).
 #[inline]
-fn b_bits(m: u64, i: usize, bits: u32) -> u64 {
-    mix64(m ^ ((i as u64) << 57)) >> (64 - bits)
+fn b_bits(m: u64, i: usize, bins: usize, bits: u32) -> u64 {
+    mix64(m ^ ((i as u64) << (64 - bins.trailing_zeros()))) >> (64 - bits)
 }
 
-/// A sketch of one document's shingle set: [`BINS`] values of [`BITS`] bits.
+/// A sketch of one document's shingle set: [`BINS`] values of [`BITS`] bits, packed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Sketch {
-    values: [u8; BINS],
+    packed: [u8; PAYLOAD_BYTES],
 }
 
-/// The full-width minima of a one-permutation MinHash with `bins` bins (a power of two up
-/// to 128), densified. `None` for an empty set.
+/// The full-width minima of a one-permutation MinHash with `bins` bins (a power of two,
+/// 2 to 2^16), densified. `None` for an empty set.
 fn densified_minima(shingles: &[u64], bins: usize) -> Option<Vec<u64>> {
-    if shingles.is_empty() {
+    if shingles.is_empty() || !bins.is_power_of_two() || !(2..=1 << 16).contains(&bins) {
         return None;
     }
-    debug_assert!(bins.is_power_of_two() && (2..=128).contains(&bins));
     let shift = 64 - bins.trailing_zeros();
     let value_mask = u64::MAX >> bins.trailing_zeros();
     let mut min = vec![u64::MAX; bins];
@@ -126,17 +131,34 @@ fn densified_minima(shingles: &[u64], bins: usize) -> Option<Vec<u64>> {
     Some(out)
 }
 
+/// The values of a sketch of another shape (`bins` a power of two from 2 to 65,536,
+/// `bits` from 1 to 16), by the same scheme: for measuring shapes against each other.
+/// `None` for an empty set or a shape out of range.
+pub fn values_of_shape(shingles: &[u64], bins: usize, bits: u32) -> Option<Vec<u16>> {
+    if !(1..=16).contains(&bits) {
+        return None;
+    }
+    let minima = densified_minima(shingles, bins)?;
+    Some(minima.into_iter().enumerate().map(|(i, m)| b_bits(m, i, bins, bits) as u16).collect())
+}
+
 impl Sketch {
     /// The sketch of a shingle set (the values of
     /// [`Fingerprinter::word_shingles`](crate::fingerprint::Fingerprinter::word_shingles);
     /// order and repeats do not matter). [`Error::EmptyDocument`] for an empty set.
     pub fn from_shingles(shingles: &[u64]) -> Result<Sketch> {
-        let minima = densified_minima(shingles, BINS).ok_or(Error::EmptyDocument)?;
-        let mut values = [0u8; BINS];
-        for (i, (v, m)) in values.iter_mut().zip(minima).enumerate() {
-            *v = b_bits(m, i, BITS) as u8;
+        let values = values_of_shape(shingles, BINS, BITS).ok_or(Error::EmptyDocument)?;
+        // Value i at bits i*BITS.. of the payload, least significant bit first.
+        let mut packed = [0u8; PAYLOAD_BYTES];
+        for (i, v) in values.into_iter().enumerate() {
+            for bit in 0..BITS as usize {
+                if (v >> bit) & 1 == 1 {
+                    let at = i * BITS as usize + bit;
+                    packed[at / 8] |= 1 << (at % 8);
+                }
+            }
         }
-        Ok(Sketch { values })
+        Ok(Sketch { packed })
     }
 
     /// The sketch of a text: its word 3-gram shingles by `f` (whose configuration must have
@@ -146,14 +168,22 @@ impl Sketch {
         Sketch::from_shingles(&f.word_shingles(text, SHINGLE_N)?)
     }
 
-    /// The [`BITS`]-bit values, one per bin.
-    pub fn values(&self) -> &[u8; BINS] {
-        &self.values
-    }
-
     /// Bins in which two sketches agree.
     pub fn agreements(&self, other: &Sketch) -> usize {
-        self.values.iter().zip(&other.values).filter(|(a, b)| a == b).count()
+        // Differing bits, folded onto the lowest bit of each value.
+        let mut differ = 0usize;
+        for (a, b) in self.packed.chunks_exact(8).zip(other.packed.chunks_exact(8)) {
+            let x = u64::from_le_bytes(a.try_into().unwrap_or_default())
+                ^ u64::from_le_bytes(b.try_into().unwrap_or_default());
+            let mut folded = x;
+            let mut shift = 1;
+            while shift < BITS {
+                folded |= x >> shift;
+                shift += 1;
+            }
+            differ += (folded & LOW_BITS).count_ones() as usize;
+        }
+        BINS - differ
     }
 
     /// The estimated Jaccard similarity of the two documents' shingle sets, in `[0, 1]`.
@@ -166,9 +196,7 @@ impl Sketch {
         let mut out = [0u8; ENCODED_BYTES];
         out[0] = SKETCH_VERSION;
         out[1] = PAYLOAD_BYTES as u8;
-        for (j, pair) in self.values.chunks_exact(2).enumerate() {
-            out[2 + j] = pair[0] | (pair[1] << 4);
-        }
+        out[2..].copy_from_slice(&self.packed);
         out
     }
 
@@ -192,14 +220,22 @@ impl Sketch {
                 bytes.len()
             )));
         }
-        let mut values = [0u8; BINS];
-        for (j, &byte) in payload.iter().enumerate() {
-            values[2 * j] = byte & 0x0F;
-            values[2 * j + 1] = byte >> 4;
-        }
-        Ok(Sketch { values })
+        let mut packed = [0u8; PAYLOAD_BYTES];
+        packed.copy_from_slice(payload);
+        Ok(Sketch { packed })
     }
 }
+
+/// The lowest bit of every [`BITS`]-bit value in a 64-bit word.
+const LOW_BITS: u64 = {
+    let mut m = 0u64;
+    let mut i = 0;
+    while i < 64 {
+        m |= 1 << i;
+        i += BITS as usize;
+    }
+    m
+};
 
 /// The b-bit estimate from `m` agreeing values of `bins`: `(m / bins - r) / (1 - r)` with
 /// `r = 2^-bits`, clamped to `[0, 1]`.
@@ -208,12 +244,21 @@ pub fn estimate(m: usize, bins: usize, bits: u32) -> f64 {
     ((m as f64 / bins as f64 - r) / (1.0 - r)).clamp(0.0, 1.0)
 }
 
-/// The standard deviation of the estimate at true similarity `j` for this sketch's shape:
-/// `sqrt(P (1 - P) / BINS) / (1 - r)` with `P = j + (1 - j) r`, `r = 2^-BITS`. (The bound
-/// for independent MinHash values; one-permutation hashing with optimal densification is as
-/// good or better, which the tests check.)
+/// The standard deviation of the estimate at true similarity `j` for documents whose
+/// shingle sets have a union of at least [`BINS`] shingles: `sqrt(P (1 - P) / BINS) / (1 - r)`
+/// with `P = j + (1 - j) r`, `r = 2^-BITS` (the variance of independent MinHash values;
+/// one-permutation hashing with optimal densification is as good or better, which the tests
+/// check). 0.0193 at J = 0.9. Smaller documents: [`std_dev_for`].
 pub fn std_dev(j: f64) -> f64 {
     std_dev_of(j, BINS, BITS)
+}
+
+/// The standard deviation of the estimate at true similarity `j` when the two shingle sets
+/// have `union` shingles in all: as [`std_dev`] with `min(BINS, union)` values, since a
+/// sketch of `u < BINS` shingles holds at most `u` independent minima (densification copies
+/// them). For example 0.043 at J = 0.9 for a union of 100 shingles.
+pub fn std_dev_for(j: f64, union: usize) -> f64 {
+    std_dev_of(j, BINS.min(union.max(1)), BITS)
 }
 
 fn std_dev_of(j: f64, bins: usize, bits: u32) -> f64 {
@@ -228,13 +273,8 @@ mod tests {
     use crate::util::SplitMix64;
 
     /// The sketch of another shape, for the measurement of shapes.
-    fn b_bit(shingles: &[u64], bins: usize, bits: u32) -> Vec<u64> {
-        densified_minima(shingles, bins)
-            .unwrap()
-            .into_iter()
-            .enumerate()
-            .map(|(i, m)| b_bits(m, i, bits))
-            .collect()
+    fn b_bit(shingles: &[u64], bins: usize, bits: u32) -> Vec<u16> {
+        values_of_shape(shingles, bins, bits).unwrap()
     }
 
     fn exact_jaccard(a: &[u64], b: &[u64]) -> f64 {
@@ -293,8 +333,8 @@ mod tests {
         // One shingle fills every bin with its value: the same document, estimate 1.
         let a = Sketch::from_shingles(&[42]).unwrap();
         assert_eq!(a.jaccard(&Sketch::from_shingles(&[42, 42]).unwrap()), 1.0);
-        // Two one-shingle documents that differ: every bin agrees 1 time in 16, independently,
-        // so the estimate stays near 0 for all of them (4 σ of J = 0 is 0.09).
+        // Two one-shingle documents that differ: every bin agrees by chance, independently,
+        // so the estimate stays near 0 for all of them.
         for x in 0..2000u64 {
             let (a, b) =
                 (Sketch::from_shingles(&[x]).unwrap(), Sketch::from_shingles(&[!x]).unwrap());
@@ -304,9 +344,10 @@ mod tests {
 
     /// The statistical check of the stated bound: over many pairs of random sets at
     /// similarities from 0.5 to 1 and sizes from 5 to 3,000, every estimate lies within
-    /// 4.5 σ of the exact Jaccard similarity (a normal deviate passes that 1 time in
-    /// 150,000; 3,000 pairs), and the errors' root mean square, in units of σ, is at most 1.1
-    /// (so the bound is not loose either way by much).
+    /// 4.5 σ ([`std_dev_for`] of its union) of the exact Jaccard similarity (a normal
+    /// deviate passes that 1 time in 150,000; 3,000 pairs), and for unions of at least
+    /// [`BINS`] the errors' root mean square, in units of σ, is between 0.5 and 1.1 (the
+    /// bound is not loose by much).
     #[test]
     fn estimate_within_bound_on_random_sets() {
         let mut r = SplitMix64::new(0x5EED);
@@ -319,13 +360,15 @@ mod tests {
             let est =
                 Sketch::from_shingles(&a).unwrap().jaccard(&Sketch::from_shingles(&b).unwrap());
             // Clamped at 1: an identical pair has σ 0 and estimate exactly 1.
-            let sd = std_dev(truth).max(1e-9);
+            let union = a.len() + b.len() - (2.0 * truth / (1.0 + truth) * a.len() as f64) as usize;
+            let union = union.max(1);
+            let sd = std_dev_for(truth, union).max(1e-9);
             let z = (est - truth) / sd;
-            if truth < 1.0 {
+            if truth == 1.0 {
+                assert_eq!(est, 1.0);
+            } else if union >= BINS {
                 sum_z2 += z * z;
                 n += 1;
-            } else {
-                assert_eq!(est, 1.0);
             }
             worst = worst.max(z.abs());
             assert!(z.abs() <= 4.5, "pair {i}: size {size}, J {truth}, estimate {est}, z {z}");
@@ -335,11 +378,11 @@ mod tests {
         assert!(rms >= 0.5, "the bound is far too loose: rms z {rms}");
     }
 
-    /// The measurement behind the choice of 128 bins of 4 bits; it prints the table and
-    /// checks the chosen shape is within 10% of the best at its size.
+    /// The measurement behind the choice of 512 bins of 1 bit; it prints the table and
+    /// checks the chosen shape has the smallest error of the 64-byte shapes.
     #[test]
     fn measured_error_by_shape() {
-        let shapes = [(64usize, 4u32), (64, 8), (128, 4), (128, 8)];
+        let shapes = [(64usize, 8u32), (128, 4), (256, 2), (512, 1), (128, 8), (1024, 1)];
         let mut rmse = Vec::new();
         for &(bins, bits) in &shapes {
             let mut r = SplitMix64::new(7);
@@ -361,8 +404,7 @@ mod tests {
             );
             rmse.push(v);
         }
-        // 128 x 4 beats 64 x 8 at the same 64 bytes, and is within 10% of 128 x 8.
-        assert!(rmse[2] < rmse[1]);
-        assert!(rmse[2] < rmse[3] * 1.1);
+        // 512 x 1 has the smallest error of the 64-byte shapes.
+        assert!(rmse[3] < rmse[0] && rmse[3] < rmse[1] && rmse[3] < rmse[2], "{rmse:?}");
     }
 }

@@ -113,11 +113,11 @@ fn expected(
         }
         let dist = hamming(fp, d.fp);
         let verified = match (sketch, &d.sketch) {
-            (Some(q), Some(s)) if j > 0.0 && dist <= candidate_k => Some(q.jaccard(s)),
+            (Some(q), Some(s)) if j > 0.0 => Some(q.jaccard(s)),
             _ => None,
         };
         match verified {
-            Some(est) if est >= j => {
+            Some(est) if est >= j && dist <= candidate_k => {
                 out.insert(id.clone(), Some(est));
             }
             Some(_) => {}
@@ -223,6 +223,14 @@ async fn verified_check_and_insert_matches_brute_force_with_and_without_sketches
         let by_fp =
             client.query_verified(Target::Fingerprint(fp), sk.clone(), Some(k), verify, 1000);
         assert_eq!(got(&by_fp.await.unwrap().matches), got(&by_text.matches));
+        // A candidate k below k: sketched candidates beyond it are refused, not kept by k.
+        let narrow = Verification { jaccard: Some(j), candidate_k: Some(1) };
+        let narrow =
+            client.query_verified(Target::Text(text.clone()), Vec::new(), Some(k), narrow, 1000);
+        assert_eq!(
+            got(&narrow.await.unwrap().matches),
+            expected(&stored, fp, Some(&sketch), k, j, 1, "")
+        );
         // Without a sketch, or with verification off: plain distance k.
         let plain = client.query(fp, Some(k), 1000).await.unwrap();
         assert_eq!(got(&plain.matches), expected(&stored, fp, None, k, j, 3, ""));

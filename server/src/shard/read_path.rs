@@ -57,10 +57,9 @@ impl Shard {
         out.clear();
         agreements.clear();
         for m in raw {
+            // Both sides sketched: verification alone decides (within candidate k).
             let agreed = match sketch {
-                Some(q) if verify.on() && m.distance <= verify.candidate_k => {
-                    self.sketch_of(m.id)?.map(|s| q.agreements(&s))
-                }
+                Some(q) if verify.on() => self.sketch_of(m.id)?.map(|s| q.agreements(&s)),
                 _ => None,
             };
             if let Some(a) = agreed {
@@ -69,7 +68,7 @@ impl Shard {
                     neardup_core::sketch::BINS,
                     neardup_core::sketch::BITS,
                 );
-                if est >= verify.jaccard {
+                if m.distance <= verify.candidate_k && est >= verify.jaccard {
                     out.push(*m);
                     agreements.push(Some(a as u32));
                 }

@@ -211,9 +211,10 @@ impl Shard {
     /// stores it unless `skip_if_duplicate` is set and it is a near-duplicate. Atomic: two
     /// near-duplicates admitted at once see each other in one order.
     ///
-    /// With `verify` on and a sketch on `doc`, candidates within `verify.candidate_k` that
-    /// have a stored sketch count only when their estimated Jaccard similarity reaches
-    /// `verify.jaccard`; the others (no sketch on either side) count when within `k`.
+    /// With `verify` on and a sketch on `doc`, a candidate with a stored sketch counts only
+    /// when it is within `verify.candidate_k` and its estimated Jaccard similarity reaches
+    /// `verify.jaccard`; a candidate without one (or any, when `doc` has no sketch) counts
+    /// when within `k`.
     pub fn admit(
         &self,
         doc: &NewDocument,
