@@ -227,6 +227,25 @@ impl Shard {
         check_name(&doc.id, self.config.max_id_bytes)?;
         let limit = limit.max(1);
         let sketch_bytes = doc.sketch.map(|s| s.to_bytes());
+        if verify.on() && doc.sketch.is_some() {
+            // Read the candidates' sketches once before the write lock, so that reading
+            // them again under it finds them in the store's cache instead of waiting for the
+            // disk while every other writer waits too.
+            let mut raw = Vec::new();
+            {
+                let st = self.state.read();
+                st.index.check_k(k.max(verify.candidate_k))?;
+                st.index.query_into(
+                    doc.fingerprint,
+                    k.max(verify.candidate_k),
+                    &mut QueryScratch::default(),
+                    &mut raw,
+                )?;
+            }
+            for m in &raw {
+                self.sketch_of(m.id)?;
+            }
+        }
         let mut st = self.state.write();
         let st = &mut *st;
         st.index.check_k(k)?;
