@@ -389,7 +389,7 @@ def word_shingles(text, n, hangul_as_chars=False):
 SKETCH_BINS, SKETCH_BITS = 512, 1
 SKETCH_SHIFT = 64 - 9  # 64 - log2(SKETCH_BINS): bins are the top 9 bits
 DENSIFY_SEED = 0x6E65617264757031
-DENSIFY_ATTEMPTS = 4096
+DENSIFY_WORDS = 1024
 
 
 def mix64(x):
@@ -413,11 +413,12 @@ def sketch(shingles):
     for i in range(SKETCH_BINS):
         v = bins[i]
         if v is None:
-            for a in range(1, DENSIFY_ATTEMPTS + 1):
-                j = mix64(DENSIFY_SEED ^ (i << 32) ^ a) >> SKETCH_SHIFT
-                if bins[j] is not None:
-                    v = bins[j]
-                    break
+            probes = (
+                (mix64(DENSIFY_SEED ^ (i << 32) ^ t) >> (64 - 9 * c)) & (SKETCH_BINS - 1)
+                for t in range(1, DENSIFY_WORDS + 1) for c in range(1, 64 // 9 + 1))
+            j = next((j for j in probes if bins[j] is not None), None)
+            if j is not None:
+                v = bins[j]
         if v is None:
             v = next(bins[(i + d) % SKETCH_BINS] for d in range(1, SKETCH_BINS)
                      if bins[(i + d) % SKETCH_BINS] is not None)
