@@ -157,11 +157,12 @@ impl Shard {
             st.last_seq = seq;
             st.log_bytes += bytes.len() as u64;
             commit.appended(seq);
-            // After the log record: a sketch is never stored for a record that is not.
-            for op in ops {
-                Self::store_sketch(&self.spaces, op)?;
-            }
+            // After the log record: a sketch is never stored for a record that is not. The
+            // record is applied whatever happens to its sketches (recovery writes them again
+            // from the log), as every appended record is.
+            let sketched = ops.iter().try_for_each(|op| Self::store_sketch(&self.spaces, op));
             Self::apply(st, seq, ops)?;
+            sketched?;
         }
         if !records.is_empty() {
             self.metrics.appended(records.len() as u64);
