@@ -13,6 +13,8 @@ Usage:
   fingerprint_reference.py random COUNT SEED        print COUNT random cases with results
   fingerprint_reference.py features [--word N] [--char N] [--xxh3] [--hangul] TEXT
   fingerprint_reference.py selftest                 XXH3 and MD5 known answers
+  fingerprint_reference.py sketch-regenerate SKETCH_VECTORS.tsv   sketch v1 (section 15)
+  fingerprint_reference.py sketch-check SKETCH_VECTORS.tsv        exit 1 on any difference
 
 Unicode version: the spec uses Unicode 16.0. Python's unicodedata may be older (Python
 3.11 has 14.0): then the code points assigned in 15.0-16.0 (about 10,300, none in common
@@ -375,6 +377,107 @@ INPUT_COLUMNS = 7
 COLUMNS = INPUT_COLUMNS + 5
 
 
+# ---------------------------------------------------------------------------------------
+# Ground-truth shingles (section 11) and sketch v1 (section 15).
+
+def word_shingles(text, n, hangul_as_chars=False):
+    """Sorted distinct XXH3-64 values of the n-grams of units joined by single spaces."""
+    items = [u for _, u in units(text, hangul_as_chars)]
+    return sorted({xxh3_64(g.encode("utf-8")) for g in ngrams(items, n, " ")})
+
+
+SKETCH_BINS, SKETCH_BITS = 512, 1
+SKETCH_SHIFT = 64 - 9  # 64 - log2(SKETCH_BINS): bins are the top 9 bits
+DENSIFY_SEED = 0x6E65617264757031
+DENSIFY_WORDS = 1024
+
+
+def mix64(x):
+    z = (x + 0x9E3779B97F4A7C15) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def sketch(shingles):
+    """Section 15: 512 one-bit values, or None for an empty set."""
+    if not shingles:
+        return None
+    bins = [None] * SKETCH_BINS
+    for h in shingles:
+        g = mix64(h)
+        b, v = g >> SKETCH_SHIFT, g & ((1 << SKETCH_SHIFT) - 1)
+        if bins[b] is None or v < bins[b]:
+            bins[b] = v
+    out = []
+    for i in range(SKETCH_BINS):
+        v = bins[i]
+        if v is None:
+            probes = (
+                (mix64(DENSIFY_SEED ^ (i << 32) ^ t) >> (64 - 9 * c)) & (SKETCH_BINS - 1)
+                for t in range(1, DENSIFY_WORDS + 1) for c in range(1, 64 // 9 + 1))
+            j = next((j for j in probes if bins[j] is not None), None)
+            if j is not None:
+                v = bins[j]
+        if v is None:
+            v = next(bins[(i + d) % SKETCH_BINS] for d in range(1, SKETCH_BINS)
+                     if bins[(i + d) % SKETCH_BINS] is not None)
+        out.append(mix64(v ^ (i << SKETCH_SHIFT)) >> (64 - SKETCH_BITS))
+    return out
+
+
+def sketch_bytes(values):
+    """Version 1, payload length 64, value i at bit i*b of the payload, least significant
+    bit of each byte first."""
+    payload = bytearray(SKETCH_BINS * SKETCH_BITS // 8)
+    for i, v in enumerate(values):
+        for bit in range(SKETCH_BITS):
+            if (v >> bit) & 1:
+                at = i * SKETCH_BITS + bit
+                payload[at // 8] |= 1 << (at % 8)
+    return bytes([1, len(payload)]) + bytes(payload)
+
+
+def sketch_estimate(a, b):
+    m = sum(1 for x, y in zip(a, b) if x == y)
+    r = 2.0 ** -SKETCH_BITS
+    return min(1.0, max(0.0, (m / SKETCH_BINS - r) / (1 - r)))
+
+
+def sketch_columns(cols):
+    """name, text[, other text] -> shingles, sketch hex, estimate against the other."""
+    text, other = unescape(cols[1]), unescape(cols[2])
+    sh = word_shingles(text, 3)
+    sk = sketch(sh)
+    if sk is None:
+        return [str(len(sh)), "error:EmptyDocument", "-"]
+    est = "-"
+    if other:
+        so = sketch(word_shingles(other, 3))
+        est = "-" if so is None else "%.6f" % sketch_estimate(sk, so)
+    return [str(len(sh)), sketch_bytes(sk).hex(), est]
+
+
+def cmd_sketch(path, regenerate):
+    rows = read_rows(path)
+    if regenerate:
+        with open(path, "w", encoding="utf-8") as f:
+            for r in rows:
+                f.write((r if isinstance(r, str) else "\t".join(r[:3] + sketch_columns(r))) + "\n")
+        return 0
+    bad = n = 0
+    for r in rows:
+        if isinstance(r, str):
+            continue
+        n += 1
+        if r[3:] != sketch_columns(r):
+            bad += 1
+            print("MISMATCH %s: file %s, reference %s" % (r[0], r[3:], sketch_columns(r)),
+                  file=sys.stderr)
+    print("%d sketch vectors, %d mismatches" % (n, bad))
+    return 1 if bad else 0
+
+
 def escape(s):
     out = []
     for ch in s:
@@ -585,6 +688,8 @@ def main(argv):
     if argv and argv[0] == "features":
         cmd_features(argv[1:])
         return 0
+    if len(argv) >= 2 and argv[0] in ("sketch-regenerate", "sketch-check"):
+        return cmd_sketch(argv[1], argv[0] == "sketch-regenerate")
     if argv and argv[0] == "selftest":
         return cmd_selftest()
     print(__doc__, file=sys.stderr)

@@ -24,17 +24,24 @@ pub struct EvalWithPlotsArgs {
     /// Do not draw the plots.
     #[arg(long)]
     no_plots: bool,
+    /// The online replay through a real server (`--online`).
+    #[command(flatten)]
+    online: crate::eval_online::OnlineArgs,
 }
 
 /// Runs `neardup-bench eval`: `report.json`, the table on stdout, then the plots.
 pub fn run(args: EvalWithPlotsArgs) -> Result<(), DedupError> {
-    let EvalWithPlotsArgs { eval, font, no_plots } = args;
+    let EvalWithPlotsArgs { eval, font, no_plots, online } = args;
     let out = eval.out.clone();
+    let corpus = eval.corpus.clone();
     let report = neardup_dedup::run_eval(eval)?;
     if !no_plots {
         let font = plot::load_font(font.as_deref())?;
         plot::precision_recall(&out.join("precision_recall.png"), &report, &font)?;
         plot::xor_leading_bit(&out.join("xor_leading_bit.png"), &report, &font)?;
+    }
+    if online.online {
+        crate::eval_online::run(&corpus, &out, &online).map_err(DedupError::Usage)?;
     }
     Ok(())
 }

@@ -14,6 +14,7 @@ mod cluster_map;
 mod decode;
 mod designs;
 mod eval;
+mod eval_online;
 mod eval_set_stats;
 mod fingerprint;
 mod index;

@@ -24,7 +24,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use neardup_proto::v1::neardup_client::NeardupClient;
-use neardup_proto::v1::{QueryRequest, QueryTarget, query_target};
+use neardup_proto::v1::{
+    CheckAndInsertRequest, Document, QueryRequest, QueryTarget, document, query_target,
+};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic_health::pb::HealthCheckRequest;
@@ -37,6 +39,12 @@ use crate::latency::Latencies;
 pub enum Kind {
     /// Unary Query by fingerprint (queries reused round-robin).
     Query,
+    /// Verified CheckAndInsert: a new document with a query's fingerprint and a sketch
+    /// ([`synthetic_sketch`]), the server's verification defaults.
+    Admit,
+    /// CheckAndInsert as before sketches: a new document by fingerprint alone, verification
+    /// off (the same durable write, without the sketch and its reads).
+    AdmitPlain,
     /// grpc.health.v1 Check on the same connection.
     Health,
     /// 16 bytes to a loopback echo thread and back.
@@ -48,6 +56,8 @@ impl Kind {
     pub fn name(self) -> &'static str {
         match self {
             Kind::Query => "query",
+            Kind::Admit => "check_and_insert_verified",
+            Kind::AdmitPlain => "check_and_insert_plain",
             Kind::Health => "grpc_health",
             Kind::Echo => "tcp_echo",
         }
@@ -122,7 +132,7 @@ impl Load {
             for (kind, tally) in self.kinds.iter().zip(tallies.iter_mut()) {
                 let t = Instant::now();
                 match kind {
-                    Kind::Query | Kind::Health => {
+                    Kind::Query | Kind::Admit | Kind::AdmitPlain | Kind::Health => {
                         self.rpc_slice(*kind, &timer, &query, &health, sent, tally).await?
                     }
                     Kind::Echo => {
@@ -174,12 +184,34 @@ impl Load {
                     let mut req = tonic::Request::new(QueryRequest {
                         target: Some(QueryTarget {
                             target: Some(query_target::Target::Fingerprint(q)),
+                            sketch: Vec::new(),
                         }),
                         k: Some(self.k),
                         limit: 100,
+                        ..Default::default()
                     });
                     req.set_timeout(Duration::from_secs(10));
                     Box::pin(async move { rpc.query(req).await.is_ok() })
+                }
+                Kind::Admit | Kind::AdmitPlain => {
+                    let mut rpc = query.clone();
+                    let n = first + i;
+                    let q = self.queries[n % self.queries.len()];
+                    let plain = kind == Kind::AdmitPlain;
+                    let mut req = tonic::Request::new(CheckAndInsertRequest {
+                        document: Some(Document {
+                            id: format!("https://bench.example/{}/{n}", kind.name()),
+                            content: Some(document::Content::Fingerprint(q)),
+                            timestamp_ms: n as i64,
+                            sketch: if plain { Vec::new() } else { synthetic_sketch(q) },
+                        }),
+                        k: Some(self.k),
+                        limit: 100,
+                        verify_jaccard: plain.then_some(0.0),
+                        ..Default::default()
+                    });
+                    req.set_timeout(Duration::from_secs(10));
+                    Box::pin(async move { rpc.check_and_insert(req).await.is_ok() })
                 }
                 Kind::Health | Kind::Echo => {
                     let mut rpc = health.clone();
@@ -201,6 +233,17 @@ impl Load {
         }
         Ok(())
     }
+}
+
+/// A valid sketch encoding (version 1, 64 payload bytes) whose bits come from `seed`: the
+/// benchmark has fingerprints, not texts, and verification costs the same whatever the bits.
+pub fn synthetic_sketch(seed: u64) -> Vec<u8> {
+    let mut r = neardup_core::util::SplitMix64::new(seed);
+    let mut out = vec![neardup_core::sketch::SKETCH_VERSION, 64];
+    for _ in 0..8 {
+        out.extend_from_slice(&r.next_u64().to_le_bytes());
+    }
+    out
 }
 
 /// A loopback TCP echo: a plain thread answers, the generator writes and reads.

@@ -76,6 +76,14 @@ pub struct ServiceArgs {
     /// Unary rate of the mixed phase.
     #[arg(long, default_value_t = 5000)]
     mixed_rate: u64,
+    /// Offered rates (calls/s) of verified CheckAndInsert (new documents with sketches, the
+    /// server's verification defaults), each with its Health and TCP echo floors; none: the
+    /// phase is skipped.
+    #[arg(long, value_delimiter = ',')]
+    admit_rates: Vec<u64>,
+    /// Store the documents with (synthetic) sketches, so verification reads them.
+    #[arg(long)]
+    sketches: bool,
     /// Documents per second streamed in during the mixed phase.
     #[arg(long, default_value_t = 20_000)]
     mixed_insert_rate: u64,
@@ -141,28 +149,42 @@ fn name(i: usize) -> String {
 }
 
 /// The server under test, a child process.
-struct ServerProcess {
+pub(crate) struct ServerProcess {
     child: Child,
-    addr: String,
+    pub(crate) addr: String,
 }
 
-fn free_port() -> Result<u16, String> {
+pub(crate) fn free_port() -> Result<u16, String> {
     let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
     Ok(l.local_addr().map_err(|e| e.to_string())?.port())
 }
 
 impl ServerProcess {
     fn start(data: &std::path::Path, port: u16, args: &ServiceArgs) -> Result<Self, String> {
-        let exe = args.neardup();
+        let mut sets = vec![
+            format!("index.block_bytes={}", args.block_bytes),
+            // Compact as soon as the loading stops, so the measured phases see one run and
+            // no background merge (later --server-set values override this).
+            "storage.compact_idle_secs=1".to_string(),
+        ];
+        sets.extend(args.server_set.iter().cloned());
+        Self::launch(&args.neardup(), data, port, &args.design, &sets)
+    }
+
+    /// `neardup serve` from `exe` on 127.0.0.1:`port` with data in `data`, table design
+    /// `design` and `--set` settings `sets`.
+    pub(crate) fn launch(
+        exe: &std::path::Path,
+        data: &std::path::Path,
+        port: u16,
+        design: &str,
+        sets: &[String],
+    ) -> Result<Self, String> {
         let addr = format!("127.0.0.1:{port}");
-        let mut cmd = Command::new(&exe);
+        let mut cmd = Command::new(exe);
         cmd.args(["serve", "--data"]).arg(data).args(["--listen", &addr, "--metrics-listen", ""]);
-        cmd.args(["--design", &args.design]);
-        cmd.args(["--set", &format!("index.block_bytes={}", args.block_bytes)]);
-        // Compact as soon as the loading stops, so the measured phases see one run and no
-        // background merge (later --server-set values override this).
-        cmd.args(["--set", "storage.compact_idle_secs=1"]);
-        for s in &args.server_set {
+        cmd.args(["--design", design]);
+        for s in sets {
             cmd.args(["--set", s]);
         }
         cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::inherit());
@@ -173,7 +195,11 @@ impl ServerProcess {
     }
 
     /// Waits until health says SERVING; the time since `since`.
-    async fn wait_serving(&mut self, since: Instant, limit: Duration) -> Result<f64, String> {
+    pub(crate) async fn wait_serving(
+        &mut self,
+        since: Instant,
+        limit: Duration,
+    ) -> Result<f64, String> {
         use tonic_health::pb::HealthCheckRequest;
         use tonic_health::pb::health_check_response::ServingStatus;
         use tonic_health::pb::health_client::HealthClient;
@@ -208,7 +234,7 @@ impl ServerProcess {
     }
 
     /// SIGTERM and wait; the seconds it took to exit.
-    fn stop(mut self) -> Result<f64, String> {
+    pub(crate) fn stop(mut self) -> Result<f64, String> {
         let t = Instant::now();
         self.signal(libc::SIGTERM);
         let status = self.child.wait().map_err(|e| e.to_string())?;
@@ -242,6 +268,7 @@ async fn insert_range(
     streams: usize,
     batch: usize,
     rate: u64,
+    sketches: bool,
 ) -> Result<u64, String> {
     let per = range.len().div_ceil(streams.max(1));
     let mut tasks = Vec::new();
@@ -261,8 +288,15 @@ async fn insert_range(
                 let mut sent = 0u64;
                 for chunk_start in (lo..hi).step_by(batch) {
                     let chunk_end = (chunk_start + batch).min(hi);
-                    let documents: Vec<Document> =
-                        (chunk_start..chunk_end).map(|i| doc(name(i), fps[i], i as i64)).collect();
+                    let documents: Vec<Document> = (chunk_start..chunk_end)
+                        .map(|i| {
+                            let mut d = doc(name(i), fps[i], i as i64);
+                            if sketches {
+                                d.sketch = crate::load::synthetic_sketch(fps[i]);
+                            }
+                            d
+                        })
+                        .collect();
                     sent += documents.len() as u64;
                     if tx.send(InsertRequest { documents }).await.is_err() {
                         return;
@@ -356,9 +390,16 @@ pub async fn run(args: ServiceArgs) -> Result<(), String> {
     // 1. Durable streaming inserts.
     eprintln!("inserting {} documents over {} streams", args.n, args.insert_streams);
     let t = Instant::now();
-    let inserted =
-        insert_range(&client, fps.clone(), 0..args.n, args.insert_streams, args.insert_batch, 0)
-            .await?;
+    let inserted = insert_range(
+        &client,
+        fps.clone(),
+        0..args.n,
+        args.insert_streams,
+        args.insert_batch,
+        0,
+        args.sketches,
+    )
+    .await?;
     let secs = t.elapsed().as_secs_f64();
     report.insert(
         "insert".into(),
@@ -458,6 +499,43 @@ pub async fn run(args: ServiceArgs) -> Result<(), String> {
     }
     report.insert("unary".into(), json!(unary));
 
+    // 4b. Verified CheckAndInsert, open loop, with the same floors.
+    let mut admit = Vec::new();
+    for &rate in &args.admit_rates {
+        eprintln!("verified CheckAndInsert at {rate}/s for {} s (with floors)", args.seconds);
+        let kinds = vec![Kind::Admit, Kind::AdmitPlain, Kind::Health, Kind::Echo];
+        let mut r = load(rate, kinds.clone()).measure().await?;
+        for kind in kinds {
+            let x = &r[kind.name()];
+            eprintln!(
+                "  {:<26} p50 {} us, p99 {} us, p999 {} us, errors {}",
+                kind.name(),
+                x["p50_us"],
+                x["p99_us"],
+                x["p999_us"],
+                x["errors"]
+            );
+        }
+        let mut entry = r.remove(Kind::Admit.name()).unwrap_or_default();
+        if let Value::Object(m) = &mut entry {
+            m.insert("floor_grpc_health".into(), r.remove(Kind::Health.name()).unwrap_or_default());
+            m.insert(
+                "same_write_unverified".into(),
+                r.remove(Kind::AdmitPlain.name()).unwrap_or_default(),
+            );
+            m.insert("floor_tcp_echo".into(), r.remove(Kind::Echo.name()).unwrap_or_default());
+        }
+        admit.push(entry);
+    }
+    if !admit.is_empty() {
+        let stats = client.stats().await.map_err(|e| e.to_string())?;
+        report.insert("check_and_insert_verified".into(), json!(admit));
+        report.insert(
+            "server_after_admissions".into(),
+            json!({ "documents": stats.documents, "disk_bytes": stats.disk_bytes }),
+        );
+    }
+
     // 5. QueryBatch throughput.
     eprintln!("QueryBatch: {} queries over {} streams", args.batch_queries, args.batch_streams);
     let per = args.batch_queries / args.batch_streams.max(1);
@@ -511,7 +589,7 @@ pub async fn run(args: ServiceArgs) -> Result<(), String> {
         let (n, b, rate) = (args.n, args.insert_batch.min(500), args.mixed_insert_rate);
         tokio::spawn(async move {
             let t = Instant::now();
-            let r = insert_range(&c, fps, n..n + extra, 1, b, rate).await;
+            let r = insert_range(&c, fps, n..n + extra, 1, b, rate, false).await;
             (r, t.elapsed().as_secs_f64())
         })
     };
@@ -543,7 +621,7 @@ pub async fn run(args: ServiceArgs) -> Result<(), String> {
     let fps2 = fps.clone();
     let n = args.n;
     let crash_writer = tokio::spawn(async move {
-        insert_range(&c, fps2, n..n + 100_000.min(extra.max(1)), 2, 1000, 0).await
+        insert_range(&c, fps2, n..n + 100_000.min(extra.max(1)), 2, 1000, 0, false).await
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     server.kill9();

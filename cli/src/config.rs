@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use neardup_core::codec::TableOptions;
 use neardup_core::{Design, IndexConfig};
-use neardup_router::Limits;
+use neardup_router::{Limits, VerifyDefaults};
 use neardup_server::ShardConfig;
 use serde::{Deserialize, Serialize};
 
@@ -42,6 +42,8 @@ pub struct Config {
     pub storage: StorageSection,
     /// Request limits.
     pub limits: Limits,
+    /// Verification defaults of CheckAndInsert and Query.
+    pub verify: VerifyDefaults,
     /// The router role.
     pub router: RouterSection,
     /// Cluster mode of `serve` (see `docs/cluster.md`).
@@ -161,6 +163,7 @@ impl Default for Config {
             index: IndexSection::default(),
             storage: StorageSection::default(),
             limits: Limits::default(),
+            verify: VerifyDefaults::default(),
             router: RouterSection::default(),
             cluster: ClusterSection::default(),
         }
@@ -381,6 +384,7 @@ impl Config {
         if c.max_voters == 0 {
             return Err("[cluster] max_voters = 0: expected at least 1".into());
         }
+        self.verify.validate().map_err(|e| format!("[verify]: {e}"))?;
         Ok(())
     }
 

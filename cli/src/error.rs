@@ -113,6 +113,7 @@ impl CliError {
             ClientError::Status(s) => {
                 CliError::Server { code: s.code(), message: s.message().to_string() }
             }
+            e @ ClientError::EmptyText => CliError::Usage(e.to_string()),
         }
     }
 }

@@ -4,6 +4,10 @@
 //!
 //! - Typed calls: [`Client::insert`], [`Client::query`], [`Client::check_and_insert`],
 //!   [`Client::delete`], [`Client::fingerprint`], [`Client::stats`].
+//! - Verified admission: [`text_doc`] documents carry the text's similarity sketch, computed
+//!   here ([`sketch_of_text`]), so the server verifies near-duplicates by estimated Jaccard
+//!   similarity; [`Client::check_and_insert_verified`] and [`Client::query_verified`] set
+//!   the threshold and candidate distance per call.
 //! - One connection, reused: a [`Client`] is cheap to clone and every clone shares it
 //!   (HTTP/2 multiplexes concurrent calls).
 //! - Retries with exponential backoff and jitter on UNAVAILABLE (the server is starting or
@@ -54,6 +58,9 @@ pub enum ClientError {
     /// The server answered with an error (after any retries).
     #[error("{}: {}", .0.code(), .0.message())]
     Status(#[from] Status),
+    /// A text has no words to fingerprint or sketch.
+    #[error("the text has no words or characters to fingerprint")]
+    EmptyText,
 }
 
 impl ClientError {
@@ -61,7 +68,7 @@ impl ClientError {
     pub fn code(&self) -> Option<Code> {
         match self {
             ClientError::Status(s) => Some(s.code()),
-            ClientError::Address { .. } => None,
+            ClientError::Address { .. } | ClientError::EmptyText => None,
         }
     }
 }
@@ -69,18 +76,73 @@ impl ClientError {
 /// Result alias of this crate.
 pub type Result<T, E = ClientError> = std::result::Result<T, E>;
 
-/// A document given by its fingerprint.
+/// A document given by its fingerprint, without a sketch (its matches are unverified).
 pub fn doc(id: impl Into<String>, fingerprint: u64, timestamp_ms: i64) -> Document {
     Document {
         id: id.into(),
         content: Some(document::Content::Fingerprint(fingerprint)),
         timestamp_ms,
+        sketch: Vec::new(),
     }
 }
 
-/// A document given by its text (the server fingerprints it).
+/// A document given by its fingerprint and its text's sketch ([`sketch_of_text`]).
+pub fn sketched_doc(
+    id: impl Into<String>,
+    fingerprint: u64,
+    sketch: Vec<u8>,
+    timestamp_ms: i64,
+) -> Document {
+    Document { sketch, ..doc(id, fingerprint, timestamp_ms) }
+}
+
+/// A document given by its text (the server fingerprints it and computes its sketch).
 pub fn text_doc(id: impl Into<String>, text: impl Into<String>, timestamp_ms: i64) -> Document {
-    Document { id: id.into(), content: Some(document::Content::Text(text.into())), timestamp_ms }
+    Document {
+        id: id.into(),
+        content: Some(document::Content::Text(text.into())),
+        timestamp_ms,
+        sketch: Vec::new(),
+    }
+}
+
+/// A document given by its text with the sketch computed here: the server checks that it
+/// equals its own, so a client and a server that disagree on the spec are found at once.
+pub fn text_doc_with_sketch(
+    id: impl Into<String>,
+    text: impl Into<String>,
+    timestamp_ms: i64,
+) -> Result<Document> {
+    let text = text.into();
+    let sketch = sketch_of_text(&text)?;
+    Ok(Document { sketch, ..text_doc(id, text, timestamp_ms) })
+}
+
+/// The simhash (default configuration) and the encoded sketch of a text
+/// (`docs/fingerprint.md`), as the server computes them.
+pub fn fingerprint_and_sketch(text: &str) -> Result<(u64, Vec<u8>)> {
+    use neardup_core::fingerprint::{FingerprintConfig, Fingerprinter};
+    let mut f = Fingerprinter::new(FingerprintConfig::default())
+        .map_err(|e| Status::internal(e.to_string()))?;
+    let fp = f.fingerprint(text).map_err(|_| ClientError::EmptyText)?;
+    let sketch =
+        neardup_core::sketch::Sketch::of_text(&mut f, text).map_err(|_| ClientError::EmptyText)?;
+    Ok((fp, sketch.to_bytes().to_vec()))
+}
+
+/// The encoded sketch of a text ("neardup sketch v1", `docs/fingerprint.md` section 15).
+pub fn sketch_of_text(text: &str) -> Result<Vec<u8>> {
+    fingerprint_and_sketch(text).map(|(_, s)| s)
+}
+
+/// Verification asked of one call; `None` fields take the server's defaults.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Verification {
+    /// Keep a candidate whose estimated Jaccard similarity reaches this (0: no
+    /// verification).
+    pub jaccard: Option<f64>,
+    /// Verify candidates within this distance.
+    pub candidate_k: Option<u32>,
 }
 
 /// A query: a fingerprint or a text.
@@ -99,6 +161,7 @@ impl From<Target> for QueryTarget {
                 Target::Fingerprint(fp) => query_target::Target::Fingerprint(fp),
                 Target::Text(s) => query_target::Target::Text(s),
             }),
+            sketch: Vec::new(),
         }
     }
 }
@@ -251,9 +314,28 @@ impl Client {
         k: Option<u32>,
         limit: u32,
     ) -> Result<QueryResult> {
-        let target: QueryTarget = target.into();
+        self.query_verified(target, Vec::new(), k, Verification::default(), limit).await
+    }
+
+    /// A query with a sketch (empty: none; with a text the server computes it) and the
+    /// verification asked (see `CheckAndInsertRequest.verify_jaccard`).
+    pub async fn query_verified(
+        &self,
+        target: Target,
+        sketch: Vec<u8>,
+        k: Option<u32>,
+        verify: Verification,
+        limit: u32,
+    ) -> Result<QueryResult> {
+        let target = QueryTarget { sketch, ..target.into() };
         self.retry(|mut c| {
-            let r = self.request(QueryRequest { target: Some(target.clone()), k, limit });
+            let r = self.request(QueryRequest {
+                target: Some(target.clone()),
+                k,
+                limit,
+                verify_jaccard: verify.jaccard,
+                candidate_k: verify.candidate_k,
+            });
             async move {
                 c.query(r).await?.into_inner().result.ok_or_else(|| Status::internal("no result"))
             }
@@ -314,12 +396,33 @@ impl Client {
         limit: u32,
         skip_insert_if_duplicate: bool,
     ) -> Result<CheckAndInsertResponse> {
+        self.check_and_insert_verified(
+            document,
+            k,
+            Verification::default(),
+            limit,
+            skip_insert_if_duplicate,
+        )
+        .await
+    }
+
+    /// [`check_and_insert`](Self::check_and_insert) with the verification asked.
+    pub async fn check_and_insert_verified(
+        &self,
+        document: Document,
+        k: Option<u32>,
+        verify: Verification,
+        limit: u32,
+        skip_insert_if_duplicate: bool,
+    ) -> Result<CheckAndInsertResponse> {
         self.retry(|mut c| {
             let r = self.request(CheckAndInsertRequest {
                 document: Some(document.clone()),
                 k,
                 limit,
                 skip_insert_if_duplicate,
+                verify_jaccard: verify.jaccard,
+                candidate_k: verify.candidate_k,
             });
             async move { c.check_and_insert(r).await.map(|r| r.into_inner()) }
         })

@@ -39,6 +39,9 @@ pub enum Error {
     /// fingerprint.
     #[error("document has no words or characters to fingerprint")]
     EmptyDocument,
+    /// Sketch bytes of the wrong version or length (see [`crate::sketch`]).
+    #[error("invalid sketch: {0}")]
+    InvalidSketch(String),
     /// Stored bytes failed a checksum, were truncated, or decode to something impossible.
     #[error("corrupt data: {0}")]
     Corrupt(String),
@@ -59,7 +62,8 @@ impl Error {
             Error::KOutOfRange { .. }
             | Error::InvalidDesign(_)
             | Error::InvalidConfig(_)
-            | Error::EmptyDocument => ErrorKind::InvalidInput,
+            | Error::EmptyDocument
+            | Error::InvalidSketch(_) => ErrorKind::InvalidInput,
             Error::Corrupt(_) | Error::UnsupportedVersion { .. } => ErrorKind::Corrupt,
         }
     }

@@ -29,9 +29,11 @@ pub mod server;
 pub mod service;
 pub mod shard;
 pub mod text;
+pub mod verify;
 
 pub use error::{Result, RouterError};
 pub use limits::Limits;
 pub use metrics::RpcMetrics;
 pub use service::Router;
 pub use shard::{InProcess, Remote, ShardApi, ShardHealth};
+pub use verify::VerifyDefaults;

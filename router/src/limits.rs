@@ -194,7 +194,7 @@ mod tests {
         assert!(l.k(Some(4), 3).is_err());
         assert_eq!(l.limit(0).unwrap(), 100);
         assert!(l.limit(10_001).is_err());
-        let d = Document { id: "x".into(), content: None, timestamp_ms: 0 };
+        let d = Document { id: "x".into(), content: None, timestamp_ms: 0, ..Default::default() };
         assert!(l.document(&d).is_err());
         assert!(l.target(None).is_err());
         let big = "a".repeat((4 << 20) + 1);

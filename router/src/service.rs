@@ -29,6 +29,7 @@ use crate::limits::{Content, Limits};
 use crate::metrics::RpcMetrics;
 use crate::shard::ShardApi;
 use crate::text;
+use crate::verify::{VerifyDefaults, wire_sketch};
 
 /// QueryBatch messages answered at once on one stream (responses stay in order).
 const PIPELINE: usize = 4;
@@ -36,6 +37,7 @@ const PIPELINE: usize = 4;
 struct Inner {
     shard: Arc<dyn ShardApi>,
     limits: Limits,
+    verify: VerifyDefaults,
     max_k: u32,
     metrics: RpcMetrics,
     in_flight: Arc<Semaphore>,
@@ -91,6 +93,47 @@ async fn next_message<T>(stream: &mut Streaming<T>, idle: Option<Duration>) -> R
     }
 }
 
+/// Fingerprints and sketches of documents: a text's computed here (a sketch sent with it
+/// must equal the computed one), a fingerprint's as sent (empty: none; otherwise it must
+/// decode).
+fn fingerprints_and_sketches(
+    contents: &[Content<'_>],
+    sent: &[&[u8]],
+) -> Result<Vec<(u64, Vec<u8>)>> {
+    let text_bytes: usize = contents
+        .iter()
+        .map(|c| match c {
+            Content::Text(t) => t.len(),
+            Content::Fingerprint(_) => 0,
+        })
+        .sum();
+    let run = || {
+        contents
+            .iter()
+            .zip(sent)
+            .map(|(c, &sent)| {
+                let given = wire_sketch(sent)?;
+                match *c {
+                    Content::Fingerprint(fp) => {
+                        Ok((fp, given.map(|s| s.to_bytes().to_vec()).unwrap_or_default()))
+                    }
+                    Content::Text(t) => {
+                        let (fp, sketch) = text::fingerprint_and_sketch(t)?;
+                        if given.is_some_and(|g| g != sketch) {
+                            return Err(RouterError::invalid(
+                                "the sketch sent with a text differs from the text's own \
+                                 (send none, or the one docs/fingerprint.md section 15 gives)",
+                            ));
+                        }
+                        Ok((fp, sketch.to_bytes().to_vec()))
+                    }
+                }
+            })
+            .collect()
+    };
+    if text_bytes >= text::BLOCKING_TEXT_BYTES { heavy(run) } else { run() }
+}
+
 /// Fingerprints of contents (texts fingerprinted here).
 fn fingerprints(contents: &[Content<'_>]) -> Result<Vec<u64>> {
     let text_bytes: usize = contents
@@ -114,9 +157,27 @@ fn fingerprints(contents: &[Content<'_>]) -> Result<Vec<u64>> {
 
 impl Router {
     /// The service over `shard`, whose design answers k up to `max_k`.
+    /// Verification follows [`VerifyDefaults::default`].
     pub fn new(shard: Arc<dyn ShardApi>, max_k: u32, limits: Limits, metrics: RpcMetrics) -> Self {
+        Router::with_verify(shard, max_k, limits, VerifyDefaults::default(), metrics)
+    }
+
+    /// The service over `shard`, with the verification defaults `verify` (the `[verify]`
+    /// section of the configuration).
+    pub fn with_verify(
+        shard: Arc<dyn ShardApi>,
+        max_k: u32,
+        limits: Limits,
+        verify: VerifyDefaults,
+        metrics: RpcMetrics,
+    ) -> Self {
         let in_flight = Arc::new(Semaphore::new(limits.max_in_flight));
-        Router { inner: Arc::new(Inner { shard, limits, max_k, metrics, in_flight }) }
+        Router { inner: Arc::new(Inner { shard, limits, verify, max_k, metrics, in_flight }) }
+    }
+
+    /// The verification defaults in force.
+    pub fn verify_defaults(&self) -> &VerifyDefaults {
+        &self.inner.verify
     }
 
     /// The limits in force.
@@ -160,13 +221,14 @@ impl Router {
         limits.batch("documents", docs.len())?;
         let contents: Vec<Content<'_>> =
             docs.iter().map(|d| limits.document(d)).collect::<Result<_>>()?;
-        let fps = fingerprints(&contents)?;
+        let sent: Vec<&[u8]> = docs.iter().map(|d| d.sketch.as_slice()).collect();
+        let fps = fingerprints_and_sketches(&contents, &sent)?;
         Ok(docs
             .into_iter()
             .zip(fps)
-            .map(|(d, fingerprint)| {
-                let Document { id, content: _, timestamp_ms } = d;
-                ShardDocument { id, fingerprint, timestamp_ms }
+            .map(|(d, (fingerprint, sketch))| {
+                let Document { id, content: _, timestamp_ms, sketch: _ } = d;
+                ShardDocument { id, fingerprint, timestamp_ms, sketch }
             })
             .collect())
     }
@@ -191,6 +253,7 @@ impl Router {
             limit,
             max_matches: limits.max_response_matches as u64,
             max_bytes: limits.max_response_bytes as u64,
+            ..Default::default()
         };
         let resp = self.inner.shard.probe(request, deadline).await?;
         if resp.results.len() != queries.len() {
@@ -254,12 +317,37 @@ impl Neardup for Router {
 
     async fn query(&self, req: Request<QueryRequest>) -> Result<Response<QueryResponse>, Status> {
         let deadline = deadline_of(&req);
-        let QueryRequest { target, k, limit } = req.into_inner();
+        let QueryRequest { target, k, limit, verify_jaccard, candidate_k } = req.into_inner();
         self.call("Query", deadline, async {
+            let limits = &self.inner.limits;
             let target = target
                 .ok_or_else(|| RouterError::invalid("a query needs a fingerprint or a text"))?;
-            let mut results = self.answer_batch(&[target], k, limit, deadline).await?;
-            Ok(QueryResponse { result: results.pop() })
+            let max_k = self.inner.max_k;
+            let (jaccard, candidate_k) =
+                self.inner.verify.resolve(verify_jaccard, candidate_k, max_k)?;
+            let content = limits.target(Some(&target))?;
+            let k = limits.k(k, max_k)?;
+            let limit = limits.limit(limit)?;
+            let mut fs = fingerprints_and_sketches(&[content], &[target.sketch.as_slice()])?;
+            let (fp, sketch) = fs.pop().ok_or_else(|| RouterError::Internal("no query".into()))?;
+            let request = ProbeRequest {
+                fingerprints: vec![fp],
+                k,
+                limit,
+                max_matches: limits.max_response_matches as u64,
+                max_bytes: limits.max_response_bytes as u64,
+                sketches: if sketch.is_empty() { Vec::new() } else { vec![sketch] },
+                verify_jaccard: jaccard,
+                candidate_k,
+            };
+            let mut resp = self.inner.shard.probe(request, deadline).await?;
+            if resp.results.len() != 1 {
+                return Err(RouterError::Internal(format!(
+                    "the shard answered {} results to one query",
+                    resp.results.len()
+                )));
+            }
+            Ok(QueryResponse { result: resp.results.pop() })
         })
         .await
     }
@@ -337,16 +425,31 @@ impl Neardup for Router {
         req: Request<CheckAndInsertRequest>,
     ) -> Result<Response<CheckAndInsertResponse>, Status> {
         let deadline = deadline_of(&req);
-        let CheckAndInsertRequest { document, k, limit, skip_insert_if_duplicate } =
-            req.into_inner();
+        let CheckAndInsertRequest {
+            document,
+            k,
+            limit,
+            skip_insert_if_duplicate,
+            verify_jaccard,
+            candidate_k,
+        } = req.into_inner();
         self.call("CheckAndInsert", deadline, async {
             let limits = &self.inner.limits;
             let document =
                 document.ok_or_else(|| RouterError::invalid("CheckAndInsert needs a document"))?;
             let k = limits.k(k, self.inner.max_k)?;
+            let (verify_jaccard, candidate_k) =
+                self.inner.verify.resolve(verify_jaccard, candidate_k, self.inner.max_k)?;
             let limit = limits.limit(limit)?;
             let mut docs = self.shard_documents(vec![document])?;
-            let a = AdmitRequest { document: docs.pop(), k, limit, skip_insert_if_duplicate };
+            let a = AdmitRequest {
+                document: docs.pop(),
+                k,
+                limit,
+                skip_insert_if_duplicate,
+                verify_jaccard,
+                candidate_k,
+            };
             let r = self.inner.shard.admit(a, deadline).await?;
             r.decision.ok_or_else(|| RouterError::Internal("the shard sent no decision".into()))
         })

@@ -4,6 +4,7 @@
 use std::cell::RefCell;
 
 use neardup_core::fingerprint::{FingerprintConfig, Fingerprinter};
+use neardup_core::sketch::Sketch;
 
 use crate::error::{Result, RouterError};
 
@@ -29,6 +30,16 @@ pub fn fingerprint(text: &str) -> Result<u64> {
             }
             e => RouterError::from(e),
         })
+    })
+}
+
+/// The simhash and the sketch of `text`; INVALID_ARGUMENT when the text has no words.
+pub fn fingerprint_and_sketch(text: &str) -> Result<(u64, Sketch)> {
+    let fp = fingerprint(text)?;
+    FINGERPRINTER.with(|f| {
+        let mut f = f.borrow_mut();
+        let f = f.as_mut().ok_or_else(|| RouterError::Internal("no fingerprinter".into()))?;
+        Ok((fp, Sketch::of_text(f, text)?))
     })
 }
 

@@ -31,11 +31,16 @@ async fn start_router(shard: Arc<dyn ShardApi>) -> NeardupClient<Channel> {
 }
 
 fn doc(id: &str, fp: u64, ts: i64) -> Document {
-    Document { id: id.into(), content: Some(document::Content::Fingerprint(fp)), timestamp_ms: ts }
+    Document {
+        id: id.into(),
+        content: Some(document::Content::Fingerprint(fp)),
+        timestamp_ms: ts,
+        ..Default::default()
+    }
 }
 
 fn target(fp: u64) -> QueryTarget {
-    QueryTarget { target: Some(query_target::Target::Fingerprint(fp)) }
+    QueryTarget { target: Some(query_target::Target::Fingerprint(fp)), ..Default::default() }
 }
 
 /// One script of calls; returns what it saw, to compare across implementations.
@@ -54,7 +59,7 @@ async fn script(mut c: NeardupClient<Channel>) -> Vec<String> {
     let r = c.insert_stream(stream).await.unwrap().into_inner();
     seen.push(format!("stream {} {}", r.inserted, r.replaced));
     let r = c
-        .query(QueryRequest { target: Some(target(base)), k: None, limit: 0 })
+        .query(QueryRequest { target: Some(target(base)), k: None, limit: 0, ..Default::default() })
         .await
         .unwrap()
         .into_inner()
@@ -70,6 +75,7 @@ async fn script(mut c: NeardupClient<Channel>) -> Vec<String> {
             k: Some(3),
             limit: 10,
             skip_insert_if_duplicate: false,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -105,11 +111,19 @@ async fn script(mut c: NeardupClient<Channel>) -> Vec<String> {
     // Bad input: documented codes, nothing changed.
     let before = c.stats(StatsRequest {}).await.unwrap().into_inner().documents;
     let codes = vec![
-        c.query(QueryRequest { target: Some(target(1)), k: Some(4), limit: 0 })
+        c.query(QueryRequest {
+            target: Some(target(1)),
+            k: Some(4),
+            limit: 0,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err()
+        .code(),
+        c.query(QueryRequest { target: None, k: None, limit: 0, ..Default::default() })
             .await
             .unwrap_err()
             .code(),
-        c.query(QueryRequest { target: None, k: None, limit: 0 }).await.unwrap_err().code(),
         c.insert(InsertRequest { documents: vec![doc("ok", 1, 1), doc("", 2, 2)] })
             .await
             .unwrap_err()

@@ -193,7 +193,7 @@ impl DocTable {
     /// Applies one replayed log operation (idempotent: see [`crate::record`]).
     pub fn apply(&mut self, op: &Op<'_>) {
         match *op {
-            Op::Put { id, fp, ts, cluster, name } => {
+            Op::Put { id, fp, ts, cluster, name, sketch: _ } => {
                 self.put(DocEntry { id, fp, ts, cluster, name: name.into() })
             }
             Op::Remove { id, .. } => {
@@ -295,9 +295,9 @@ mod tests {
         let mut t = DocTable::new();
         t.put(e(9, "n"));
         let ops = [
-            Op::Put { id: 5, fp: 15, ts: 5, cluster: 5, name: "n" },
+            Op::Put { id: 5, fp: 15, ts: 5, cluster: 5, name: "n", sketch: None },
             Op::Remove { id: 5, fp: 15 },
-            Op::Put { id: 9, fp: 27, ts: 9, cluster: 9, name: "n" },
+            Op::Put { id: 9, fp: 27, ts: 9, cluster: 9, name: "n", sketch: None },
         ];
         for op in &ops {
             t.apply(op);

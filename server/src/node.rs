@@ -141,7 +141,7 @@ mod tests {
         };
         assert_eq!(status().await, Health::Serving as i32);
         store.fail_syncs(1);
-        let doc = NewDocument { id: "a".into(), fingerprint: 1, timestamp_ms: 1 };
+        let doc = NewDocument { id: "a".into(), fingerprint: 1, timestamp_ms: 1, sketch: None };
         let out = shard.write(&[doc], &[], false).unwrap();
         let e = shard.wait_durable(out.seq).await.unwrap_err();
         assert_eq!(e.class(), ErrorClass::FailedPrecondition, "{e}");

@@ -9,6 +9,9 @@
 //!   Huffman-XOR blocks back to back, each carrying its own CRC-32.
 //! - `run_deletes`: storage id -> the run's deleted positions, with a CRC.
 //! - `docs`: snapshot id ++ chunk (u32 BE) -> a record of `Put` operations.
+//! - `sketches`: internal id (u64 BE) -> the document's sketch (`neardup_core::sketch`
+//!   encoding), for documents stored with one. Written after the log record that carries
+//!   it and replayed from the log on recovery; read only for candidates being verified.
 //! - `meta`: `manifest` (the runs that hold every operation up to a log sequence), `docsnap`
 //!   (the document snapshot to start from), `format`.
 //!
@@ -46,6 +49,8 @@ pub struct Spaces {
     pub run_deletes: Arc<dyn Space>,
     /// Document snapshots.
     pub docs: Arc<dyn Space>,
+    /// Sketches by internal id.
+    pub sketches: Arc<dyn Space>,
 }
 
 /// Big-endian key of a u64.

@@ -6,16 +6,21 @@
 //! replayed onto a document snapshot taken while it was being written (see
 //! [`crate::doc_table::DocTable`]) and still give the right answer.
 //!
-//! Layout (little-endian): format `u8` = 1, operation count `u32`, the operations, then a
+//! Layout (little-endian): format `u8`, operation count `u32`, the operations, then a
 //! CRC-32 of everything before it. A `Put` is tag 1, id, fingerprint, timestamp, cluster
 //! (`u64` each), name length `u16` and the name's UTF-8 bytes; a `Remove` is tag 2, id and
-//! fingerprint.
+//! fingerprint. Format 2 adds tag 3, a `Put` with a sketch: a `Put`'s fields, then the
+//! sketch's length `u8` and its bytes (`neardup_core::sketch`). A record with no sketch is
+//! written in format 1, byte for byte as before sketches existed; both formats are read.
 
 use crate::error::{Error, Result};
 
 const FORMAT: u8 = 1;
+/// The format of records holding a `Put` with a sketch.
+const FORMAT_SKETCH: u8 = 2;
 const PUT: u8 = 1;
 const REMOVE: u8 = 2;
+const PUT_SKETCH: u8 = 3;
 /// Bytes of a `Put` besides its name.
 pub const PUT_FIXED_BYTES: usize = 1 + 8 * 4 + 2;
 /// Bytes of a `Remove`.
@@ -38,6 +43,8 @@ pub enum Op<'a> {
         cluster: u64,
         /// The caller's id.
         name: &'a str,
+        /// Its sketch's encoding, if it has one (at most 255 bytes; validated before).
+        sketch: Option<&'a [u8]>,
     },
     /// Remove the document with this internal id and fingerprint.
     Remove {
@@ -52,7 +59,9 @@ impl Op<'_> {
     /// Encoded size.
     pub fn encoded_len(&self) -> usize {
         match self {
-            Op::Put { name, .. } => PUT_FIXED_BYTES + name.len(),
+            Op::Put { name, sketch, .. } => {
+                PUT_FIXED_BYTES + name.len() + sketch.map_or(0, |s| 1 + s.len())
+            }
             Op::Remove { .. } => REMOVE_BYTES,
         }
     }
@@ -78,14 +87,20 @@ impl RecordWriter {
     /// validation; here they are a bug.
     pub fn push(&mut self, op: &Op<'_>) {
         match *op {
-            Op::Put { id, fp, ts, cluster, name } => {
+            Op::Put { id, fp, ts, cluster, name, sketch } => {
                 let len = u16::try_from(name.len()).expect("names are validated to fit a u16");
-                self.buf.push(PUT);
+                self.buf.push(if sketch.is_some() { PUT_SKETCH } else { PUT });
                 for v in [id, fp, ts as u64, cluster] {
                     self.buf.extend_from_slice(&v.to_le_bytes());
                 }
                 self.buf.extend_from_slice(&len.to_le_bytes());
                 self.buf.extend_from_slice(name.as_bytes());
+                if let Some(sk) = sketch {
+                    let n = u8::try_from(sk.len()).expect("sketches are validated to fit a u8");
+                    self.buf.push(n);
+                    self.buf.extend_from_slice(sk);
+                    self.buf[0] = FORMAT_SKETCH;
+                }
             }
             Op::Remove { id, fp } => {
                 self.buf.push(REMOVE);
@@ -135,7 +150,7 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<Op<'_>>> {
     }
     let mut b = body;
     let format = take::<1>(&mut b).ok_or_else(|| bad("truncated"))?[0];
-    if format != FORMAT {
+    if format != FORMAT && format != FORMAT_SKETCH {
         return Err(bad(&format!("unknown format {format}")));
     }
     let count = u32::from_le_bytes(take(&mut b).ok_or_else(|| bad("truncated"))?);
@@ -144,14 +159,26 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<Op<'_>>> {
         let tag = take::<1>(&mut b).ok_or_else(|| bad("truncated"))?[0];
         let mut u = || take::<8>(&mut b).map(u64::from_le_bytes).ok_or_else(|| bad("truncated"));
         match tag {
-            PUT => {
+            PUT | PUT_SKETCH => {
+                if tag == PUT_SKETCH && format != FORMAT_SKETCH {
+                    return Err(bad(&format!("a sketch in a format {format} record")));
+                }
                 let (id, fp, ts, cluster) = (u()?, u()?, u()? as i64, u()?);
                 let len = u16::from_le_bytes(take(&mut b).ok_or_else(|| bad("truncated"))?);
                 let (name, rest) =
                     b.split_at_checked(len as usize).ok_or_else(|| bad("truncated"))?;
                 b = rest;
                 let name = std::str::from_utf8(name).map_err(|_| bad("name is not UTF-8"))?;
-                ops.push(Op::Put { id, fp, ts, cluster, name });
+                let sketch = if tag == PUT_SKETCH {
+                    let n = take::<1>(&mut b).ok_or_else(|| bad("truncated"))?[0];
+                    let (sk, rest) =
+                        b.split_at_checked(n as usize).ok_or_else(|| bad("truncated"))?;
+                    b = rest;
+                    Some(sk)
+                } else {
+                    None
+                };
+                ops.push(Op::Put { id, fp, ts, cluster, name, sketch });
             }
             REMOVE => {
                 let (id, fp) = (u()?, u()?);
@@ -173,9 +200,10 @@ mod tests {
     #[test]
     fn round_trip_and_damage() {
         let ops = [
-            Op::Put { id: 7, fp: u64::MAX, ts: -3, cluster: 7, name: "https://a/é" },
+            Op::Put { id: 7, fp: u64::MAX, ts: -3, cluster: 7, name: "https://a/é", sketch: None },
             Op::Remove { id: 5, fp: 9 },
-            Op::Put { id: 8, fp: 0, ts: i64::MAX, cluster: 7, name: "" },
+            Op::Put { id: 8, fp: 0, ts: i64::MAX, cluster: 7, name: "", sketch: Some(&[1, 2, 3]) },
+            Op::Put { id: 9, fp: 0, ts: 0, cluster: 9, name: "x", sketch: Some(&[]) },
         ];
         let mut w = RecordWriter::new();
         for op in &ops {
@@ -196,5 +224,37 @@ mod tests {
             assert!(decode(&b).is_err(), "flip at {i}");
             assert!(decode(&bytes[..i]).is_err(), "truncated to {i}");
         }
+        assert_eq!(bytes[0], FORMAT_SKETCH);
+    }
+
+    #[test]
+    fn records_without_sketches_keep_format_1() {
+        // A record written before sketches existed (format 1, tag 1) reads as before, and a
+        // record without a sketch is still written that way, byte for byte.
+        let old: Vec<u8> = {
+            let mut v = vec![1u8];
+            v.extend_from_slice(&1u32.to_le_bytes());
+            v.push(1);
+            for x in [3u64, 4, 5, 3] {
+                v.extend_from_slice(&x.to_le_bytes());
+            }
+            v.extend_from_slice(&1u16.to_le_bytes());
+            v.push(b'a');
+            let crc = crc32fast::hash(&v);
+            v.extend_from_slice(&crc.to_le_bytes());
+            v
+        };
+        let op = Op::Put { id: 3, fp: 4, ts: 5, cluster: 3, name: "a", sketch: None };
+        assert_eq!(decode(&old).unwrap(), [op]);
+        let mut w = RecordWriter::new();
+        w.push(&op);
+        assert_eq!(w.finish(), old);
+        // A sketch tag in a format 1 record is damage.
+        let mut bad = old.clone();
+        bad[5] = PUT_SKETCH;
+        let n = bad.len() - 4;
+        let crc = crc32fast::hash(&bad[..n]);
+        bad[n..].copy_from_slice(&crc.to_le_bytes());
+        assert!(decode(&bad).is_err());
     }
 }

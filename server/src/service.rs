@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use neardup_core::sketch::Sketch;
 use neardup_proto::internal::raft_server::Raft;
 use neardup_proto::internal::shard_server::Shard as ShardRpc;
 use neardup_proto::internal::{
@@ -20,7 +21,7 @@ use tonic::{Request, Response, Status};
 use crate::error::Error;
 use crate::shard::{
     Admission, DocMatch, NewDocument, ProbeBudget, ProbeHits, Shard, ShardStats, TableFootprint,
-    WriteOutcome,
+    Verify, WriteOutcome,
 };
 
 /// Probe batches at least this large leave the async worker.
@@ -52,7 +53,8 @@ impl ShardRpc for ShardService {
     ) -> Result<Response<WriteResponse>, Status> {
         let WriteRequest { documents, deletes, deletes_must_exist, skip_sync } =
             request.into_inner();
-        let documents: Vec<NewDocument> = documents.into_iter().map(new_document).collect();
+        let documents: Vec<NewDocument> =
+            documents.into_iter().map(new_document).collect::<Result<_, Error>>()?;
         let out = self.shard.write(&documents, &deletes, deletes_must_exist)?;
         if !skip_sync {
             self.shard.wait_durable(out.seq).await?;
@@ -73,11 +75,45 @@ impl ShardRpc for ShardService {
         &self,
         request: Request<ProbeRequest>,
     ) -> Result<Response<ProbeResponse>, Status> {
-        let ProbeRequest { fingerprints, k, limit, max_matches, max_bytes } = request.into_inner();
+        let ProbeRequest {
+            fingerprints,
+            k,
+            limit,
+            max_matches,
+            max_bytes,
+            sketches,
+            verify_jaccard,
+            candidate_k,
+        } = request.into_inner();
         let budget = ProbeBudget::at_most(
             usize::try_from(max_matches).unwrap_or(usize::MAX),
             usize::try_from(max_bytes).unwrap_or(usize::MAX),
         );
+        let verify = verify_of(verify_jaccard, candidate_k)?;
+        if verify.on() && !sketches.is_empty() {
+            // Verified queries: one at a time (Query sends one).
+            if sketches.len() != fingerprints.len() {
+                return Err(Error::InvalidInput(format!(
+                    "{} sketches for {} queries",
+                    sketches.len(),
+                    fingerprints.len()
+                ))
+                .into());
+            }
+            let sketches: Vec<Option<Sketch>> =
+                sketches.iter().map(|b| sketch_of(b)).collect::<Result<_, Error>>()?;
+            let mut left = budget;
+            let mut results = Vec::with_capacity(fingerprints.len());
+            for (fp, sk) in fingerprints.iter().zip(&sketches) {
+                let hits =
+                    self.shard.probe_verified(*fp, sk.as_ref(), k, verify, limit as usize, left)?;
+                let spent: usize = hits.matches.iter().map(|m| DocMatch::wire_bytes(&m.id)).sum();
+                left.max_matches = left.max_matches.saturating_sub(hits.matches.len());
+                left.max_bytes = left.max_bytes.saturating_sub(spent);
+                results.push(query_result(hits));
+            }
+            return Ok(Response::new(ProbeResponse { results }));
+        }
         let results = if fingerprints.len() >= BLOCKING_PROBE {
             let shard = self.shard.clone();
             tokio::task::spawn_blocking(move || {
@@ -97,11 +133,24 @@ impl ShardRpc for ShardService {
         &self,
         request: Request<AdmitRequest>,
     ) -> Result<Response<AdmitResponse>, Status> {
-        let AdmitRequest { document, k, limit, skip_insert_if_duplicate } = request.into_inner();
+        let AdmitRequest {
+            document,
+            k,
+            limit,
+            skip_insert_if_duplicate,
+            verify_jaccard,
+            candidate_k,
+        } = request.into_inner();
         let doc =
             document.ok_or_else(|| Error::InvalidInput("an admission needs a document".into()))?;
-        let (decision, seq) =
-            self.shard.admit(&new_document(doc), k, limit as usize, skip_insert_if_duplicate)?;
+        let verify = verify_of(verify_jaccard, candidate_k)?;
+        let (decision, seq) = self.shard.admit(
+            &new_document(doc)?,
+            k,
+            verify,
+            limit as usize,
+            skip_insert_if_duplicate,
+        )?;
         self.shard.wait_durable(seq).await?;
         Ok(Response::new(AdmitResponse { decision: Some(check_and_insert_response(decision)) }))
     }
@@ -117,9 +166,26 @@ impl ShardRpc for ShardService {
 // Conversions between the wire types and the shard's own: every struct is destructured
 // whole, so a field added on either side fails to compile here until it is carried over.
 
-fn new_document(d: ShardDocument) -> NewDocument {
-    let ShardDocument { id, fingerprint, timestamp_ms } = d;
-    NewDocument { id, fingerprint, timestamp_ms }
+/// A sketch on the wire: empty is none; anything else must decode.
+fn sketch_of(bytes: &[u8]) -> Result<Option<Sketch>, Error> {
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    Sketch::from_bytes(bytes).map(Some).map_err(|e| Error::InvalidInput(e.to_string()))
+}
+
+fn verify_of(jaccard: f64, candidate_k: u32) -> Result<Verify, Error> {
+    if !(0.0..=1.0).contains(&jaccard) {
+        return Err(Error::InvalidInput(format!(
+            "verify_jaccard is {jaccard}; it must be between 0 and 1"
+        )));
+    }
+    Ok(Verify { jaccard, candidate_k: if jaccard > 0.0 { candidate_k } else { 0 } })
+}
+
+fn new_document(d: ShardDocument) -> Result<NewDocument, Error> {
+    let ShardDocument { id, fingerprint, timestamp_ms, sketch } = d;
+    Ok(NewDocument { id, fingerprint, timestamp_ms, sketch: sketch_of(&sketch)? })
 }
 
 fn write_response(out: WriteOutcome) -> WriteResponse {
@@ -131,8 +197,17 @@ fn matches(matches: Vec<DocMatch>) -> Vec<pb::Match> {
     matches
         .into_iter()
         .map(|m| {
-            let DocMatch { id, fingerprint, distance, timestamp_ms, cluster_id } = m;
-            pb::Match { id, fingerprint, distance, timestamp_ms, cluster_id }
+            let jaccard = m.jaccard().unwrap_or(0.0);
+            let DocMatch { id, fingerprint, distance, timestamp_ms, cluster_id, agreements } = m;
+            pb::Match {
+                id,
+                fingerprint,
+                distance,
+                timestamp_ms,
+                cluster_id,
+                verified: agreements.is_some(),
+                jaccard,
+            }
         })
         .collect()
 }

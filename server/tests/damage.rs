@@ -50,7 +50,12 @@ fn prepare(dir: &Path) -> Truth {
     for chunk in all.chunks(250) {
         let docs: Vec<NewDocument> = chunk
             .iter()
-            .map(|(id, fp)| NewDocument { id: id.clone(), fingerprint: *fp, timestamp_ms: 0 })
+            .map(|(id, fp)| NewDocument {
+                id: id.clone(),
+                fingerprint: *fp,
+                timestamp_ms: 0,
+                sketch: None,
+            })
             .collect();
         let out = shard.write(&docs, &[], false).unwrap();
         shard.wait_durable_blocking(out.seq).unwrap();

@@ -19,7 +19,7 @@ fn code<T>(r: Result<tonic::Response<T>, tonic::Status>) -> Code {
 }
 
 fn target(fp: u64) -> Option<QueryTarget> {
-    Some(QueryTarget { target: Some(query_target::Target::Fingerprint(fp)) })
+    Some(QueryTarget { target: Some(query_target::Target::Fingerprint(fp)), ..Default::default() })
 }
 
 /// What the server holds, to compare before and after: stats and a few answers.
@@ -135,26 +135,39 @@ async fn bad_requests_get_their_codes_and_change_nothing() {
     let before = state(&c).await;
     let mut rpc: NeardupClient<Channel> = c.raw();
     let d = |id: &str| doc(id, 1, 1);
-    let none = Document { id: "https://x".into(), content: None, timestamp_ms: 0 };
+    let none =
+        Document { id: "https://x".into(), content: None, timestamp_ms: 0, ..Default::default() };
     let cases: Vec<(&str, Code, Code)> = vec![
         (
             "k above the design's maximum",
             Code::InvalidArgument,
-            code(rpc.query(QueryRequest { target: target(1), k: Some(4), limit: 0 }).await),
+            code(
+                rpc.query(QueryRequest {
+                    target: target(1),
+                    k: Some(4),
+                    limit: 0,
+                    ..Default::default()
+                })
+                .await,
+            ),
         ),
         (
             "query without fingerprint or text",
             Code::InvalidArgument,
-            code(rpc.query(QueryRequest { target: None, k: None, limit: 0 }).await),
+            code(
+                rpc.query(QueryRequest { target: None, k: None, limit: 0, ..Default::default() })
+                    .await,
+            ),
         ),
         (
             "query target empty",
             Code::InvalidArgument,
             code(
                 rpc.query(QueryRequest {
-                    target: Some(QueryTarget { target: None }),
+                    target: Some(QueryTarget { target: None, ..Default::default() }),
                     k: None,
                     limit: 0,
+                    ..Default::default()
                 })
                 .await,
             ),
@@ -162,7 +175,15 @@ async fn bad_requests_get_their_codes_and_change_nothing() {
         (
             "limit above the maximum",
             Code::InvalidArgument,
-            code(rpc.query(QueryRequest { target: target(1), k: None, limit: 10_001 }).await),
+            code(
+                rpc.query(QueryRequest {
+                    target: target(1),
+                    k: None,
+                    limit: 10_001,
+                    ..Default::default()
+                })
+                .await,
+            ),
         ),
         (
             "text without words",
@@ -171,9 +192,11 @@ async fn bad_requests_get_their_codes_and_change_nothing() {
                 rpc.query(QueryRequest {
                     target: Some(QueryTarget {
                         target: Some(query_target::Target::Text(" ,;- ".into())),
+                        ..Default::default()
                     }),
                     k: None,
                     limit: 0,
+                    ..Default::default()
                 })
                 .await,
             ),
@@ -240,6 +263,7 @@ async fn bad_requests_get_their_codes_and_change_nothing() {
                     k: None,
                     limit: 0,
                     skip_insert_if_duplicate: false,
+                    ..Default::default()
                 })
                 .await,
             ),
@@ -253,6 +277,7 @@ async fn bad_requests_get_their_codes_and_change_nothing() {
                     k: Some(9),
                     limit: 0,
                     skip_insert_if_duplicate: false,
+                    ..Default::default()
                 })
                 .await,
             ),
@@ -293,9 +318,13 @@ async fn bad_requests_get_their_codes_and_change_nothing() {
         assert_eq!(got, want, "{what}");
     }
     // A QueryBatch stream ends with the status of its first bad message.
-    let bad = QueryBatchRequest { queries: vec![QueryTarget { target: None }], k: None, limit: 0 };
+    let bad = QueryBatchRequest {
+        queries: vec![QueryTarget { target: None, ..Default::default() }],
+        k: None,
+        limit: 0,
+    };
     let good = QueryBatchRequest {
-        queries: vec![QueryTarget { target: target(7).unwrap().target }],
+        queries: vec![QueryTarget { target: target(7).unwrap().target, ..Default::default() }],
         k: Some(3),
         limit: 0,
     };
@@ -322,7 +351,9 @@ async fn bad_requests_get_their_codes_and_change_nothing() {
     );
     node.serving().await;
     let mut rpc = node.client().await.raw();
-    let r = rpc.query(QueryRequest { target: target(1), k: None, limit: 0 }).await;
+    let r = rpc
+        .query(QueryRequest { target: target(1), k: None, limit: 0, ..Default::default() })
+        .await;
     assert_eq!(r.unwrap_err().code(), Code::ResourceExhausted);
     node.terminate();
 }

@@ -67,9 +67,11 @@ async fn damaged_tables_are_rebuilt_and_damaged_runs_are_not_served() {
         let req = neardup_proto::v1::QueryRequest {
             target: Some(neardup_proto::v1::QueryTarget {
                 target: Some(neardup_proto::v1::query_target::Target::Fingerprint(fps[0])),
+                ..Default::default()
             }),
             k: None,
             limit: 0,
+            ..Default::default()
         };
         let s = rpc.query(req).await.unwrap_err();
         // While recovery runs the answer is UNAVAILABLE; once it failed, DATA_LOSS.
@@ -155,9 +157,11 @@ async fn meet(data: &std::path::Path, live: &[(String, u64)], deleted: &[(String
                 let req = neardup_proto::v1::QueryRequest {
                     target: Some(neardup_proto::v1::QueryTarget {
                         target: Some(neardup_proto::v1::query_target::Target::Fingerprint(1)),
+                        ..Default::default()
                     }),
                     k: None,
                     limit: 0,
+                    ..Default::default()
                 };
                 // UNAVAILABLE only while recovery runs; an answer if it just finished.
                 let s = rpc.query(req).await.err();

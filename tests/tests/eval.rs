@@ -157,3 +157,97 @@ fn eval_on_the_real_small_slice_when_provided() {
     assert!(s["pairs"]["recall"].as_f64().unwrap() >= 0.6, "{s}");
     assert_png(&out_dir.join("precision_recall.png"));
 }
+
+/// `eval --online` on the real slice: admission through a real server (design 10c2,
+/// the server's verification defaults) reaches precision 0.97 and recall 0.93 per document
+/// against J >= 0.9, within 0.03 of the offline rule measured in the same run.
+#[test]
+fn eval_online_on_the_real_small_slice_when_provided() {
+    let Some(path) = std::env::var_os("NEARDUP_EVAL_SMALL").filter(|p| !p.is_empty()) else {
+        neardup_tests::skip_without(
+            "NEARDUP_EVAL_SMALL is not set (scripts/build-eval-set --small makes the slice): \
+             online admission is not scored",
+        );
+        return;
+    };
+    let dir = TempDir::new("eval-online");
+    let out_dir = dir.path("out");
+    let neardup = neardup_tests::binary();
+    run_bench_ok(&[
+        "eval",
+        std::path::Path::new(&path).to_str().unwrap(),
+        "--out",
+        out_dir.to_str().unwrap(),
+        "-q",
+        "--no-plots",
+        "--online",
+        "--online-design",
+        "10c2",
+        "--neardup",
+        neardup.to_str().unwrap(),
+    ]);
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out_dir.join("online.json")).unwrap()).unwrap();
+    let score = |side: &str, what: &str| r[side][what].as_f64().unwrap();
+    assert!(r["true_near_duplicates"].as_u64().unwrap() > 200, "{r}");
+    assert!(score("online", "precision") >= 0.97, "{r}");
+    assert!(score("online", "recall") >= 0.93, "{r}");
+    for what in ["precision", "recall"] {
+        assert!(score("offline", what) - score("online", what) <= 0.03, "{what}: {r}");
+    }
+}
+
+/// The sketch's estimate on real texts: every pair of the slice whose exact Jaccard
+/// similarity is at least 0.5, and as many random pairs, estimated within 4.5 σ of the
+/// exact similarity (σ of the pair's union, `std_dev_for`).
+#[test]
+fn sketch_estimates_on_the_real_small_slice_when_provided() {
+    use neardup_core::sketch::{Sketch, std_dev_for};
+    let Some(path) = std::env::var_os("NEARDUP_EVAL_SMALL").filter(|p| !p.is_empty()) else {
+        neardup_tests::skip_without(
+            "NEARDUP_EVAL_SMALL is not set: the sketch is not checked on real texts",
+        );
+        return;
+    };
+    let text = std::fs::read_to_string(path).unwrap();
+    let mut f = Fingerprinter::new(FingerprintConfig::default()).unwrap();
+    let mut sets = Vec::new();
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let s = f.word_shingles(v["text"].as_str().unwrap_or(""), 3).unwrap();
+        if !s.is_empty() {
+            sets.push(s);
+        }
+    }
+    let sketches: Vec<Sketch> = sets.iter().map(|s| Sketch::from_shingles(s).unwrap()).collect();
+    let mut pairs: Vec<(usize, usize)> = neardup_dedup::jaccard::similarity_join(&sets, 0.5)
+        .unwrap()
+        .iter()
+        .map(|p| (p.i, p.j))
+        .collect();
+    let similar = pairs.len();
+    let mut r = neardup_core::util::SplitMix64::new(19);
+    for _ in 0..similar {
+        let n = sets.len() as u64;
+        let (i, j) = (r.below(n) as usize, r.below(n) as usize);
+        if i != j {
+            pairs.push((i, j));
+        }
+    }
+    assert!(similar > 1000, "{similar} similar pairs");
+    let mut worst = 0.0f64;
+    for &(i, j) in &pairs {
+        let inter = neardup_dedup::jaccard::intersection_size(&sets[i], &sets[j]);
+        let union = sets[i].len() + sets[j].len() - inter;
+        let truth = inter as f64 / union as f64;
+        let est = sketches[i].jaccard(&sketches[j]);
+        if truth == 1.0 {
+            assert_eq!(est, 1.0);
+            continue;
+        }
+        let z = (est - truth) / std_dev_for(truth, union);
+        worst = worst.max(z.abs());
+        assert!(z.abs() <= 4.5, "pair {i} {j}: J {truth}, union {union}, estimate {est}");
+    }
+    eprintln!("{} pairs, worst |z| {worst:.2}", pairs.len());
+}

@@ -1,9 +1,9 @@
 //! `neardup check`: crawl-frontier admission of one document (CheckAndInsert).
 
-use neardup_client::{doc, text_doc};
+use neardup_client::{doc, sketched_doc, text_doc_with_sketch};
 use serde_json::json;
 
-use crate::cmd::common::{self, ContentArgs, ServerArgs};
+use crate::cmd::common::{self, ContentArgs, ServerArgs, VerifyArgs};
 use crate::error::CliError;
 
 /// Options of `neardup check`.
@@ -28,6 +28,8 @@ pub struct CheckArgs {
     /// Do not store the document when it is a near-duplicate.
     #[arg(long)]
     skip_duplicates: bool,
+    #[command(flatten)]
+    verify: VerifyArgs,
 }
 
 /// Runs `neardup check`.
@@ -35,12 +37,23 @@ pub async fn run(args: CheckArgs) -> Result<(), CliError> {
     let client = args.server.client().await?;
     let ts = args.timestamp_ms.unwrap_or_else(common::now_ms);
     let d = match (args.content.fingerprint, args.content.text) {
-        (Some(fp), _) => doc(args.id, fp, ts),
-        (None, Some(t)) => text_doc(args.id, t, ts),
+        (Some(fp), _) => match args.verify.sketch.clone() {
+            Some(s) => sketched_doc(args.id, fp, s, ts),
+            None => doc(args.id, fp, ts),
+        },
+        (None, Some(t)) => {
+            text_doc_with_sketch(args.id, t, ts).map_err(|e| args.server.error(e))?
+        }
         (None, None) => return Err(CliError::Usage("give --fingerprint or --text".into())),
     };
     let r = client
-        .check_and_insert(d, args.k, args.limit, args.skip_duplicates)
+        .check_and_insert_verified(
+            d,
+            args.k,
+            args.verify.verification(),
+            args.limit,
+            args.skip_duplicates,
+        )
         .await
         .map_err(|e| args.server.error(e))?;
     common::print(&json!({

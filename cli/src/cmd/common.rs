@@ -45,6 +45,46 @@ pub struct ContentArgs {
     pub text: Option<String>,
 }
 
+/// Verification flags of `check` and `query`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct VerifyArgs {
+    /// Keep candidates whose estimated word 3-gram Jaccard similarity reaches this (0: no
+    /// verification) [default: the server's, 0.9].
+    #[arg(long)]
+    pub verify_jaccard: Option<f64>,
+    /// Verify candidates within this Hamming distance [default: the server's, the design's
+    /// maximum].
+    #[arg(long)]
+    pub candidate_k: Option<u32>,
+    /// The sketch of the document (hex, with `--fingerprint`; with `--text` it is computed
+    /// here and sent with it).
+    #[arg(long, value_parser = parse_hex)]
+    pub sketch: Option<Vec<u8>>,
+}
+
+impl VerifyArgs {
+    /// The verification asked.
+    pub fn verification(&self) -> neardup_client::Verification {
+        neardup_client::Verification { jaccard: self.verify_jaccard, candidate_k: self.candidate_k }
+    }
+}
+
+/// Parses hexadecimal bytes.
+pub fn parse_hex(s: &str) -> Result<Vec<u8>, String> {
+    let s = s.strip_prefix("0x").unwrap_or(s);
+    if !s.len().is_multiple_of(2) {
+        return Err(format!("{s:?} has an odd number of hex digits"));
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| {
+            s.get(i..i + 2)
+                .and_then(|b| u8::from_str_radix(b, 16).ok())
+                .ok_or_else(|| format!("{s:?} is not hexadecimal"))
+        })
+        .collect()
+}
+
 /// Parses `0x...` hexadecimal or decimal.
 pub fn parse_fingerprint(s: &str) -> Result<u64, String> {
     let r = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
@@ -67,6 +107,8 @@ pub fn match_json(m: &Match) -> Value {
         "distance": m.distance,
         "timestamp_ms": m.timestamp_ms,
         "cluster_id": m.cluster_id,
+        "verified": m.verified,
+        "jaccard": m.jaccard,
     })
 }
 

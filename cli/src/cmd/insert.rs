@@ -2,7 +2,7 @@
 
 use std::io::BufRead;
 
-use neardup_client::{Document, doc, text_doc};
+use neardup_client::{Document, doc, text_doc_with_sketch};
 use serde_json::{Value, json};
 
 use crate::cmd::common::{self, ServerArgs, parse_fingerprint};
@@ -36,7 +36,7 @@ pub struct InsertArgs {
 }
 
 /// The fields of an `--jsonl` line.
-const JSONL_FIELDS: [&str; 4] = ["id", "fingerprint", "text", "timestamp_ms"];
+const JSONL_FIELDS: [&str; 5] = ["id", "fingerprint", "text", "timestamp_ms", "sketch"];
 
 fn parse_line(line: &str, n: usize) -> Result<Document, CliError> {
     let bad = |reason: String| CliError::Input { line: n, reason };
@@ -56,14 +56,25 @@ fn parse_line(line: &str, n: usize) -> Result<Document, CliError> {
         Value::Null => common::now_ms(),
         t => t.as_i64().ok_or_else(|| bad("\"timestamp_ms\" must be an integer".into()))?,
     };
-    match (&v["fingerprint"], &v["text"]) {
+    let sketch = match &v["sketch"] {
+        Value::Null => Vec::new(),
+        Value::String(h) => common::parse_hex(h).map_err(bad)?,
+        _ => return Err(bad("\"sketch\" must be a hex string".into())),
+    };
+    let mut d = match (&v["fingerprint"], &v["text"]) {
         (Value::Number(x), Value::Null) => {
-            Ok(doc(id, x.as_u64().ok_or_else(|| bad("bad fingerprint".into()))?, ts))
+            doc(id, x.as_u64().ok_or_else(|| bad("bad fingerprint".into()))?, ts)
         }
-        (Value::String(s), Value::Null) => Ok(doc(id, parse_fingerprint(s).map_err(bad)?, ts)),
-        (Value::Null, Value::String(t)) => Ok(text_doc(id, t.clone(), ts)),
-        _ => Err(bad("exactly one of \"fingerprint\" and \"text\" is needed".into())),
+        (Value::String(s), Value::Null) => doc(id, parse_fingerprint(s).map_err(bad)?, ts),
+        (Value::Null, Value::String(t)) => {
+            text_doc_with_sketch(id, t.clone(), ts).map_err(|e| bad(e.to_string()))?
+        }
+        _ => return Err(bad("exactly one of \"fingerprint\" and \"text\" is needed".into())),
+    };
+    if !sketch.is_empty() {
+        d.sketch = sketch;
     }
+    Ok(d)
 }
 
 /// Runs `neardup insert`.
@@ -94,7 +105,10 @@ pub async fn run(args: InsertArgs) -> Result<(), CliError> {
         }
         (None, Some(id)) => match (args.fingerprint, &args.text) {
             (Some(fp), None) => vec![doc(id.clone(), fp, ts)],
-            (None, Some(t)) => vec![text_doc(id.clone(), t.clone(), ts)],
+            (None, Some(t)) => vec![
+                text_doc_with_sketch(id.clone(), t.clone(), ts)
+                    .map_err(|e| args.server.error(e))?,
+            ],
             _ => {
                 return Err(CliError::Usage("give exactly one of --fingerprint and --text".into()));
             }

@@ -2,7 +2,7 @@
 
 use neardup_client::Target;
 
-use crate::cmd::common::{self, ContentArgs, ServerArgs};
+use crate::cmd::common::{self, ContentArgs, ServerArgs, VerifyArgs};
 use crate::error::CliError;
 
 /// Options of `neardup query`.
@@ -18,18 +18,25 @@ pub struct QueryArgs {
     /// Most matches [default: the server's, 100].
     #[arg(long, default_value_t = 0, hide_default_value = true)]
     limit: u32,
+    #[command(flatten)]
+    verify: VerifyArgs,
 }
 
 /// Runs `neardup query`.
 pub async fn run(args: QueryArgs) -> Result<(), CliError> {
     let client = args.server.client().await?;
-    let target = match (args.content.fingerprint, args.content.text) {
-        (Some(fp), _) => Target::Fingerprint(fp),
-        (None, Some(t)) => Target::Text(t),
+    let (target, sketch) = match (args.content.fingerprint, args.content.text) {
+        (Some(fp), _) => (Target::Fingerprint(fp), args.verify.sketch.clone().unwrap_or_default()),
+        (None, Some(t)) => {
+            let s = neardup_client::sketch_of_text(&t).map_err(|e| args.server.error(e))?;
+            (Target::Text(t), s)
+        }
         (None, None) => return Err(CliError::Usage("give --fingerprint or --text".into())),
     };
-    let r =
-        client.query_target(target, args.k, args.limit).await.map_err(|e| args.server.error(e))?;
+    let r = client
+        .query_verified(target, sketch, args.k, args.verify.verification(), args.limit)
+        .await
+        .map_err(|e| args.server.error(e))?;
     common::print(&common::result_json(&r));
     Ok(())
 }

@@ -37,7 +37,13 @@ pub async fn run(args: RouterArgs) -> Result<(), CliError> {
     let mut registry = Registry::default();
     metrics.register(&mut registry);
     ops::serve_metrics(&config.metrics_listen, registry).await?;
-    let router = Router::new(Arc::new(remote), max_k, config.limits.clone(), metrics);
+    let router = Router::with_verify(
+        Arc::new(remote),
+        max_k,
+        config.limits.clone(),
+        config.verify.clone(),
+        metrics,
+    );
     tracing::info!(address = %config.listen, shard = %config.router.shard, "router serving");
     neardup_router::server::serve(listener, router, ops::shutdown_signal())
         .await

@@ -80,7 +80,13 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
         None => shard_health,
     };
     let api = InProcess::new(ShardService::new(shard.clone()), health);
-    let router = Router::new(Arc::new(api), shard.max_k(), config.limits.clone(), rpc_metrics);
+    let router = Router::with_verify(
+        Arc::new(api),
+        shard.max_k(),
+        config.limits.clone(),
+        config.verify.clone(),
+        rpc_metrics,
+    );
     tracing::info!(
         address = %address,
         data = %config.data.display(),

@@ -121,6 +121,7 @@ impl Shard {
                         ts: e.ts,
                         cluster: e.cluster,
                         name: &e.name,
+                        sketch: None,
                     });
                 }
                 (w.finish(), next, next >= st.docs.slot_count())

@@ -68,7 +68,7 @@ fn after_a_failed_sync_nothing_is_acknowledged_until_restart() {
     assert_eq!(e.class(), ErrorClass::FailedPrecondition, "{e}");
     assert_eq!(shard.probe(&[1], 0, 10).unwrap_err().class(), ErrorClass::FailedPrecondition);
     assert_eq!(
-        shard.admit(&doc("d", 4, 4), 3, 10, false).unwrap_err().class(),
+        shard.admit(&doc("d", 4, 4), 3, Verify::OFF, 10, false).unwrap_err().class(),
         ErrorClass::FailedPrecondition
     );
     // No checkpoint or sync at shutdown claims the data durable.

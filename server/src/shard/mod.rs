@@ -68,7 +68,7 @@ use crate::storage::{SledStore, Store};
 
 pub use dir_check::{check_data_dir, free_bytes};
 pub use shard_types::{
-    Admission, DocMatch, NewDocument, ProbeBudget, ProbeHits, ShardStats, TableFootprint,
+    Admission, DocMatch, NewDocument, ProbeBudget, ProbeHits, ShardStats, TableFootprint, Verify,
     WriteOutcome,
 };
 pub use status::Status;
@@ -269,6 +269,7 @@ impl Shard {
             run_blocks: store.space("run_blocks")?,
             run_deletes: store.space("run_deletes")?,
             docs: store.space("docs")?,
+            sketches: store.space("sketches")?,
         };
         match spaces.meta.get(b"format")? {
             None => {

@@ -2,11 +2,13 @@
 
 use neardup_core::Match;
 use neardup_core::index::QueryScratch;
+use neardup_core::sketch::Sketch;
 use rayon::prelude::*;
 
-use super::{DocMatch, ProbeBudget, ProbeHits, RunKey, Shard, ShardStats, TableFootprint};
+use super::{DocMatch, ProbeBudget, ProbeHits, RunKey, Shard, ShardStats, TableFootprint, Verify};
 use crate::doc_table::DocTable;
 use crate::error::{Error, Result};
+use crate::persist::key64;
 
 /// Most queries a probe answers at a time (fewer while the budget has little left): each
 /// slice's raw matches are held at once.
@@ -27,6 +29,81 @@ impl Shard {
     /// distance, timestamp and id, at most `limit`, within the default [`ProbeBudget`].
     pub fn probe(&self, fps: &[u64], k: u32, limit: usize) -> Result<Vec<ProbeHits>> {
         self.probe_within(fps, k, limit, ProbeBudget::DEFAULT)
+    }
+
+    /// The stored sketch of internal id `id`, if it has one. A stored sketch that does not
+    /// decode (damage) counts as none: its matches are reported unverified.
+    pub(super) fn sketch_of(&self, id: u64) -> Result<Option<Sketch>> {
+        Ok(self.spaces.sketches.get(&key64(id))?.and_then(|b| match Sketch::from_bytes(&b) {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(id, error = %e, "stored sketch does not decode; unverified");
+                None
+            }
+        }))
+    }
+
+    /// The matches verification keeps, in their order, with their sketch agreements (see
+    /// [`Shard::admit`]): without `sketch` or with `verify` off, those within `k`.
+    pub(super) fn verified(
+        &self,
+        sketch: Option<&Sketch>,
+        verify: Verify,
+        k: u32,
+        raw: &[Match],
+        out: &mut Vec<Match>,
+        agreements: &mut Vec<Option<u32>>,
+    ) -> Result<()> {
+        out.clear();
+        agreements.clear();
+        for m in raw {
+            // Both sides sketched: verification alone decides (within candidate k).
+            let agreed = match sketch {
+                Some(q) if verify.on() => self.sketch_of(m.id)?.map(|s| q.agreements(&s)),
+                _ => None,
+            };
+            if let Some(a) = agreed {
+                let est = neardup_core::sketch::estimate(
+                    a,
+                    neardup_core::sketch::BINS,
+                    neardup_core::sketch::BITS,
+                );
+                if m.distance <= verify.candidate_k && est >= verify.jaccard {
+                    out.push(*m);
+                    agreements.push(Some(a as u32));
+                }
+                continue;
+            }
+            if m.distance <= k {
+                out.push(*m);
+                agreements.push(None);
+            }
+        }
+        Ok(())
+    }
+
+    /// One query, verified (see [`Shard::admit`] for what verification keeps): the
+    /// documents kept, by distance, timestamp and id, at most `limit`.
+    pub fn probe_verified(
+        &self,
+        fp: u64,
+        sketch: Option<&Sketch>,
+        k: u32,
+        verify: Verify,
+        limit: usize,
+        budget: ProbeBudget,
+    ) -> Result<ProbeHits> {
+        self.check_serving()?;
+        let st = self.state.read();
+        st.index.check_k(k)?;
+        st.index.check_k(verify.candidate_k)?;
+        let search_k = if verify.on() && sketch.is_some() { k.max(verify.candidate_k) } else { k };
+        let mut raw = Vec::new();
+        st.index.query_into(fp, search_k, &mut QueryScratch::default(), &mut raw)?;
+        let (mut kept, mut agreements) = (Vec::new(), Vec::new());
+        self.verified(sketch, verify, k, &raw, &mut kept, &mut agreements)?;
+        let mut left = budget;
+        Self::result(&st.docs, fp, &kept, &agreements, limit.max(1), None, &mut left)
     }
 
     /// As [`probe`](Self::probe), with the whole answer held to `budget`: queries are served
@@ -63,7 +140,7 @@ impl Shard {
             if slice.len() < 32 {
                 for &fp in slice {
                     st.index.query_into(fp, k, &mut scratch, &mut out)?;
-                    results.push(Self::result(&st.docs, fp, &out, limit, None, &mut left)?);
+                    results.push(Self::result(&st.docs, fp, &out, &[], limit, None, &mut left)?);
                 }
                 continue;
             }
@@ -81,7 +158,7 @@ impl Shard {
                 .flatten_iter()
                 .collect::<Result<_>>()?;
             for (&fp, matches) in slice.iter().zip(found) {
-                results.push(Self::result(&st.docs, fp, &matches, limit, None, &mut left)?);
+                results.push(Self::result(&st.docs, fp, &matches, &[], limit, None, &mut left)?);
             }
         }
         Ok(results)
@@ -89,17 +166,20 @@ impl Shard {
 
     /// Turns index matches into the documents they name, skipping internal id `skip`: at
     /// most `limit`, and no more than `left` still allows (which they spend).
+    /// `agreements[i]` is the verification of `matches[i]` (empty: none verified).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn result(
         docs: &DocTable,
         fp: u64,
         matches: &[Match],
+        agreements: &[Option<u32>],
         limit: usize,
         skip: Option<u64>,
         left: &mut ProbeBudget,
     ) -> Result<ProbeHits> {
         let mut out = Vec::with_capacity(matches.len().min(limit).min(left.max_matches));
         let mut truncated = false;
-        for m in matches {
+        for (i, m) in matches.iter().enumerate() {
             if Some(m.id) == skip {
                 continue;
             }
@@ -107,7 +187,8 @@ impl Shard {
                 truncated = true;
                 break;
             }
-            let doc = Self::to_match(docs, m)?;
+            let mut doc = Self::to_match(docs, m)?;
+            doc.agreements = agreements.get(i).copied().flatten();
             let bytes = DocMatch::wire_bytes(&doc.id);
             if bytes > left.max_bytes {
                 truncated = true;
@@ -131,6 +212,7 @@ impl Shard {
             distance: m.distance,
             timestamp_ms: m.ts,
             cluster_id: e.cluster,
+            agreements: None,
         })
     }
 

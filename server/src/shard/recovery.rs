@@ -180,7 +180,7 @@ impl Shard {
                     record::decode(&bytes)?
                         .into_iter()
                         .map(|op| match op {
-                            Op::Put { id, fp, ts, cluster, name } => {
+                            Op::Put { id, fp, ts, cluster, name, sketch: _ } => {
                                 Ok(DocEntry { id, fp, ts, cluster, name: name.into() })
                             }
                             Op::Remove { .. } => Err(Error::CorruptTablet(format!(
@@ -214,6 +214,9 @@ impl Shard {
                     }
                     if seq > docsnap.covered {
                         docs.apply(&op);
+                        // An acknowledged sketch is in the log; the sketch store may have
+                        // lost it with the crash. Writing it again is harmless.
+                        Self::store_sketch(s, &op)?;
                     }
                 }
             }

@@ -45,7 +45,7 @@ fn restart_and_check(dir: &Path, model: &Model, queries: &[u64]) {
 }
 
 pub(super) fn doc(name: &str, fp: u64, ts: i64) -> NewDocument {
-    NewDocument { id: name.into(), fingerprint: fp, timestamp_ms: ts }
+    NewDocument { id: name.into(), fingerprint: fp, timestamp_ms: ts, sketch: None }
 }
 
 /// The truth: name -> (fp, ts).
@@ -160,7 +160,7 @@ fn bad_writes_change_nothing() {
         shard.write(&[], &["a".into(), "nope".into()], true).unwrap_err(),
         shard.write(&[doc("a", 1, 0)], &["a".into()], false).unwrap_err(),
         shard.probe(&[1], 4, 10).unwrap_err(),
-        shard.admit(&doc("", 1, 0), 3, 10, false).unwrap_err(),
+        shard.admit(&doc("", 1, 0), 3, Verify::OFF, 10, false).unwrap_err(),
     ];
     let classes: Vec<ErrorClass> = errors.iter().map(|e| e.class()).collect();
     use ErrorClass::*;
@@ -180,25 +180,25 @@ fn admission_attaches_to_the_earliest_near_duplicate() {
     let dir = tempfile::tempdir().unwrap();
     let shard = open(dir.path(), config());
     let base = 0xABCD_0000_1234_0000u64;
-    let (a, _) = shard.admit(&doc("a", base, 100), 3, 10, false).unwrap();
+    let (a, _) = shard.admit(&doc("a", base, 100), 3, Verify::OFF, 10, false).unwrap();
     assert!(!a.duplicate && a.inserted);
     assert_eq!(a.original_id, "a");
     // Far away: a cluster of its own.
-    let (z, _) = shard.admit(&doc("z", !base, 50), 3, 10, false).unwrap();
+    let (z, _) = shard.admit(&doc("z", !base, 50), 3, Verify::OFF, 10, false).unwrap();
     assert_ne!(z.cluster_id, a.cluster_id);
     // b is 2 bits from a and earlier: still joins a's cluster (a is the only near one).
-    let (b, _) = shard.admit(&doc("b", base ^ 0b11, 10), 3, 10, false).unwrap();
+    let (b, _) = shard.admit(&doc("b", base ^ 0b11, 10), 3, Verify::OFF, 10, false).unwrap();
     assert!(b.duplicate && b.inserted);
     assert_eq!((b.cluster_id, b.original_id.as_str()), (a.cluster_id, "a"));
     // c is near both; b is the earliest, so c joins b's cluster, whose original is a (b was
     // reported a duplicate: it is never named an original).
-    let (c, _) = shard.admit(&doc("c", base ^ 0b101, 500), 3, 10, true).unwrap();
+    let (c, _) = shard.admit(&doc("c", base ^ 0b101, 500), 3, Verify::OFF, 10, true).unwrap();
     assert!(c.duplicate && !c.inserted, "skip_insert_if_duplicate");
     assert_eq!((c.cluster_id, c.original_id.as_str()), (a.cluster_id, "a"));
     assert_eq!(c.matches.len(), 2);
     assert_eq!(shard.stats().unwrap().documents, 3);
     // Re-admitting a with the same content does not find itself.
-    let (a2, _) = shard.admit(&doc("a", base, 100), 3, 1, false).unwrap();
+    let (a2, _) = shard.admit(&doc("a", base, 100), 3, Verify::OFF, 1, false).unwrap();
     assert!(a2.duplicate && a2.replaced && !a2.truncated);
     // Its cluster's founder is the document this write replaces: no longer stored.
     assert_eq!(a2.original_id, "");
@@ -461,8 +461,9 @@ fn probe_answers_are_held_to_the_budget() {
 fn a_duplicate_is_never_named_an_original() {
     let dir = tempfile::tempdir().unwrap();
     let shard = open(dir.path(), config());
-    let admit =
-        |name: &str, fp: u64, ts: i64| shard.admit(&doc(name, fp, ts), 3, 10, false).unwrap().0;
+    let admit = |name: &str, fp: u64, ts: i64| {
+        shard.admit(&doc(name, fp, ts), 3, Verify::OFF, 10, false).unwrap().0
+    };
     let a = admit("a", 0xF00D, 2000);
     assert!(!a.duplicate);
     let b = admit("b", 0xF00D, 1000);

@@ -2,6 +2,8 @@
 //! so the shard is read and tested without the gRPC API. [`crate::service`] converts them
 //! to and from `neardup.internal.v1` and `neardup.v1`, in one place.
 
+use neardup_core::sketch::Sketch;
+
 /// A document to store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NewDocument {
@@ -11,6 +13,29 @@ pub struct NewDocument {
     pub fingerprint: u64,
     /// Its timestamp (ms since the Unix epoch): the earliest of a cluster is its original.
     pub timestamp_ms: i64,
+    /// Its similarity sketch, if the caller has one: stored on disk only, read back for
+    /// verification when it is a candidate.
+    pub sketch: Option<Sketch>,
+}
+
+/// How candidates are verified by their sketches.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Verify {
+    /// Keep a candidate whose estimated Jaccard similarity reaches this; 0: no
+    /// verification (distance alone decides).
+    pub jaccard: f64,
+    /// Candidates within this distance are verified (when both have sketches).
+    pub candidate_k: u32,
+}
+
+impl Verify {
+    /// No verification.
+    pub const OFF: Verify = Verify { jaccard: 0.0, candidate_k: 0 };
+
+    /// Whether verification is on.
+    pub fn on(&self) -> bool {
+        self.jaccard > 0.0
+    }
 }
 
 /// What a write did; `seq` is the log sequence to wait for before acknowledging it.
@@ -41,6 +66,10 @@ pub struct DocMatch {
     pub timestamp_ms: i64,
     /// Its duplicate cluster.
     pub cluster_id: u64,
+    /// When it was verified: the number of sketch values (of
+    /// [`neardup_core::sketch::BINS`]) equal to the query's, from which
+    /// [`DocMatch::jaccard`] estimates the similarity. `None`: kept by distance alone.
+    pub agreements: Option<u32>,
 }
 
 /// The answer to one query of a probe.
@@ -155,6 +184,17 @@ impl Default for ProbeBudget {
 }
 
 impl DocMatch {
+    /// The estimated Jaccard similarity, when it was verified.
+    pub fn jaccard(&self) -> Option<f64> {
+        self.agreements.map(|m| {
+            neardup_core::sketch::estimate(
+                m as usize,
+                neardup_core::sketch::BINS,
+                neardup_core::sketch::BITS,
+            )
+        })
+    }
+
     /// An upper bound on the bytes this match takes in an encoded answer: its id and 40
     /// bytes for the numbers and the framing.
     pub fn wire_bytes(id: &str) -> usize {

@@ -5,11 +5,12 @@ use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use neardup_core::index::QueryScratch;
+use neardup_core::sketch::ENCODED_BYTES;
 
-use super::{Admission, NewDocument, ProbeBudget, Shard, State, WriteOutcome};
+use super::{Admission, NewDocument, ProbeBudget, Shard, State, Verify, WriteOutcome};
 use crate::doc_table::DocEntry;
 use crate::error::{Error, Result};
-use crate::persist::key64;
+use crate::persist::{Spaces, key64};
 use crate::record::{self, Op, RecordWriter};
 
 /// Checks a caller id.
@@ -92,6 +93,8 @@ impl Shard {
                 "id {n:?} is both stored and deleted by one request"
             )));
         }
+        let sketches: Vec<Option<[u8; ENCODED_BYTES]>> =
+            docs.iter().map(|d| d.sketch.map(|s| s.to_bytes())).collect();
         let mut st = self.state.write();
         let st = &mut *st;
         let mut out = WriteOutcome::default();
@@ -116,8 +119,14 @@ impl Shard {
             }
             let old = st.docs.by_name(&d.id).map(|e| Op::Remove { id: e.id, fp: e.fp });
             let id = st.docs.allocate_id();
-            let put =
-                Op::Put { id, fp: d.fingerprint, ts: d.timestamp_ms, cluster: id, name: &d.id };
+            let put = Op::Put {
+                id,
+                fp: d.fingerprint,
+                ts: d.timestamp_ms,
+                cluster: id,
+                name: &d.id,
+                sketch: sketches[i].as_ref().map(|s| s.as_slice()),
+            };
             out.inserted += 1;
             match old {
                 Some(r) => {
@@ -148,7 +157,12 @@ impl Shard {
             st.last_seq = seq;
             st.log_bytes += bytes.len() as u64;
             commit.appended(seq);
+            // After the log record: a sketch is never stored for a record that is not. The
+            // record is applied whatever happens to its sketches (recovery writes them again
+            // from the log), as every appended record is.
+            let sketched = ops.iter().try_for_each(|op| Self::store_sketch(&self.spaces, op));
             Self::apply(st, seq, ops)?;
+            sketched?;
         }
         if !records.is_empty() {
             self.metrics.appended(records.len() as u64);
@@ -158,6 +172,16 @@ impl Shard {
             }
         }
         Ok(st.last_seq)
+    }
+
+    /// What an operation does to the sketch store: a put with a sketch stores it, a removal
+    /// drops the document's (if it has one).
+    pub(super) fn store_sketch(spaces: &Spaces, op: &Op<'_>) -> Result<()> {
+        match *op {
+            Op::Put { id, sketch: Some(s), .. } => spaces.sketches.put(&key64(id), s),
+            Op::Put { sketch: None, .. } => Ok(()),
+            Op::Remove { id, .. } => spaces.sketches.remove(&key64(id)),
+        }
     }
 
     /// Applies one appended record to memory. The buffer becomes a run only between records.
@@ -187,26 +211,58 @@ impl Shard {
     /// the document that founded it, and
     /// stores it unless `skip_if_duplicate` is set and it is a near-duplicate. Atomic: two
     /// near-duplicates admitted at once see each other in one order.
+    ///
+    /// With `verify` on and a sketch on `doc`, a candidate with a stored sketch counts only
+    /// when it is within `verify.candidate_k` and its estimated Jaccard similarity reaches
+    /// `verify.jaccard`; a candidate without one (or any, when `doc` has no sketch) counts
+    /// when within `k`.
     pub fn admit(
         &self,
         doc: &NewDocument,
         k: u32,
+        verify: Verify,
         limit: usize,
         skip_if_duplicate: bool,
     ) -> Result<(Admission, u64)> {
         self.check_serving()?;
         check_name(&doc.id, self.config.max_id_bytes)?;
         let limit = limit.max(1);
+        let sketch_bytes = doc.sketch.map(|s| s.to_bytes());
+        if verify.on() && doc.sketch.is_some() {
+            // Read the candidates' sketches once before the write lock, so that reading
+            // them again under it finds them in the store's cache instead of waiting for the
+            // disk while every other writer waits too.
+            let mut raw = Vec::new();
+            {
+                let st = self.state.read();
+                st.index.check_k(k.max(verify.candidate_k))?;
+                st.index.query_into(
+                    doc.fingerprint,
+                    k.max(verify.candidate_k),
+                    &mut QueryScratch::default(),
+                    &mut raw,
+                )?;
+            }
+            for m in &raw {
+                self.sketch_of(m.id)?;
+            }
+        }
         let mut st = self.state.write();
         let st = &mut *st;
         st.index.check_k(k)?;
-        let mut matches = Vec::new();
-        st.index.query_into(doc.fingerprint, k, &mut QueryScratch::default(), &mut matches)?;
+        st.index.check_k(verify.candidate_k)?;
+        let search_k =
+            if verify.on() && doc.sketch.is_some() { k.max(verify.candidate_k) } else { k };
+        let mut raw = Vec::new();
+        st.index.query_into(doc.fingerprint, search_k, &mut QueryScratch::default(), &mut raw)?;
+        let (mut matches, mut agreements) = (Vec::new(), Vec::new());
+        self.verified(doc.sketch.as_ref(), verify, k, &raw, &mut matches, &mut agreements)?;
         let own = st.docs.by_name(&doc.id).map(|e| (e.id, e.fp));
         let result = Self::result(
             &st.docs,
             doc.fingerprint,
             &matches,
+            &agreements,
             limit,
             own.map(|(id, _)| id),
             &mut ProbeBudget::default(),
@@ -238,8 +294,14 @@ impl Shard {
         let mut seq = st.last_seq;
         if insert {
             let mut plan = RecordPlan::new();
-            let put =
-                Op::Put { id, fp: doc.fingerprint, ts: doc.timestamp_ms, cluster, name: &doc.id };
+            let put = Op::Put {
+                id,
+                fp: doc.fingerprint,
+                ts: doc.timestamp_ms,
+                cluster,
+                name: &doc.id,
+                sketch: sketch_bytes.as_ref().map(|s| s.as_slice()),
+            };
             match own {
                 Some((old, fp)) => plan.push(Op::Remove { id: old, fp }, Some(put)),
                 None => plan.push(put, None),
