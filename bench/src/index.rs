@@ -85,6 +85,18 @@ pub struct IndexArgs {
     /// reported is the median pass.
     #[arg(long, default_value_t = 1)]
     repeat: usize,
+    /// Steady state: after the compacted figure, one thread inserts fresh documents at this
+    /// rate (documents/s, in batches of `--insert-batch`, merges off its lock as a server
+    /// runs them) while another queries; 0 skips it.
+    #[arg(long, default_value_t = 0)]
+    steady_insert_rate: u64,
+    /// Steady state: how long it lasts, in seconds.
+    #[arg(long, default_value_t = 10.0)]
+    steady_seconds: f64,
+    /// Runs below this many documents (but the largest) are queried through the recent
+    /// tables; 0 probes every run and scans the buffer. Default: the index's.
+    #[arg(long)]
+    recent_docs: Option<usize>,
 }
 
 /// Bytes of this process backed by transparent huge pages (Linux), for the report.
@@ -113,6 +125,119 @@ fn timed_queries(index: &Index, queries: &[u64], k: u32) -> (f64, u64) {
         results += out.len() as u64;
     }
     (t.elapsed().as_secs_f64(), results)
+}
+
+/// What the steady-state phase measured.
+struct Steady {
+    queries: u64,
+    query_seconds: f64,
+    inserted: u64,
+    insert_seconds: f64,
+    merges: u64,
+    runs_max: usize,
+    runs_end: usize,
+}
+
+/// Queries on this thread while another inserts `rate` documents a second in batches of
+/// `batch` for `seconds`, taking merges off the write lock as a server does (`next_merge`,
+/// `finish_merge`); both rates over the same interval. Bounded in time: the inserter stops
+/// at the deadline even if it is behind its schedule.
+fn steady_state(
+    index: Index,
+    queries: &[u64],
+    k: u32,
+    rate: u64,
+    batch: usize,
+    seconds: f64,
+    seed: u64,
+) -> Result<(Index, Steady), String> {
+    use std::sync::RwLock;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+    let mut index = index;
+    let auto_merge = index.config().auto_merge;
+    index.set_auto_merge(false);
+    let first_id = index.len() as u64 + (1 << 40);
+    let lock = RwLock::new(index);
+    let done = AtomicBool::new(false);
+    let batch = batch.max(1);
+    let deadline = Duration::from_secs_f64(seconds);
+    let (steady, inserter) = std::thread::scope(|s| {
+        let inserter = s.spawn(|| -> Result<(u64, f64, u64, usize), String> {
+            let mut r = SplitMix64::new(seed ^ 0x57EAD);
+            let start = Instant::now();
+            let (mut inserted, mut merges, mut runs_max) = (0u64, 0u64, 0usize);
+            let mut docs = Vec::with_capacity(batch);
+            while start.elapsed() < deadline {
+                // Due by now: everything scheduled up to this instant.
+                let due = (start.elapsed().as_secs_f64() * rate as f64) as u64;
+                if inserted >= due {
+                    std::thread::sleep(Duration::from_micros(200));
+                    continue;
+                }
+                let take = (due - inserted).min(batch as u64);
+                docs.clear();
+                docs.extend((0..take).map(|i| Doc {
+                    id: first_id + inserted + i,
+                    fp: r.next_u64(),
+                    ts: 2,
+                }));
+                let mut w = lock.write().map_err(|_| "poisoned")?;
+                w.insert_batch(&docs).map_err(|e| e.to_string())?;
+                runs_max = runs_max.max(w.stats().runs);
+                let job = w.next_merge();
+                drop(w);
+                inserted += take;
+                if let Some(job) = job {
+                    let merged = job.run().map_err(|e| e.to_string())?;
+                    lock.write()
+                        .map_err(|_| "poisoned")?
+                        .finish_merge(job, merged)
+                        .map_err(|e| e.to_string())?;
+                    merges += 1;
+                }
+            }
+            let secs = start.elapsed().as_secs_f64();
+            done.store(true, Ordering::Release);
+            Ok((inserted, secs, merges, runs_max))
+        });
+        let mut scratch = QueryScratch::default();
+        let mut out: Vec<Match> = Vec::new();
+        let start = Instant::now();
+        let mut n = 0u64;
+        let mut results = 0u64;
+        'outer: loop {
+            for &q in queries {
+                if done.load(Ordering::Acquire) || start.elapsed() > deadline * 2 {
+                    break 'outer;
+                }
+                let g = lock.read().expect("not poisoned");
+                g.query_into(q, k, &mut scratch, &mut out).expect("k checked");
+                drop(g);
+                results += out.len() as u64;
+                n += 1;
+            }
+        }
+        std::hint::black_box(results);
+        ((n, start.elapsed().as_secs_f64()), inserter.join())
+    });
+    let (inserted, insert_seconds, merges, runs_max) =
+        inserter.map_err(|_| "the inserting thread panicked".to_string())??;
+    let mut index = lock.into_inner().map_err(|_| "poisoned")?;
+    let runs_end = index.stats().runs;
+    index.set_auto_merge(auto_merge);
+    Ok((
+        index,
+        Steady {
+            queries: steady.0,
+            query_seconds: steady.1,
+            inserted,
+            insert_seconds,
+            merges,
+            runs_max,
+            runs_end,
+        },
+    ))
 }
 
 /// Runs `neardup-bench index`.
@@ -165,6 +290,9 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
     let mut config = config;
     if let Some(m) = args.crowd_min {
         config.crowd_min = m;
+    }
+    if let Some(r) = args.recent_docs {
+        config.recent_docs = r;
     }
     config.design.check_k(args.k).map_err(|e| e.to_string())?;
     config.validate().map_err(|e| e.to_string())?;
@@ -358,22 +486,70 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
         live_ok &= hits.iter().any(|m| m.id == d.id && m.distance == 0);
     }
     let insert_rate = inserts as f64 / insert_secs;
+    let recent_bytes = index.memory().recent_bytes;
     let sample_q = &w.queries[..w.queries.len().min(20_000)];
-    let (qs_after, _) = timed_queries(&index, sample_q, k);
-    let qps_after = sample_q.len() as f64 / qs_after;
+    // Medians of `--repeat` passes, after inserts and then compacted.
+    let median_qps = |index: &Index| {
+        let _ = timed_queries(index, &sample_q[..sample_q.len().min(2_000)], k);
+        let mut v: Vec<f64> = (0..args.repeat.max(1))
+            .map(|_| sample_q.len() as f64 / timed_queries(index, sample_q, k).0)
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let qps_after = median_qps(&index);
     let t = Instant::now();
     index.compact().map_err(|e| e.to_string())?;
     let compact_secs = t.elapsed().as_secs_f64();
-    let (qs_compact, _) = timed_queries(&index, sample_q, k);
-    let qps_compacted = sample_q.len() as f64 / qs_compact;
+    let qps_compacted = median_qps(&index);
     eprintln!(
-        "live inserts: {inserts} in batches of {}: {insert_rate:.0} docs/s ({} runs, {} merges, {} docs rewritten); spot check {}; queries then: {qps_after:.0}/s; compacted to one run in {compact_secs:.1}s: {qps_compacted:.0} queries/s",
+        "memory backed by huge pages after compaction: {:.1} MB",
+        huge_page_bytes() as f64 / 1e6
+    );
+    eprintln!(
+        "live inserts: {inserts} in batches of {}: {insert_rate:.0} docs/s ({} runs, {} merges, {} docs rewritten); spot check {}; recent tables {:.1} MB; queries then: {qps_after:.0}/s; compacted to one run in {compact_secs:.1}s: {qps_compacted:.0} queries/s; ratio {:.2}",
         args.insert_batch,
         stats.runs,
         stats.merges,
         stats.merged_docs,
-        if live_ok { "ok" } else { "FAILED" }
+        if live_ok { "ok" } else { "FAILED" },
+        recent_bytes as f64 / 1e6,
+        qps_after / qps_compacted,
     );
+    let mut steady = serde_json::Value::Null;
+    if args.steady_insert_rate > 0 {
+        let (_index, st) = steady_state(
+            index,
+            &w.queries,
+            k,
+            args.steady_insert_rate,
+            args.insert_batch,
+            args.steady_seconds,
+            args.seed,
+        )?;
+        let qps = st.queries as f64 / st.query_seconds;
+        let ins = st.inserted as f64 / st.insert_seconds;
+        eprintln!(
+            "steady state: {ins:.0} inserts/s (asked {}) for {:.1}s alongside {qps:.0} queries/s on one thread: {:.2} of the compacted {qps_compacted:.0}; {} merges, at most {} runs, {} at the end",
+            args.steady_insert_rate,
+            st.insert_seconds,
+            qps / qps_compacted,
+            st.merges,
+            st.runs_max,
+            st.runs_end,
+        );
+        steady = json!({
+            "insert_rate_asked": args.steady_insert_rate,
+            "inserts_per_second": ins,
+            "inserted": st.inserted,
+            "seconds": st.insert_seconds,
+            "qps_one_thread": qps,
+            "qps_to_compacted": qps / qps_compacted,
+            "merges": st.merges,
+            "runs_max": st.runs_max,
+            "runs_end": st.runs_end,
+        });
+    }
 
     let report = json!({
         "bench": "index",
@@ -413,9 +589,13 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
         "inserts": inserts,
         "insert_batch": args.insert_batch,
         "runs_after_inserts": stats.runs,
+        "recent_docs": config.recent_docs,
+        "recent_bytes_after_inserts": recent_bytes,
         "qps_one_thread_after_inserts": qps_after,
         "compact_seconds": compact_secs,
         "qps_one_thread_after_compaction": qps_compacted,
+        "after_inserts_to_compacted": qps_after / qps_compacted,
+        "steady": steady,
         "live_index_exact_spot_check": live_ok,
         "other_search": other_search,
     });
