@@ -439,7 +439,9 @@ impl Index {
                 self.small.push(i);
                 held += r.distinct();
                 if self.covered.insert(r.id()) {
-                    r.for_each_fp(|fp| self.recent.insert(&self.config.design, fp));
+                    let mut fps = Vec::with_capacity(r.distinct());
+                    r.for_each_fp(|fp| fps.push(fp));
+                    self.recent.insert_many(&self.config.design, &fps, &mut Vec::new());
                 }
             } else {
                 self.direct.push(i);
@@ -448,14 +450,13 @@ impl Index {
         if self.recent.len() > 2 * held + 4096 {
             self.recent = RecentTables::new(&self.config.design);
             self.covered.clear();
+            let mut fps: Vec<u64> = self.buffer.docs().iter().map(|d| d.fp).collect();
             for &i in &self.small {
                 let r = &self.runs[i];
                 self.covered.insert(r.id());
-                r.for_each_fp(|fp| self.recent.insert(&self.config.design, fp));
+                r.for_each_fp(|fp| fps.push(fp));
             }
-            for d in self.buffer.docs() {
-                self.recent.insert(&self.config.design, d.fp);
-            }
+            self.recent.insert_many(&self.config.design, &fps, &mut Vec::new());
         }
     }
 
@@ -479,8 +480,23 @@ impl Index {
             self.sync_recent();
             return Ok(());
         }
-        for &d in docs {
-            self.insert(d)?;
+        // As `insert` one by one, with the recent tables filled a buffer's worth at a time.
+        let mut rest = docs;
+        let mut scratch = Vec::new();
+        while !rest.is_empty() {
+            let room = self.config.buffer_docs.saturating_sub(self.buffer.len()).max(1);
+            let (now, later) = rest.split_at(room.min(rest.len()));
+            for &d in now {
+                self.buffer.push(d);
+            }
+            if self.recent_on() {
+                let fps: Vec<u64> = now.iter().map(|d| d.fp).collect();
+                self.recent.insert_many(&self.config.design, &fps, &mut scratch);
+            }
+            if self.buffer.len() >= self.config.buffer_docs {
+                self.flush()?;
+            }
+            rest = later;
         }
         Ok(())
     }

@@ -97,6 +97,20 @@ impl PrefixTable {
         }
     }
 
+    /// Inserts many values, loading each one's home slot a few insertions ahead.
+    fn insert_many(&mut self, values: &[u64]) {
+        const AHEAD: usize = 8;
+        while (self.len + values.len()) * 8 > self.slots.len() * 5 {
+            self.grow();
+        }
+        for (i, &v) in values.iter().enumerate() {
+            if let Some(&next) = values.get(i + AHEAD) {
+                self.prefetch(next);
+            }
+            self.insert(v);
+        }
+    }
+
     fn grow(&mut self) {
         let bigger = empty_slots(self.slots.len() * 2);
         let old = std::mem::replace(&mut self.slots, bigger);
@@ -156,6 +170,16 @@ impl RecentTables {
     pub(crate) fn insert(&mut self, design: &Design, fp: u64) {
         for (t, spec) in self.tables.iter_mut().zip(design.tables()) {
             t.insert(spec.perm.apply(fp));
+        }
+    }
+
+    /// Adds many fingerprints to every table, a table at a time (`scratch` is for the
+    /// permuted values).
+    pub(crate) fn insert_many(&mut self, design: &Design, fps: &[u64], scratch: &mut Vec<u64>) {
+        for (t, spec) in self.tables.iter_mut().zip(design.tables()) {
+            scratch.clear();
+            scratch.extend(fps.iter().map(|&fp| spec.perm.apply(fp)));
+            t.insert_many(scratch);
         }
     }
 
@@ -231,9 +255,18 @@ mod tests {
                 t.insert(v);
                 all.push(v);
             }
+            let mut many = PrefixTable::new(prefix_bits);
+            for chunk in all.chunks(700) {
+                many.insert_many(chunk);
+            }
             all.sort_unstable();
             all.dedup();
             assert_eq!(t.len, all.len());
+            assert_eq!(many.len, all.len());
+            let mut held: Vec<u64> = many.slots.iter().copied().filter(|&v| v != EMPTY).collect();
+            held.extend(many.has_max.then_some(EMPTY));
+            held.sort_unstable();
+            assert_eq!(held, all);
             for j in 0..400 {
                 let base = all[r.below(all.len() as u64) as usize];
                 let f = r.below(5) as u32;
