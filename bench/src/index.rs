@@ -140,7 +140,7 @@ struct Steady {
 
 /// Queries on this thread while another inserts `rate` documents a second in batches of
 /// `batch` for `seconds`, taking merges off the write lock as a server does (`next_merge`,
-/// `finish_merge`); both rates over the same interval. Bounded in time: the inserter stops
+/// `finish_merge`) and running them on its own thread; both rates over the same interval. Bounded in time: the inserter stops
 /// at the deadline even if it is behind its schedule.
 fn steady_state(
     index: Index,
@@ -163,43 +163,47 @@ fn steady_state(
     let batch = batch.max(1);
     let deadline = Duration::from_secs_f64(seconds);
     let (steady, inserter) = std::thread::scope(|s| {
-        let inserter = s.spawn(|| -> Result<(u64, f64, u64, usize), String> {
-            let mut r = SplitMix64::new(seed ^ 0x57EAD);
-            let start = Instant::now();
-            let (mut inserted, mut merges, mut runs_max) = (0u64, 0u64, 0usize);
-            let mut docs = Vec::with_capacity(batch);
-            while start.elapsed() < deadline {
-                // Due by now: everything scheduled up to this instant.
-                let due = (start.elapsed().as_secs_f64() * rate as f64) as u64;
-                if inserted >= due {
-                    std::thread::sleep(Duration::from_micros(200));
-                    continue;
+        // One thread inserts, its merges included: a one-thread pool, so that building a
+        // run does not take the querying thread's core as well.
+        let inserter = s.spawn(|| {
+            one_thread(|| -> Result<(u64, f64, u64, usize), String> {
+                let mut r = SplitMix64::new(seed ^ 0x57EAD);
+                let start = Instant::now();
+                let (mut inserted, mut merges, mut runs_max) = (0u64, 0u64, 0usize);
+                let mut docs = Vec::with_capacity(batch);
+                while start.elapsed() < deadline {
+                    // Due by now: everything scheduled up to this instant.
+                    let due = (start.elapsed().as_secs_f64() * rate as f64) as u64;
+                    if inserted >= due {
+                        std::thread::sleep(Duration::from_micros(200));
+                        continue;
+                    }
+                    let take = (due - inserted).min(batch as u64);
+                    docs.clear();
+                    docs.extend((0..take).map(|i| Doc {
+                        id: first_id + inserted + i,
+                        fp: r.next_u64(),
+                        ts: 2,
+                    }));
+                    let mut w = lock.write().map_err(|_| "poisoned")?;
+                    w.insert_batch(&docs).map_err(|e| e.to_string())?;
+                    runs_max = runs_max.max(w.stats().runs);
+                    let job = w.next_merge();
+                    drop(w);
+                    inserted += take;
+                    if let Some(job) = job {
+                        let merged = job.run().map_err(|e| e.to_string())?;
+                        lock.write()
+                            .map_err(|_| "poisoned")?
+                            .finish_merge(job, merged)
+                            .map_err(|e| e.to_string())?;
+                        merges += 1;
+                    }
                 }
-                let take = (due - inserted).min(batch as u64);
-                docs.clear();
-                docs.extend((0..take).map(|i| Doc {
-                    id: first_id + inserted + i,
-                    fp: r.next_u64(),
-                    ts: 2,
-                }));
-                let mut w = lock.write().map_err(|_| "poisoned")?;
-                w.insert_batch(&docs).map_err(|e| e.to_string())?;
-                runs_max = runs_max.max(w.stats().runs);
-                let job = w.next_merge();
-                drop(w);
-                inserted += take;
-                if let Some(job) = job {
-                    let merged = job.run().map_err(|e| e.to_string())?;
-                    lock.write()
-                        .map_err(|_| "poisoned")?
-                        .finish_merge(job, merged)
-                        .map_err(|e| e.to_string())?;
-                    merges += 1;
-                }
-            }
-            let secs = start.elapsed().as_secs_f64();
-            done.store(true, Ordering::Release);
-            Ok((inserted, secs, merges, runs_max))
+                let secs = start.elapsed().as_secs_f64();
+                done.store(true, Ordering::Release);
+                Ok((inserted, secs, merges, runs_max))
+            })
         });
         let mut scratch = QueryScratch::default();
         let mut out: Vec<Match> = Vec::new();
