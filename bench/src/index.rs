@@ -134,6 +134,8 @@ struct Steady {
     inserted: u64,
     insert_seconds: f64,
     merges: u64,
+    /// Seconds the inserting thread was not waiting for its schedule.
+    insert_busy: f64,
     runs_max: usize,
     runs_end: usize,
 }
@@ -166,16 +168,18 @@ fn steady_state(
         // One thread inserts, its merges included: a one-thread pool, so that building a
         // run does not take the querying thread's core as well.
         let inserter = s.spawn(|| {
-            one_thread(|| -> Result<(u64, f64, u64, usize), String> {
+            one_thread(|| -> Result<(u64, f64, u64, usize, f64), String> {
                 let mut r = SplitMix64::new(seed ^ 0x57EAD);
                 let start = Instant::now();
-                let (mut inserted, mut merges, mut runs_max) = (0u64, 0u64, 0usize);
+                let (mut inserted, mut merges, mut runs_max, mut idle) = (0u64, 0u64, 0usize, 0.0);
                 let mut docs = Vec::with_capacity(batch);
                 while start.elapsed() < deadline {
                     // Due by now: everything scheduled up to this instant.
                     let due = (start.elapsed().as_secs_f64() * rate as f64) as u64;
                     if inserted >= due {
+                        let t = Instant::now();
                         std::thread::sleep(Duration::from_micros(200));
+                        idle += t.elapsed().as_secs_f64();
                         continue;
                     }
                     let take = (due - inserted).min(batch as u64);
@@ -202,7 +206,7 @@ fn steady_state(
                 }
                 let secs = start.elapsed().as_secs_f64();
                 done.store(true, Ordering::Release);
-                Ok((inserted, secs, merges, runs_max))
+                Ok((inserted, secs, merges, runs_max, secs - idle))
             })
         });
         let mut scratch = QueryScratch::default();
@@ -225,7 +229,7 @@ fn steady_state(
         std::hint::black_box(results);
         ((n, start.elapsed().as_secs_f64()), inserter.join())
     });
-    let (inserted, insert_seconds, merges, runs_max) =
+    let (inserted, insert_seconds, merges, runs_max, insert_busy) =
         inserter.map_err(|_| "the inserting thread panicked".to_string())??;
     let mut index = lock.into_inner().map_err(|_| "poisoned")?;
     let runs_end = index.stats().runs;
@@ -238,6 +242,7 @@ fn steady_state(
             inserted,
             insert_seconds,
             merges,
+            insert_busy,
             runs_max,
             runs_end,
         },
@@ -547,10 +552,11 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
         let qps = st.queries as f64 / st.query_seconds;
         let ins = st.inserted as f64 / st.insert_seconds;
         eprintln!(
-            "steady state: {ins:.0} inserts/s (asked {}) for {:.1}s alongside {qps:.0} queries/s on one thread: {:.2} of the compacted {qps_compacted:.0}; {} merges, at most {} runs, {} at the end",
+            "steady state: {ins:.0} inserts/s (asked {}) for {:.1}s alongside {qps:.0} queries/s on one thread: {:.2} of the compacted {qps_compacted:.0}; the inserting thread busy {:.0}% of the time, {} merges, at most {} runs, {} at the end",
             args.steady_insert_rate,
             st.insert_seconds,
             qps / qps_compacted,
+            100.0 * st.insert_busy / st.insert_seconds,
             st.merges,
             st.runs_max,
             st.runs_end,
@@ -564,6 +570,7 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
             "qps_to_compacted": qps / qps_compacted,
             "merges": st.merges,
             "runs_max": st.runs_max,
+            "inserter_busy": st.insert_busy / st.insert_seconds,
             "runs_end": st.runs_end,
         });
     }
