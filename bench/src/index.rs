@@ -136,6 +136,8 @@ struct Steady {
     merges: u64,
     /// Seconds the inserting thread was not waiting for its schedule.
     insert_busy: f64,
+    /// Seconds it held the write lock.
+    write_locked: f64,
     runs_max: usize,
     runs_end: usize,
 }
@@ -168,10 +170,11 @@ fn steady_state(
         // One thread inserts, its merges included: a one-thread pool, so that building a
         // run does not take the querying thread's core as well.
         let inserter = s.spawn(|| {
-            one_thread(|| -> Result<(u64, f64, u64, usize, f64), String> {
+            one_thread(|| -> Result<(u64, f64, u64, usize, [f64; 2]), String> {
                 let mut r = SplitMix64::new(seed ^ 0x57EAD);
                 let start = Instant::now();
                 let (mut inserted, mut merges, mut runs_max, mut idle) = (0u64, 0u64, 0usize, 0.0);
+                let mut locked = 0.0;
                 let mut docs = Vec::with_capacity(batch);
                 while start.elapsed() < deadline {
                     // Due by now: everything scheduled up to this instant.
@@ -190,23 +193,26 @@ fn steady_state(
                         ts: 2,
                     }));
                     let mut w = lock.write().map_err(|_| "poisoned")?;
+                    let t = Instant::now();
                     w.insert_batch(&docs).map_err(|e| e.to_string())?;
                     runs_max = runs_max.max(w.stats().runs);
                     let job = w.next_merge();
                     drop(w);
+                    locked += t.elapsed().as_secs_f64();
                     inserted += take;
                     if let Some(job) = job {
                         let merged = job.run().map_err(|e| e.to_string())?;
-                        lock.write()
-                            .map_err(|_| "poisoned")?
-                            .finish_merge(job, merged)
-                            .map_err(|e| e.to_string())?;
+                        let mut w = lock.write().map_err(|_| "poisoned")?;
+                        let t = Instant::now();
+                        w.finish_merge(job, merged).map_err(|e| e.to_string())?;
+                        drop(w);
+                        locked += t.elapsed().as_secs_f64();
                         merges += 1;
                     }
                 }
                 let secs = start.elapsed().as_secs_f64();
                 done.store(true, Ordering::Release);
-                Ok((inserted, secs, merges, runs_max, secs - idle))
+                Ok((inserted, secs, merges, runs_max, [secs - idle, locked]))
             })
         });
         let mut scratch = QueryScratch::default();
@@ -229,7 +235,7 @@ fn steady_state(
         std::hint::black_box(results);
         ((n, start.elapsed().as_secs_f64()), inserter.join())
     });
-    let (inserted, insert_seconds, merges, runs_max, insert_busy) =
+    let (inserted, insert_seconds, merges, runs_max, [insert_busy, write_locked]) =
         inserter.map_err(|_| "the inserting thread panicked".to_string())??;
     let mut index = lock.into_inner().map_err(|_| "poisoned")?;
     let runs_end = index.stats().runs;
@@ -243,6 +249,7 @@ fn steady_state(
             insert_seconds,
             merges,
             insert_busy,
+            write_locked,
             runs_max,
             runs_end,
         },
@@ -552,11 +559,12 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
         let qps = st.queries as f64 / st.query_seconds;
         let ins = st.inserted as f64 / st.insert_seconds;
         eprintln!(
-            "steady state: {ins:.0} inserts/s (asked {}) for {:.1}s alongside {qps:.0} queries/s on one thread: {:.2} of the compacted {qps_compacted:.0}; the inserting thread busy {:.0}% of the time, {} merges, at most {} runs, {} at the end",
+            "steady state: {ins:.0} inserts/s (asked {}) for {:.1}s alongside {qps:.0} queries/s on one thread: {:.2} of the compacted {qps_compacted:.0}; the inserting thread busy {:.0}% of the time, holding the write lock {:.1}%, {} merges, at most {} runs, {} at the end",
             args.steady_insert_rate,
             st.insert_seconds,
             qps / qps_compacted,
             100.0 * st.insert_busy / st.insert_seconds,
+            100.0 * st.write_locked / st.insert_seconds,
             st.merges,
             st.runs_max,
             st.runs_end,
@@ -571,6 +579,7 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
             "merges": st.merges,
             "runs_max": st.runs_max,
             "inserter_busy": st.insert_busy / st.insert_seconds,
+            "write_locked": st.write_locked / st.insert_seconds,
             "runs_end": st.runs_end,
         });
     }
