@@ -401,8 +401,11 @@ impl Index {
     /// Inserts one document.
     pub fn insert(&mut self, doc: Doc) -> Result<()> {
         self.buffer.push(doc);
-        if self.config.recent_docs > 0 {
+        if self.recent_on() {
             self.recent.insert(&self.config.design, doc.fp);
+            if self.recent.overflowed() {
+                self.sync_recent();
+            }
         }
         if self.buffer.len() >= self.config.buffer_docs {
             self.flush()?;
@@ -415,9 +418,10 @@ impl Index {
         self.config.auto_merge = on;
     }
 
-    /// Whether the recent tables are in use.
+    /// Whether the recent tables are in use: configured, and not overflowed by a crowded
+    /// prefix (see [`recent`](self::recent)).
     fn recent_on(&self) -> bool {
-        self.config.recent_docs > 0
+        self.config.recent_docs > 0 && !self.recent.overflowed()
     }
 
     /// Splits the runs into those probed one by one and the small ones, whose fingerprints
@@ -426,11 +430,22 @@ impl Index {
     fn sync_recent(&mut self) {
         self.direct.clear();
         self.small.clear();
-        if !self.recent_on() {
+        if self.config.recent_docs == 0 {
             self.direct.extend(0..self.runs.len());
             return;
         }
         let largest = (0..self.runs.len()).max_by_key(|&i| (self.runs[i].live_len(), i));
+        if self.recent.overflowed() {
+            // Usable again once nothing it should cover is left: no small run, no buffer.
+            let small_left = (0..self.runs.len())
+                .any(|i| Some(i) != largest && self.runs[i].live_len() < self.config.recent_docs);
+            if small_left || !self.buffer.is_empty() {
+                self.direct.extend(0..self.runs.len());
+                return;
+            }
+            self.recent = RecentTables::new(&self.config.design);
+            self.covered.clear();
+        }
         let present: HashSet<u64> = self.runs.iter().map(|r| r.id()).collect();
         self.covered.retain(|id| present.contains(id));
         let mut held = self.buffer.len();
@@ -447,7 +462,12 @@ impl Index {
                 self.direct.push(i);
             }
         }
-        if self.recent.len() > 2 * held + 4096 {
+        if self.recent.overflowed() {
+            // Overflowed just now: every run is probed.
+            self.small.clear();
+            self.direct.clear();
+            self.direct.extend(0..self.runs.len());
+        } else if self.recent.len() > 2 * held + 4096 {
             self.recent = RecentTables::new(&self.config.design);
             self.covered.clear();
             let mut fps: Vec<u64> = self.buffer.docs().iter().map(|d| d.fp).collect();
@@ -457,6 +477,11 @@ impl Index {
                 r.for_each_fp(|fp| fps.push(fp));
             }
             self.recent.insert_many(&self.config.design, &fps, &mut Vec::new());
+            if self.recent.overflowed() {
+                self.small.clear();
+                self.direct.clear();
+                self.direct.extend(0..self.runs.len());
+            }
         }
     }
 
@@ -492,6 +517,9 @@ impl Index {
             if self.recent_on() {
                 let fps: Vec<u64> = now.iter().map(|d| d.fp).collect();
                 self.recent.insert_many(&self.config.design, &fps, &mut scratch);
+                if self.recent.overflowed() {
+                    self.sync_recent();
+                }
             }
             if self.buffer.len() >= self.config.buffer_docs {
                 self.flush()?;

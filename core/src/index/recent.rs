@@ -18,6 +18,13 @@
 //!
 //! Inserting a document costs one insertion per table, so the tables follow the buffer as it
 //! fills, with no merge; a run leaving the small set costs nothing until the next rebuild.
+//!
+//! All values sharing a prefix share a probe sequence, so a crowded prefix (simhash clusters
+//! similar documents) would make inserts and queries there scan it whole. An insertion that
+//! probes more than [`MAX_PROBE`] slots marks the tables overflowed instead: they are
+//! emptied and the index probes every run and scans the buffer, as without them, until the
+//! small runs and the buffer are gone (merged into a large run); the runs' own tables handle
+//! crowded prefixes with sub-indexes.
 
 use crate::design::Design;
 use crate::util::{huge_page_vec, prefetch};
@@ -31,6 +38,9 @@ fn empty_slots(n: usize) -> Vec<u64> {
 
 /// The empty slot. The fingerprint whose permuted value is `u64::MAX` is kept apart.
 const EMPTY: u64 = u64::MAX;
+
+/// The longest probe sequence an insertion may walk before the tables count as overflowed.
+const MAX_PROBE: usize = 256;
 
 /// Fibonacci hashing of a prefix to a slot.
 const MULT: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -71,11 +81,14 @@ impl PrefixTable {
         (self.prefix(v).wrapping_mul(MULT) >> self.slot_shift) as usize
     }
 
-    fn insert(&mut self, v: u64) {
+    /// Adds `v` (a no-op if present); false, leaving it out, if that would take a probe
+    /// sequence longer than [`MAX_PROBE`].
+    #[must_use]
+    fn insert(&mut self, v: u64) -> bool {
         if v == EMPTY {
             self.len += !self.has_max as usize;
             self.has_max = true;
-            return;
+            return true;
         }
         // At most 5/8 full: probe sequences stay short.
         if (self.len + 1) * 8 > self.slots.len() * 5 {
@@ -83,22 +96,25 @@ impl PrefixTable {
         }
         let mask = self.slots.len() - 1;
         let mut i = self.home(v);
-        loop {
+        for _ in 0..MAX_PROBE {
             let s = self.slots[i];
             if s == v {
-                return;
+                return true;
             }
             if s == EMPTY {
                 self.slots[i] = v;
                 self.len += 1;
-                return;
+                return true;
             }
             i = (i + 1) & mask;
         }
+        false
     }
 
-    /// Inserts many values, loading each one's home slot a few insertions ahead.
-    fn insert_many(&mut self, values: &[u64]) {
+    /// Inserts many values, loading each one's home slot a few insertions ahead; false if
+    /// one was left out (see [`insert`](Self::insert)).
+    #[must_use]
+    fn insert_many(&mut self, values: &[u64]) -> bool {
         const AHEAD: usize = 8;
         while (self.len + values.len()) * 8 > self.slots.len() * 5 {
             self.grow();
@@ -107,8 +123,11 @@ impl PrefixTable {
             if let Some(&next) = values.get(i + AHEAD) {
                 self.prefetch(next);
             }
-            self.insert(v);
+            if !self.insert(v) {
+                return false;
+            }
         }
+        true
     }
 
     fn grow(&mut self) {
@@ -117,7 +136,9 @@ impl PrefixTable {
         self.slot_shift -= 1;
         self.len = self.has_max as usize;
         for v in old.into_iter().filter(|&v| v != EMPTY) {
-            self.insert(v);
+            // Twice the slots: every probe sequence is at most as long as before.
+            let fits = self.insert(v);
+            debug_assert!(fits);
         }
     }
 
@@ -156,6 +177,8 @@ impl PrefixTable {
 #[derive(Debug, Clone)]
 pub(crate) struct RecentTables {
     tables: Vec<PrefixTable>,
+    /// An insertion found a crowded prefix: the tables are empty and not to be used.
+    overflowed: bool,
 }
 
 impl RecentTables {
@@ -163,23 +186,49 @@ impl RecentTables {
     pub(crate) fn new(design: &Design) -> RecentTables {
         RecentTables {
             tables: design.tables().iter().map(|t| PrefixTable::new(t.prefix_bits)).collect(),
+            overflowed: false,
         }
     }
 
     /// Adds a fingerprint to every table (a no-op for one already there).
     pub(crate) fn insert(&mut self, design: &Design, fp: u64) {
-        for (t, spec) in self.tables.iter_mut().zip(design.tables()) {
-            t.insert(spec.perm.apply(fp));
+        if self.overflowed {
+            return;
         }
+        let fits = self
+            .tables
+            .iter_mut()
+            .zip(design.tables())
+            .all(|(t, spec)| t.insert(spec.perm.apply(fp)));
+        if !fits {
+            self.overflow(design);
+        }
+    }
+
+    /// Whether an insertion met a crowded prefix (see the module docs): the tables hold
+    /// nothing and answer nothing until they are replaced.
+    pub(crate) fn overflowed(&self) -> bool {
+        self.overflowed
+    }
+
+    fn overflow(&mut self, design: &Design) {
+        *self = RecentTables::new(design);
+        self.overflowed = true;
     }
 
     /// Adds many fingerprints to every table, a table at a time (`scratch` is for the
     /// permuted values).
     pub(crate) fn insert_many(&mut self, design: &Design, fps: &[u64], scratch: &mut Vec<u64>) {
+        if self.overflowed {
+            return;
+        }
         for (t, spec) in self.tables.iter_mut().zip(design.tables()) {
             scratch.clear();
             scratch.extend(fps.iter().map(|&fp| spec.perm.apply(fp)));
-            t.insert_many(scratch);
+            if !t.insert_many(scratch) {
+                self.overflow(design);
+                return;
+            }
         }
     }
 
@@ -230,18 +279,20 @@ mod tests {
     use super::*;
     use crate::util::SplitMix64;
 
-    /// Every value within k sharing the prefix is found, whatever the load and clustering,
-    /// `u64::MAX` and 0 included; against a plain scan.
+    /// Every value within k sharing the prefix is found, whatever the load and clustering
+    /// (up to the probe limit), `u64::MAX` and 0 included; against a plain scan.
     #[test]
     fn prefix_table_probe_agrees_with_a_scan() {
         let mut r = SplitMix64::new(5);
-        for prefix_bits in [0, 8, 20, 64] {
+        for prefix_bits in [12, 20, 40, 64] {
             let mut t = PrefixTable::new(prefix_bits);
             let mut all = Vec::new();
             for i in 0..3000u64 {
                 let v = match i % 5 {
                     0 => r.next_u64(),
-                    1 => 0xABCD_0000_0000_0000 | (r.next_u64() >> 40),
+                    // Up to 80 values in one prefix of every length tried.
+                    1 if i < 400 => 0xABCD_0000_0000_0000 | (r.next_u64() >> 16),
+                    1..=3 if i > 200 => r.next_u64(),
                     2 => {
                         let f = r.below(3) as u32;
                         r.flip_bits(u64::MAX, f)
@@ -252,12 +303,12 @@ mod tests {
                     }
                     _ => all.last().copied().unwrap_or(7),
                 };
-                t.insert(v);
+                assert!(t.insert(v));
                 all.push(v);
             }
             let mut many = PrefixTable::new(prefix_bits);
             for chunk in all.chunks(700) {
-                many.insert_many(chunk);
+                assert!(many.insert_many(chunk));
             }
             all.sort_unstable();
             all.dedup();
@@ -267,6 +318,7 @@ mod tests {
             held.extend(many.has_max.then_some(EMPTY));
             held.sort_unstable();
             assert_eq!(held, all);
+            assert!(!t.slots.is_empty());
             for j in 0..400 {
                 let base = all[r.below(all.len() as u64) as usize];
                 let f = r.below(5) as u32;
@@ -285,5 +337,26 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A prefix crowded past the probe limit overflows the tables: they empty themselves and
+    /// take nothing more.
+    #[test]
+    fn a_crowded_prefix_overflows_the_tables() {
+        let design = Design::parse("paper-10").unwrap();
+        let mut t = RecentTables::new(&design);
+        let mut r = SplitMix64::new(8);
+        for _ in 0..100 {
+            t.insert(&design, r.next_u64());
+        }
+        assert!(!t.overflowed() && t.len() == 100);
+        // Share the top 40 bits: every table's prefix is inside them.
+        let crowded: Vec<u64> =
+            (0..2 * MAX_PROBE as u64).map(|i| 0x1234_5678_9A00_0000 | i).collect();
+        t.insert_many(&design, &crowded, &mut Vec::new());
+        assert!(t.overflowed());
+        assert_eq!(t.len(), 0);
+        t.insert(&design, 5);
+        assert_eq!(t.len(), 0);
     }
 }

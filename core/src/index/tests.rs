@@ -232,6 +232,36 @@ fn recent_tables_are_rebuilt_and_stay_exact() {
     assert!(index.small.len() + index.direct.len() == index.runs().len());
 }
 
+/// Documents crowding one prefix overflow the recent tables: every run is probed and the
+/// buffer scanned, answers stay exact, and once the small runs and the buffer are merged
+/// away the recent tables serve again.
+#[test]
+fn a_crowded_prefix_falls_back_to_probing_every_run() {
+    let mut g = Gen::new(31, Shape::Uniform);
+    let mut model = Model::default();
+    let config = IndexConfig { buffer_docs: 256, recent_docs: 100_000, ..small_config("paper-10") };
+    let base: Vec<Doc> = (0..5_000).map(|_| g.doc()).collect();
+    model.docs.extend(&base);
+    let mut index = Index::build(config, &base).unwrap();
+    let mut crowd = Gen::new(32, Shape::CrowdedPrefix);
+    for _ in 0..8 {
+        let batch: Vec<Doc> = (0..150).map(|_| Doc { id: g.doc().id, ..crowd.doc() }).collect();
+        index.insert_batch(&batch).unwrap();
+        model.docs.extend(&batch);
+    }
+    assert!(index.recent.overflowed(), "the crowded prefix overflows the recent tables");
+    assert!(index.runs().len() > 1 && index.direct.len() == index.runs().len());
+    check_all_k(&index, &model, &mut crowd, 100);
+    check_all_k(&index, &model, &mut g, 100);
+    index.compact().unwrap();
+    let batch: Vec<Doc> = (0..300).map(|_| g.doc()).collect();
+    index.insert_batch(&batch).unwrap();
+    model.docs.extend(&batch);
+    assert!(!index.recent.overflowed() && index.recent.len() > 0);
+    assert!(index.runs().len() == 2 && index.small.len() == 1);
+    check_all_k(&index, &model, &mut g, 100);
+}
+
 #[test]
 fn exact_under_interleaved_writes_every_design_and_shape() {
     let designs = ["paper-4", "paper-10", "paper-16", "paper-20", "7c1", "8c2", "9c1"];
