@@ -85,6 +85,18 @@ pub struct IndexArgs {
     /// reported is the median pass.
     #[arg(long, default_value_t = 1)]
     repeat: usize,
+    /// Steady state: after the compacted figure, one thread inserts fresh documents at this
+    /// rate (documents/s, in batches of `--insert-batch`, merges off its lock as a server
+    /// runs them) while another queries; 0 skips it.
+    #[arg(long, default_value_t = 0)]
+    steady_insert_rate: u64,
+    /// Steady state: how long it lasts, in seconds.
+    #[arg(long, default_value_t = 10.0)]
+    steady_seconds: f64,
+    /// Runs below this many documents (but the largest) are queried through the recent
+    /// tables; 0 probes every run and scans the buffer. Default: the index's.
+    #[arg(long)]
+    recent_docs: Option<usize>,
 }
 
 /// Bytes of this process backed by transparent huge pages (Linux), for the report.
@@ -113,6 +125,135 @@ fn timed_queries(index: &Index, queries: &[u64], k: u32) -> (f64, u64) {
         results += out.len() as u64;
     }
     (t.elapsed().as_secs_f64(), results)
+}
+
+/// What the steady-state phase measured.
+struct Steady {
+    queries: u64,
+    query_seconds: f64,
+    inserted: u64,
+    insert_seconds: f64,
+    merges: u64,
+    /// Seconds the inserting thread was not waiting for its schedule.
+    insert_busy: f64,
+    /// Seconds it held the write lock.
+    write_locked: f64,
+    runs_max: usize,
+    runs_end: usize,
+}
+
+/// Queries on this thread while another inserts `rate` documents a second in batches of
+/// `batch` for `seconds`, taking merges off the write lock as a server does (`next_merge`,
+/// `finish_merge`) and running them on its own thread; both rates over the same interval. Bounded in time: the inserter stops
+/// at the deadline even if it is behind its schedule.
+fn steady_state(
+    index: Index,
+    queries: &[u64],
+    k: u32,
+    rate: u64,
+    batch: usize,
+    seconds: f64,
+    seed: u64,
+) -> Result<(Index, Steady), String> {
+    use std::sync::RwLock;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+    let mut index = index;
+    let auto_merge = index.config().auto_merge;
+    index.set_auto_merge(false);
+    let first_id = index.len() as u64 + (1 << 40);
+    let lock = RwLock::new(index);
+    let done = AtomicBool::new(false);
+    let batch = batch.max(1);
+    let deadline = Duration::from_secs_f64(seconds);
+    let (steady, inserter) = std::thread::scope(|s| {
+        // One thread inserts, its merges included: a one-thread pool, so that building a
+        // run does not take the querying thread's core as well.
+        let inserter = s.spawn(|| {
+            one_thread(|| -> Result<(u64, f64, u64, usize, [f64; 2]), String> {
+                let mut r = SplitMix64::new(seed ^ 0x57EAD);
+                let start = Instant::now();
+                let (mut inserted, mut merges, mut runs_max, mut idle) = (0u64, 0u64, 0usize, 0.0);
+                let mut locked = 0.0;
+                let mut docs = Vec::with_capacity(batch);
+                while start.elapsed() < deadline {
+                    // Due by now: everything scheduled up to this instant.
+                    let due = (start.elapsed().as_secs_f64() * rate as f64) as u64;
+                    if inserted >= due {
+                        let t = Instant::now();
+                        std::thread::sleep(Duration::from_micros(200));
+                        idle += t.elapsed().as_secs_f64();
+                        continue;
+                    }
+                    let take = (due - inserted).min(batch as u64);
+                    docs.clear();
+                    docs.extend((0..take).map(|i| Doc {
+                        id: first_id + inserted + i,
+                        fp: r.next_u64(),
+                        ts: 2,
+                    }));
+                    let mut w = lock.write().map_err(|_| "poisoned")?;
+                    let t = Instant::now();
+                    w.insert_batch(&docs).map_err(|e| e.to_string())?;
+                    runs_max = runs_max.max(w.stats().runs);
+                    let job = w.next_merge();
+                    drop(w);
+                    locked += t.elapsed().as_secs_f64();
+                    inserted += take;
+                    if let Some(job) = job {
+                        let merged = job.run().map_err(|e| e.to_string())?;
+                        let mut w = lock.write().map_err(|_| "poisoned")?;
+                        let t = Instant::now();
+                        w.finish_merge(job, merged).map_err(|e| e.to_string())?;
+                        drop(w);
+                        locked += t.elapsed().as_secs_f64();
+                        merges += 1;
+                    }
+                }
+                let secs = start.elapsed().as_secs_f64();
+                done.store(true, Ordering::Release);
+                Ok((inserted, secs, merges, runs_max, [secs - idle, locked]))
+            })
+        });
+        let mut scratch = QueryScratch::default();
+        let mut out: Vec<Match> = Vec::new();
+        let start = Instant::now();
+        let mut n = 0u64;
+        let mut results = 0u64;
+        'outer: loop {
+            for &q in queries {
+                if done.load(Ordering::Acquire) || start.elapsed() > deadline * 2 {
+                    break 'outer;
+                }
+                let g = lock.read().expect("not poisoned");
+                g.query_into(q, k, &mut scratch, &mut out).expect("k checked");
+                drop(g);
+                results += out.len() as u64;
+                n += 1;
+            }
+        }
+        std::hint::black_box(results);
+        ((n, start.elapsed().as_secs_f64()), inserter.join())
+    });
+    let (inserted, insert_seconds, merges, runs_max, [insert_busy, write_locked]) =
+        inserter.map_err(|_| "the inserting thread panicked".to_string())??;
+    let mut index = lock.into_inner().map_err(|_| "poisoned")?;
+    let runs_end = index.stats().runs;
+    index.set_auto_merge(auto_merge);
+    Ok((
+        index,
+        Steady {
+            queries: steady.0,
+            query_seconds: steady.1,
+            inserted,
+            insert_seconds,
+            merges,
+            insert_busy,
+            write_locked,
+            runs_max,
+            runs_end,
+        },
+    ))
 }
 
 /// Runs `neardup-bench index`.
@@ -165,6 +306,9 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
     let mut config = config;
     if let Some(m) = args.crowd_min {
         config.crowd_min = m;
+    }
+    if let Some(r) = args.recent_docs {
+        config.recent_docs = r;
     }
     config.design.check_k(args.k).map_err(|e| e.to_string())?;
     config.validate().map_err(|e| e.to_string())?;
@@ -358,22 +502,87 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
         live_ok &= hits.iter().any(|m| m.id == d.id && m.distance == 0);
     }
     let insert_rate = inserts as f64 / insert_secs;
+    let recent_bytes = index.memory().recent_bytes;
     let sample_q = &w.queries[..w.queries.len().min(20_000)];
-    let (qs_after, _) = timed_queries(&index, sample_q, k);
-    let qps_after = sample_q.len() as f64 / qs_after;
+    // The compacted baseline: the same documents built at once into one run, queried in
+    // passes alternating with the live index's, so that the machine's drift from one
+    // minute to the next falls on both; medians of `--repeat` (at least 3) passes each.
+    let bulk = {
+        let mut all = docs.clone();
+        all.extend_from_slice(&fresh);
+        Index::build(config.clone(), &all).map_err(|e| e.to_string())?
+    };
+    let warm = &sample_q[..sample_q.len().min(2_000)];
+    let _ = (timed_queries(&index, warm, k), timed_queries(&bulk, warm, k));
+    let (mut live_passes, mut bulk_passes) = (Vec::new(), Vec::new());
+    for _ in 0..args.repeat.max(3) {
+        live_passes.push(sample_q.len() as f64 / timed_queries(&index, sample_q, k).0);
+        bulk_passes.push(sample_q.len() as f64 / timed_queries(&bulk, sample_q, k).0);
+    }
+    drop(bulk);
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let qps_after = median(live_passes);
+    let qps_bulk = median(bulk_passes);
     let t = Instant::now();
     index.compact().map_err(|e| e.to_string())?;
     let compact_secs = t.elapsed().as_secs_f64();
-    let (qs_compact, _) = timed_queries(&index, sample_q, k);
-    let qps_compacted = sample_q.len() as f64 / qs_compact;
+    let _ = timed_queries(&index, warm, k);
+    let qps_compacted = median(
+        (0..args.repeat.max(3))
+            .map(|_| sample_q.len() as f64 / timed_queries(&index, sample_q, k).0)
+            .collect(),
+    );
     eprintln!(
-        "live inserts: {inserts} in batches of {}: {insert_rate:.0} docs/s ({} runs, {} merges, {} docs rewritten); spot check {}; queries then: {qps_after:.0}/s; compacted to one run in {compact_secs:.1}s: {qps_compacted:.0} queries/s",
+        "live inserts: {inserts} in batches of {}: {insert_rate:.0} docs/s ({} runs, {} merges, {} docs rewritten); spot check {}; recent tables {:.1} MB; queries then: {qps_after:.0}/s against {qps_bulk:.0}/s for the same documents built as one run, alternating passes: ratio {:.2}; compacted to one run in {compact_secs:.1}s: {qps_compacted:.0} queries/s",
         args.insert_batch,
         stats.runs,
         stats.merges,
         stats.merged_docs,
-        if live_ok { "ok" } else { "FAILED" }
+        if live_ok { "ok" } else { "FAILED" },
+        recent_bytes as f64 / 1e6,
+        qps_after / qps_bulk,
     );
+    let mut steady = serde_json::Value::Null;
+    if args.steady_insert_rate > 0 {
+        let (_index, st) = steady_state(
+            index,
+            &w.queries,
+            k,
+            args.steady_insert_rate,
+            args.insert_batch,
+            args.steady_seconds,
+            args.seed,
+        )?;
+        let qps = st.queries as f64 / st.query_seconds;
+        let ins = st.inserted as f64 / st.insert_seconds;
+        eprintln!(
+            "steady state: {ins:.0} inserts/s (asked {}) for {:.1}s alongside {qps:.0} queries/s on one thread: {:.2} of the compacted {qps_compacted:.0}; the inserting thread busy {:.0}% of the time, holding the write lock {:.1}%, {} merges, at most {} runs, {} at the end",
+            args.steady_insert_rate,
+            st.insert_seconds,
+            qps / qps_compacted,
+            100.0 * st.insert_busy / st.insert_seconds,
+            100.0 * st.write_locked / st.insert_seconds,
+            st.merges,
+            st.runs_max,
+            st.runs_end,
+        );
+        steady = json!({
+            "insert_rate_asked": args.steady_insert_rate,
+            "inserts_per_second": ins,
+            "inserted": st.inserted,
+            "seconds": st.insert_seconds,
+            "qps_one_thread": qps,
+            "qps_to_compacted": qps / qps_compacted,
+            "merges": st.merges,
+            "runs_max": st.runs_max,
+            "inserter_busy": st.insert_busy / st.insert_seconds,
+            "write_locked": st.write_locked / st.insert_seconds,
+            "runs_end": st.runs_end,
+        });
+    }
 
     let report = json!({
         "bench": "index",
@@ -413,9 +622,14 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
         "inserts": inserts,
         "insert_batch": args.insert_batch,
         "runs_after_inserts": stats.runs,
+        "recent_docs": config.recent_docs,
+        "recent_bytes_after_inserts": recent_bytes,
         "qps_one_thread_after_inserts": qps_after,
         "compact_seconds": compact_secs,
         "qps_one_thread_after_compaction": qps_compacted,
+        "qps_one_thread_same_docs_one_run": qps_bulk,
+        "after_inserts_to_compacted": qps_after / qps_bulk,
+        "steady": steady,
         "live_index_exact_spot_check": live_ok,
         "other_search": other_search,
     });

@@ -74,6 +74,15 @@ impl Buffer {
         }
     }
 
+    /// Appends every document with fingerprint `fp`, at its distance from `q`.
+    pub(crate) fn matches_of(&self, fp: u64, q: u64, out: &mut Vec<Match>) {
+        let distance = (fp ^ q).count_ones();
+        for (i, _) in self.fps.iter().enumerate().filter(|&(_, &f)| f == fp) {
+            let d = &self.docs[i];
+            out.push(Match { id: d.id, fp, distance, ts: d.ts });
+        }
+    }
+
     /// Heap bytes held.
     pub(crate) fn heap_bytes(&self) -> usize {
         self.docs.capacity() * std::mem::size_of::<Doc>() + self.fps.capacity() * 8

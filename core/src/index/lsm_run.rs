@@ -252,6 +252,22 @@ impl Run {
         });
     }
 
+    /// Calls `f(fp)` for every distinct fingerprint, in order.
+    pub(crate) fn for_each_fp(&self, mut f: impl FnMut(u64)) {
+        self.fps.scan_range(0, u64::MAX, |fp, _| f(fp));
+    }
+
+    /// Appends the live documents with fingerprint `fp`, at their distance from `q`.
+    pub(crate) fn matches_of(&self, fp: u64, q: u64, out: &mut Vec<Match>) {
+        let Some(rank) = self.fps.rank_of(fp) else { return };
+        let distance = (fp ^ q).count_ones();
+        for pos in self.docs.range_of_rank(rank) {
+            if !self.docs.is_deleted(pos) {
+                out.push(Match { id: self.docs.id(pos), fp, distance, ts: self.docs.ts(pos) });
+            }
+        }
+    }
+
     /// Whether the run's tables are packed in memory (see [`BuildContext::opts_for`]).
     #[cfg(test)]
     pub(crate) fn is_packed(&self) -> bool {

@@ -8,6 +8,12 @@
 //! visits few runs. Queries see the buffer and every run, so every answer is exact at all
 //! times. Deletes mark documents in place; merges drop them.
 //!
+//! The write buffer and every small run (all but the largest run, fewer than
+//! [`IndexConfig::recent_docs`] documents) are also indexed together in hash tables, one per
+//! permutation ([`recent`](self::recent)): a query probes those once instead of each small
+//! run and instead of scanning the buffer, so its cost stays near that of the large runs
+//! alone while documents stream in.
+//!
 //! Merges run inline by default ([`IndexConfig::auto_merge`]). A server that wants them off
 //! its write path turns that off, takes a [`MergeJob`] with [`Index::next_merge`], runs it on
 //! another thread and installs the result with [`Index::finish_merge`]; deletes made in the
@@ -18,6 +24,7 @@ mod doc_columns;
 mod lsm_run;
 mod packed_column;
 mod permuted_table;
+mod recent;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -28,6 +35,7 @@ use buffer::Buffer;
 use lsm_run::BuildContext;
 pub use lsm_run::{Run, StoredTable};
 use permuted_table::CrowdPolicy;
+use recent::RecentTables;
 
 use crate::codec::{self, Codec, TableOptions};
 use crate::design::{Design, LayoutCost};
@@ -87,6 +95,11 @@ pub struct IndexConfig {
     pub crowd_factor: f64,
     /// Build the tables of a run in parallel.
     pub parallel_build: bool,
+    /// Runs with fewer live documents than this, except the largest, are queried through
+    /// the recent tables with the write buffer (see the module docs) rather than one by
+    /// one; 0 turns the recent tables off (each run probed, the buffer scanned). They cost
+    /// 13-26 bytes per such fingerprint per table (8-byte slots, 5/16 to 5/8 full).
+    pub recent_docs: usize,
 }
 
 impl Default for IndexConfig {
@@ -103,6 +116,7 @@ impl Default for IndexConfig {
             crowd_min: 1024,
             crowd_factor: 16.0,
             parallel_build: true,
+            recent_docs: 1 << 20,
         }
     }
 }
@@ -196,6 +210,8 @@ pub struct QueryScratch {
     cands: Vec<permuted_table::Candidates>,
     /// What each run's later stages use (see [`Run::finish`]).
     hits: lsm_run::HitScratch,
+    /// Fingerprints the recent tables found.
+    recent: Vec<u64>,
 }
 
 /// A merge the owner runs off the write path: see [`Index::next_merge`].
@@ -247,6 +263,8 @@ pub struct MemoryReport {
     pub doc_bytes: usize,
     /// The write buffer.
     pub buffer_bytes: usize,
+    /// The recent tables over the buffer and the small runs.
+    pub recent_bytes: usize,
     /// Bits per document id and per timestamp in the largest run.
     pub column_bits: (u32, u32),
 }
@@ -286,6 +304,15 @@ pub struct Index {
     for_k: Vec<Vec<usize>>,
     runs: Vec<Arc<Run>>,
     buffer: Buffer,
+    /// The buffer's and the small runs' fingerprints (see the module docs); empty when
+    /// `recent_docs` is 0.
+    recent: RecentTables,
+    /// Ids of runs whose fingerprints are all in `recent`.
+    covered: HashSet<u64>,
+    /// Positions in `runs` of the runs probed one by one...
+    direct: Vec<usize>,
+    /// ... and of the small runs, queried through `recent`.
+    small: Vec<usize>,
     next_run_id: u64,
     merges: u64,
     merged_docs: u64,
@@ -297,12 +324,17 @@ impl Index {
         config.validate()?;
         let ctx = Arc::new(config.build_context());
         let for_k = (0..=config.design.max_k()).map(|k| config.design.tables_for_k(k)).collect();
+        let recent = RecentTables::new(&config.design);
         Ok(Index {
+            recent,
             config,
             ctx,
             for_k,
             runs: Vec::new(),
             buffer: Buffer::default(),
+            covered: HashSet::new(),
+            direct: Vec::new(),
+            small: Vec::new(),
             next_run_id: 1,
             merges: 0,
             merged_docs: 0,
@@ -316,6 +348,7 @@ impl Index {
             let run = Run::build(index.take_run_id(), docs, &index.ctx, 0)?;
             index.runs.push(Arc::new(run));
         }
+        index.sync_recent();
         Ok(index)
     }
 
@@ -338,6 +371,9 @@ impl Index {
         self.next_run_id = ids.last().map_or(1, |&m| m + 1).max(self.next_run_id);
         self.runs = runs.into_iter().map(Arc::new).collect();
         self.buffer.clear();
+        self.recent = RecentTables::new(&self.config.design);
+        self.covered.clear();
+        self.sync_recent();
         Ok(())
     }
 
@@ -365,10 +401,96 @@ impl Index {
     /// Inserts one document.
     pub fn insert(&mut self, doc: Doc) -> Result<()> {
         self.buffer.push(doc);
+        if self.recent_on() {
+            self.recent.insert(&self.config.design, doc.fp);
+            if self.recent.overflowed() {
+                self.sync_recent();
+            }
+        }
         if self.buffer.len() >= self.config.buffer_docs {
             self.flush()?;
         }
         Ok(())
+    }
+
+    /// Turns inline merges on or off (see [`IndexConfig::auto_merge`]).
+    pub fn set_auto_merge(&mut self, on: bool) {
+        self.config.auto_merge = on;
+    }
+
+    /// Whether the recent tables are in use: configured, and not overflowed by a crowded
+    /// prefix (see [`recent`](self::recent)).
+    fn recent_on(&self) -> bool {
+        self.config.recent_docs > 0 && !self.recent.overflowed()
+    }
+
+    /// Splits the runs into those probed one by one and the small ones, whose fingerprints
+    /// it adds to the recent tables if they are not there yet; rebuilds the recent tables
+    /// when stale entries outnumber live ones. Called after every change of the runs.
+    fn sync_recent(&mut self) {
+        self.direct.clear();
+        self.small.clear();
+        if self.config.recent_docs == 0 {
+            self.direct.extend(0..self.runs.len());
+            return;
+        }
+        let largest = (0..self.runs.len()).max_by_key(|&i| (self.runs[i].live_len(), i));
+        if self.recent.overflowed() {
+            // Usable again once nothing it should cover is left: no small run, no buffer.
+            let small_left = (0..self.runs.len())
+                .any(|i| Some(i) != largest && self.runs[i].live_len() < self.config.recent_docs);
+            if small_left || !self.buffer.is_empty() {
+                self.direct.extend(0..self.runs.len());
+                return;
+            }
+            self.recent = RecentTables::new(&self.config.design);
+            self.covered.clear();
+        }
+        let present: HashSet<u64> = self.runs.iter().map(|r| r.id()).collect();
+        self.covered.retain(|id| present.contains(id));
+        let mut held = self.buffer.len();
+        for (i, r) in self.runs.iter().enumerate() {
+            if Some(i) != largest && r.live_len() < self.config.recent_docs {
+                self.small.push(i);
+                held += r.distinct();
+                if self.covered.insert(r.id()) {
+                    let mut fps = Vec::with_capacity(r.distinct());
+                    r.for_each_fp(|fp| fps.push(fp));
+                    self.recent.insert_many(&self.config.design, &fps, &mut Vec::new());
+                }
+            } else {
+                self.direct.push(i);
+            }
+        }
+        if self.recent.overflowed() {
+            // Overflowed just now: every run is probed.
+            self.small.clear();
+            self.direct.clear();
+            self.direct.extend(0..self.runs.len());
+        } else if self.recent.len() > 2 * held + 4096 {
+            self.recent = RecentTables::new(&self.config.design);
+            self.covered.clear();
+            let mut fps: Vec<u64> = self.buffer.docs().iter().map(|d| d.fp).collect();
+            for &i in &self.small {
+                let r = &self.runs[i];
+                self.covered.insert(r.id());
+                r.for_each_fp(|fp| fps.push(fp));
+            }
+            self.recent.insert_many(&self.config.design, &fps, &mut Vec::new());
+            if self.recent.overflowed() {
+                self.small.clear();
+                self.direct.clear();
+                self.direct.extend(0..self.runs.len());
+            }
+        }
+    }
+
+    /// Records that `merged` holds only documents of `sources`: if those were all covered
+    /// by the recent tables, so is it (its fingerprints are a subset of theirs).
+    fn note_merge(&mut self, sources: &[u64], merged: u64) {
+        if sources.iter().all(|id| self.covered.contains(id)) {
+            self.covered.insert(merged);
+        }
     }
 
     /// Inserts many documents. A batch at least as large as the buffer becomes a run of its
@@ -379,10 +501,30 @@ impl Index {
             let beside = self.largest_run();
             let run = Run::build(self.take_run_id(), docs, &self.ctx, beside)?;
             self.runs.push(Arc::new(run));
-            return self.maybe_merge();
+            self.maybe_merge()?;
+            self.sync_recent();
+            return Ok(());
         }
-        for &d in docs {
-            self.insert(d)?;
+        // As `insert` one by one, with the recent tables filled a buffer's worth at a time.
+        let mut rest = docs;
+        let mut scratch = Vec::new();
+        while !rest.is_empty() {
+            let room = self.config.buffer_docs.saturating_sub(self.buffer.len()).max(1);
+            let (now, later) = rest.split_at(room.min(rest.len()));
+            for &d in now {
+                self.buffer.push(d);
+            }
+            if self.recent_on() {
+                let fps: Vec<u64> = now.iter().map(|d| d.fp).collect();
+                self.recent.insert_many(&self.config.design, &fps, &mut scratch);
+                if self.recent.overflowed() {
+                    self.sync_recent();
+                }
+            }
+            if self.buffer.len() >= self.config.buffer_docs {
+                self.flush()?;
+            }
+            rest = later;
         }
         Ok(())
     }
@@ -393,7 +535,9 @@ impl Index {
             return Ok(());
         }
         self.seal_buffer()?;
-        self.maybe_merge()
+        self.maybe_merge()?;
+        self.sync_recent();
+        Ok(())
     }
 
     /// Builds the buffer into the newest run and empties it (no merge).
@@ -402,6 +546,10 @@ impl Index {
             let beside = self.largest_run();
             let run = Run::build(self.take_run_id(), self.buffer.docs(), &self.ctx, beside)?;
             self.buffer.clear();
+            // Every buffered fingerprint is in the recent tables already.
+            if self.recent_on() {
+                self.covered.insert(run.id());
+            }
             self.runs.push(Arc::new(run));
         }
         Ok(())
@@ -416,6 +564,7 @@ impl Index {
             n += r.delete_ids(&set);
         }
         self.compact_deleted()?;
+        self.sync_recent();
         Ok(n)
     }
 
@@ -428,6 +577,7 @@ impl Index {
         let found = self.runs.iter().any(|r| r.delete_doc(id, fp));
         if found {
             self.compact_deleted()?;
+            self.sync_recent();
         }
         Ok(found)
     }
@@ -444,6 +594,7 @@ impl Index {
                 let merged = Run::merge(id, &self.runs[i..=i], &self.ctx, beside)?;
                 self.merges += 1;
                 self.merged_docs += merged.len() as u64;
+                self.note_merge(&[self.runs[i].id()], id);
                 self.runs[i] = Arc::new(merged);
             }
         }
@@ -504,8 +655,10 @@ impl Index {
     fn merge_now(&mut self, range: std::ops::Range<usize>) -> Result<Run> {
         let id = self.take_run_id();
         let beside = self.largest_run_beside(range.clone());
+        let sources: Vec<u64> = self.runs[range.clone()].iter().map(|r| r.id()).collect();
         let merged = Run::merge(id, &self.runs[range], &self.ctx, beside)?;
         self.count_merge(&merged);
+        self.note_merge(&sources, id);
         Ok(merged)
     }
 
@@ -549,6 +702,7 @@ impl Index {
             let merged = self.merge_now(0..self.runs.len())?;
             self.runs = if merged.is_empty() { Vec::new() } else { vec![Arc::new(merged)] };
         }
+        self.sync_recent();
         Ok(())
     }
 
@@ -593,7 +747,10 @@ impl Index {
             self.runs.remove(p);
         }
         self.count_merge(&merged);
+        let ids: Vec<u64> = sources.iter().map(|s| s.id()).collect();
+        self.note_merge(&ids, merged.id());
         self.runs.insert(first, Arc::new(merged));
+        self.sync_recent();
         Ok(())
     }
 
@@ -637,20 +794,37 @@ impl Index {
         // (see `Run::finish`); each table's permutation is applied once for all runs.
         let design = &self.config.design;
         let specs = design.tables();
-        let QueryScratch { pqs, cands, hits } = scratch;
+        let QueryScratch { pqs, cands, hits, recent } = scratch;
         pqs.clear();
         pqs.extend(tables.iter().map(|&t| specs[t].perm.apply(fp)));
-        for r in &self.runs {
-            r.prefetch(tables, pqs);
+        let on = self.recent_on();
+        if on {
+            self.recent.prefetch(tables, pqs);
+        }
+        for &i in &self.direct {
+            self.runs[i].prefetch(tables, pqs);
         }
         cands.clear();
-        for r in &self.runs {
-            r.candidates(tables, pqs, cands);
+        for &i in &self.direct {
+            self.runs[i].candidates(tables, pqs, cands);
         }
-        for (r, c) in self.runs.iter().zip(cands.chunks_exact(tables.len().max(1))) {
-            r.finish(fp, k, design, lsm_run::Staged { tables, pqs, cands: c }, hits, out);
+        for (&i, c) in self.direct.iter().zip(cands.chunks_exact(tables.len().max(1))) {
+            let staged = lsm_run::Staged { tables, pqs, cands: c };
+            self.runs[i].finish(fp, k, design, staged, hits, out);
         }
-        self.buffer.scan(fp, k, out);
+        if !on {
+            self.buffer.scan(fp, k, out);
+            return Ok(());
+        }
+        // The recent tables find the fingerprints; the small runs and the buffer hold
+        // their documents.
+        self.recent.probe(design, tables, pqs, k, recent);
+        for &f in recent.iter() {
+            for &i in &self.small {
+                self.runs[i].matches_of(f, fp, out);
+            }
+            self.buffer.matches_of(f, fp, out);
+        }
         Ok(())
     }
 
@@ -747,11 +921,13 @@ impl Index {
                 if t.entries == 0 { 0.0 } else { t.bytes as f64 * 8.0 / t.entries as f64 };
         }
         let buffer_bytes = self.buffer.heap_bytes();
+        let recent_bytes = self.recent.heap_bytes();
         let total_bytes = tables.iter().map(|t| t.bytes).sum::<usize>()
             + doc_bytes
             + buffer_bytes
+            + recent_bytes
             + std::mem::size_of::<Self>();
-        MemoryReport { total_bytes, tables, doc_bytes, buffer_bytes, column_bits }
+        MemoryReport { total_bytes, tables, doc_bytes, buffer_bytes, recent_bytes, column_bits }
     }
 }
 
