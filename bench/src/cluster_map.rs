@@ -49,14 +49,7 @@ pub struct ClusterMapArgs {
 
 impl ClusterMapArgs {
     fn neardup(&self) -> PathBuf {
-        if let Some(path) = &self.neardup {
-            return path.clone();
-        }
-        std::env::current_exe()
-            .ok()
-            .and_then(|exe| Some(exe.parent()?.join("neardup")))
-            .filter(|p| p.is_file())
-            .unwrap_or_else(|| PathBuf::from("neardup"))
+        crate::service::neardup_binary(self.neardup.as_deref())
     }
 }
 

@@ -105,15 +105,21 @@ pub struct ServiceArgs {
 impl ServiceArgs {
     /// The `neardup` binary the server runs.
     fn neardup(&self) -> PathBuf {
-        if let Some(path) = &self.neardup {
-            return path.clone();
-        }
-        std::env::current_exe()
-            .ok()
-            .and_then(|exe| Some(exe.parent()?.join("neardup")))
-            .filter(|p| p.is_file())
-            .unwrap_or_else(|| PathBuf::from("neardup"))
+        neardup_binary(self.neardup.as_deref())
     }
+}
+
+/// The `neardup` binary a benchmark starts: `explicit` if given, else `neardup` next to this
+/// program, else the one on PATH.
+pub(crate) fn neardup_binary(explicit: Option<&std::path::Path>) -> PathBuf {
+    if let Some(path) = explicit {
+        return path.to_path_buf();
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.join("neardup")))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from("neardup"))
 }
 
 /// The generated workload: stored fingerprints (id = position) and queries.

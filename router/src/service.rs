@@ -100,13 +100,7 @@ fn fingerprints_and_sketches(
     contents: &[Content<'_>],
     sent: &[&[u8]],
 ) -> Result<Vec<(u64, Vec<u8>)>> {
-    let text_bytes: usize = contents
-        .iter()
-        .map(|c| match c {
-            Content::Text(t) => t.len(),
-            Content::Fingerprint(_) => 0,
-        })
-        .sum();
+    let text_bytes = text_bytes(contents);
     let run = || {
         contents
             .iter()
@@ -134,15 +128,21 @@ fn fingerprints_and_sketches(
     if text_bytes >= text::BLOCKING_TEXT_BYTES { heavy(run) } else { run() }
 }
 
-/// Fingerprints of contents (texts fingerprinted here).
-fn fingerprints(contents: &[Content<'_>]) -> Result<Vec<u64>> {
-    let text_bytes: usize = contents
+/// Bytes of text among contents: past [`text::BLOCKING_TEXT_BYTES`] they are fingerprinted on
+/// a blocking thread.
+fn text_bytes(contents: &[Content<'_>]) -> usize {
+    contents
         .iter()
         .map(|c| match c {
             Content::Text(t) => t.len(),
             Content::Fingerprint(_) => 0,
         })
-        .sum();
+        .sum()
+}
+
+/// Fingerprints of contents (texts fingerprinted here).
+fn fingerprints(contents: &[Content<'_>]) -> Result<Vec<u64>> {
+    let text_bytes = text_bytes(contents);
     let run = || {
         contents
             .iter()
