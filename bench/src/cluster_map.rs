@@ -312,11 +312,5 @@ pub fn main(args: ClusterMapArgs) -> Result<(), String> {
     if args.nodes.iter().any(|&n| n == 0 || n > 5) {
         return Err("--nodes: each size must be 1 to 5".into());
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    let result = runtime.block_on(run(args));
-    runtime.shutdown_timeout(Duration::from_secs(1));
-    result
+    crate::service::on_own_runtime(run(args))
 }

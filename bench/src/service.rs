@@ -653,11 +653,18 @@ pub async fn run(args: ServiceArgs) -> Result<(), String> {
 
 /// Runs `neardup-bench service` on a multi-threaded tokio runtime of its own.
 pub fn main(args: ServiceArgs) -> Result<(), String> {
+    on_own_runtime(run(args))
+}
+
+/// Runs a benchmark's future on a multi-threaded tokio runtime of its own.
+pub(crate) fn on_own_runtime(
+    benchmark: impl std::future::Future<Output = Result<(), String>>,
+) -> Result<(), String> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    let result = runtime.block_on(run(args));
+    let result = runtime.block_on(benchmark);
     // Background threads must not keep a finished process alive.
     runtime.shutdown_timeout(Duration::from_secs(1));
     result
