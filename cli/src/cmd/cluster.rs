@@ -182,10 +182,13 @@ pub fn status_json(r: &StatusResponse) -> Value {
         nodes,
         tablets,
     } = r;
+    // Only the leader tracks its followers' progress: elsewhere "caught up" is unknown (null).
+    let is_leader = *leader != 0 && leader == node_id;
     let nodes: Vec<Value> = nodes
         .iter()
         .map(|n| {
             let Node { id, public_addr, internal_addr, role, state, caught_up } = n;
+            let caught_up = is_leader.then_some(*caught_up);
             json!({
                 "id": id,
                 "public_addr": public_addr,
@@ -266,7 +269,9 @@ mod tests {
         assert_eq!(v["applied"], 9);
         assert_eq!(v["nodes"][0]["role"], "voter");
         assert_eq!(v["nodes"][0]["state"], "active");
-        assert_eq!(v["nodes"][0]["caught_up"], true);
+        assert!(v["nodes"][0]["caught_up"].is_null(), "node 2 is not the leader: unknown");
+        let from_leader = status_json(&StatusResponse { node_id: 1, ..r.clone() });
+        assert_eq!(from_leader["nodes"][0]["caught_up"], true);
         assert_eq!(v["tablets"][0]["end"], "0xffffffffffffffff");
         assert_eq!(v["tablets"][0]["nodes"][0], 1);
         let none = status_json(&StatusResponse::default());
