@@ -53,18 +53,7 @@ pub struct Router {
 /// little before it (5%, at most 10 ms), so the DEADLINE_EXCEEDED answer reaches the caller
 /// in time.
 pub fn deadline_of<T>(req: &Request<T>) -> Option<Instant> {
-    let v = req.metadata().get("grpc-timeout")?.to_str().ok()?;
-    let (num, unit) = v.split_at(v.len().checked_sub(1)?);
-    let n: u64 = num.parse().ok()?;
-    let timeout = match unit {
-        "H" => Duration::from_secs(n.saturating_mul(3600)),
-        "M" => Duration::from_secs(n.saturating_mul(60)),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    };
+    let timeout = neardup_server::transport::grpc_timeout(req.metadata())?;
     let margin = (timeout / 20).min(Duration::from_millis(10));
     Instant::now().checked_add(timeout - margin)
 }

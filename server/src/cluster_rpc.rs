@@ -319,27 +319,7 @@ impl AdminService {
 
 /// The caller's deadline (`grpc-timeout`), or [`CHANGE_DEADLINE`].
 fn deadline_of<T>(request: &Request<T>) -> Duration {
-    request
-        .metadata()
-        .get("grpc-timeout")
-        .and_then(|v| v.to_str().ok())
-        .and_then(parse_grpc_timeout)
-        .unwrap_or(CHANGE_DEADLINE)
-}
-
-/// A `grpc-timeout` value (`100m`, `5S`...).
-fn parse_grpc_timeout(v: &str) -> Option<Duration> {
-    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
-    let n: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(n.saturating_mul(3600)),
-        "M" => Duration::from_secs(n.saturating_mul(60)),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
+    crate::transport::grpc_timeout(request.metadata()).unwrap_or(CHANGE_DEADLINE)
 }
 
 #[tonic::async_trait]
@@ -487,13 +467,5 @@ mod tests {
         }
         let s = cluster_status(&ClusterError::NotLeader { leader: Some((2, "h:7".into())) }, 1);
         assert!(s.message().contains("h:7"), "the leader's address is in the message: {s:?}");
-    }
-
-    #[test]
-    fn grpc_timeouts_parse() {
-        assert_eq!(parse_grpc_timeout("100m"), Some(Duration::from_millis(100)));
-        assert_eq!(parse_grpc_timeout("5S"), Some(Duration::from_secs(5)));
-        assert_eq!(parse_grpc_timeout("5x"), None);
-        assert_eq!(parse_grpc_timeout(""), None);
     }
 }

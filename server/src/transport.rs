@@ -21,6 +21,23 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 
+/// The caller's timeout from its `grpc-timeout` header (`100m`, `5S`...), if it sent a valid
+/// one: the one reading of it for every service of the project.
+pub fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
+    let v = metadata.get("grpc-timeout")?.to_str().ok()?;
+    let (digits, unit) = v.split_at(v.len().checked_sub(1)?);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
 /// Limits of each HTTP/2 connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Http2Limits {
@@ -86,4 +103,24 @@ pub async fn serve_http2(
     drop(listener);
     graceful.shutdown().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_grpc_timeout(v: &str) -> Option<Duration> {
+        let mut m = tonic::metadata::MetadataMap::new();
+        m.insert("grpc-timeout", v.parse().unwrap());
+        grpc_timeout(&m)
+    }
+
+    #[test]
+    fn grpc_timeouts_parse() {
+        assert_eq!(parse_grpc_timeout("100m"), Some(Duration::from_millis(100)));
+        assert_eq!(parse_grpc_timeout("5S"), Some(Duration::from_secs(5)));
+        assert_eq!(parse_grpc_timeout("5x"), None);
+        assert_eq!(parse_grpc_timeout(""), None);
+        assert_eq!(grpc_timeout(&tonic::metadata::MetadataMap::new()), None);
+    }
 }
