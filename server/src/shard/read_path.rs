@@ -1,5 +1,7 @@
 //! Reads: probes against the index, matches resolved to documents, statistics.
 
+use std::collections::HashMap;
+
 use neardup_core::Match;
 use neardup_core::index::QueryScratch;
 use neardup_core::sketch::Sketch;
@@ -44,22 +46,27 @@ impl Shard {
     }
 
     /// The matches verification keeps, in their order, with their sketch agreements (see
-    /// [`Shard::admit`]): without `sketch` or with `verify` off, those within `k`.
+    /// [`Shard::admit`]): without `sketch` or with `verify` off, those within `k`. Sketches
+    /// already in `read` (by internal id) are not read again.
     pub(super) fn verified(
         &self,
         sketch: Option<&Sketch>,
         verify: Verify,
         k: u32,
         raw: &[Match],
-        out: &mut Vec<Match>,
-        agreements: &mut Vec<Option<u32>>,
-    ) -> Result<()> {
-        out.clear();
-        agreements.clear();
+        read: &HashMap<u64, Option<Sketch>>,
+    ) -> Result<(Vec<Match>, Vec<Option<u32>>)> {
+        let (mut out, mut agreements) = (Vec::new(), Vec::new());
         for m in raw {
             // Both sides sketched: verification alone decides (within candidate k).
             let agreed = match sketch {
-                Some(q) if verify.on() => self.sketch_of(m.id)?.map(|s| q.agreements(&s)),
+                Some(q) if verify.on() => {
+                    let stored = match read.get(&m.id) {
+                        Some(s) => *s,
+                        None => self.sketch_of(m.id)?,
+                    };
+                    stored.map(|s| q.agreements(&s))
+                }
                 _ => None,
             };
             if let Some(a) = agreed {
@@ -79,7 +86,7 @@ impl Shard {
                 agreements.push(None);
             }
         }
-        Ok(())
+        Ok((out, agreements))
     }
 
     /// One query, verified (see [`Shard::admit`] for what verification keeps): the
@@ -100,8 +107,7 @@ impl Shard {
         let search_k = if verify.on() && sketch.is_some() { k.max(verify.candidate_k) } else { k };
         let mut raw = Vec::new();
         st.index.query_into(fp, search_k, &mut QueryScratch::default(), &mut raw)?;
-        let (mut kept, mut agreements) = (Vec::new(), Vec::new());
-        self.verified(sketch, verify, k, &raw, &mut kept, &mut agreements)?;
+        let (kept, agreements) = self.verified(sketch, verify, k, &raw, &HashMap::new())?;
         let mut left = budget;
         Self::result(&st.docs, fp, &kept, &agreements, limit.max(1), None, &mut left)
     }

@@ -228,10 +228,12 @@ impl Shard {
         check_name(&doc.id, self.config.max_id_bytes)?;
         let limit = limit.max(1);
         let sketch_bytes = doc.sketch.map(|s| s.to_bytes());
+        // The candidates' sketches, read before the write lock so that no writer waits for
+        // the disk. Internal ids are never reused and a document's sketch is stored before it
+        // is visible, so what is read here still holds under the lock; only candidates that
+        // arrive in between are read there.
+        let mut read = HashMap::new();
         if verify.on() && doc.sketch.is_some() {
-            // Read the candidates' sketches once before the write lock, so that reading
-            // them again under it finds them in the store's cache instead of waiting for the
-            // disk while every other writer waits too.
             let mut raw = Vec::new();
             {
                 let st = self.state.read();
@@ -244,7 +246,7 @@ impl Shard {
                 )?;
             }
             for m in &raw {
-                self.sketch_of(m.id)?;
+                read.insert(m.id, self.sketch_of(m.id)?);
             }
         }
         let mut st = self.state.write();
@@ -255,8 +257,7 @@ impl Shard {
             if verify.on() && doc.sketch.is_some() { k.max(verify.candidate_k) } else { k };
         let mut raw = Vec::new();
         st.index.query_into(doc.fingerprint, search_k, &mut QueryScratch::default(), &mut raw)?;
-        let (mut matches, mut agreements) = (Vec::new(), Vec::new());
-        self.verified(doc.sketch.as_ref(), verify, k, &raw, &mut matches, &mut agreements)?;
+        let (matches, agreements) = self.verified(doc.sketch.as_ref(), verify, k, &raw, &read)?;
         let own = st.docs.by_name(&doc.id).map(|e| (e.id, e.fp));
         let result = Self::result(
             &st.docs,
