@@ -108,17 +108,6 @@ fn scores(pred: &[bool], truth: &[bool]) -> Scores {
     Scores::from_counts(tp, fp, fn_)
 }
 
-fn neardup_binary(given: Option<&std::path::Path>) -> PathBuf {
-    if let Some(p) = given {
-        return p.to_path_buf();
-    }
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| Some(exe.parent()?.join("neardup")))
-        .filter(|p| p.is_file())
-        .unwrap_or_else(|| PathBuf::from("neardup"))
-}
-
 /// Runs the replay and the offline comparison; prints the table and returns the figures
 /// (also written to `out/online.json`).
 pub fn run(
@@ -269,7 +258,7 @@ async fn replay(pages: &[Page], args: &OnlineArgs) -> Result<(Vec<bool>, f64, (u
     let dir = std::env::temp_dir().join(format!("neardup-eval-online-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let port = free_port()?;
-    let exe = neardup_binary(args.neardup.as_deref());
+    let exe = crate::service::neardup_binary(args.neardup.as_deref());
     let mut server = ServerProcess::launch(&exe, &dir, port, &args.online_design, &[])?;
     server.wait_serving(Instant::now(), Duration::from_secs(60)).await?;
     let options = ClientOptions { timeout: Duration::from_secs(60), ..Default::default() };
