@@ -93,22 +93,14 @@ impl Member {
         assert!(self.child.is_none(), "node {} is already running", self.id);
         self.lives += 1;
         self.log = self.logs.join(format!("node-{}-{}.log", self.id, self.lives));
-        let stderr = std::fs::File::create(&self.log).unwrap();
-        let child = self
-            .command()
-            .args(["serve", "--data", self.data.to_str().expect("a UTF-8 path")])
+        let mut cmd = self.command();
+        cmd.args(["serve", "--data", self.data.to_str().expect("a UTF-8 path")])
             .args(["--listen", &self.public, "--metrics-listen", ""])
             .args(["--internal-listen", &self.internal])
             .args(["--node-id", &self.id.to_string()])
             .args(FAST_RAFT)
-            .args(extra)
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("start the neardup binary");
-        self.child = Some(child);
+            .args(extra);
+        self.child = Some(crate::spawn_server(&mut cmd, &self.log));
     }
 
     /// Whether the process runs (it has not exited).

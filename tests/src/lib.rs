@@ -66,6 +66,17 @@ pub fn free_port() -> u16 {
     panic!("no free port in {LOW}-{} on 127.0.0.1", LOW + SPAN - 1)
 }
 
+/// Starts a server process with its stderr (at `RUST_LOG=info`) in `log`, no stdin or stdout.
+pub fn spawn_server(cmd: &mut Command, log: &Path) -> std::process::Child {
+    let stderr = std::fs::File::create(log).unwrap();
+    cmd.env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("start the neardup binary")
+}
+
 /// A neardup process.
 pub struct Node {
     child: Option<Child>,
@@ -87,16 +98,9 @@ impl Node {
     pub fn start_on(args: &[&str], port: u16, log_dir: &Path) -> Node {
         let addr = format!("127.0.0.1:{port}");
         let log = log_dir.join(format!("node-{port}-{}.log", Instant::now().elapsed().as_nanos()));
-        let stderr = std::fs::File::create(&log).unwrap();
-        let child = Command::new(binary())
-            .args(args)
-            .args(["--listen", &addr, "--metrics-listen", ""])
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .expect("start the neardup binary");
+        let mut cmd = Command::new(binary());
+        cmd.args(args).args(["--listen", &addr, "--metrics-listen", ""]);
+        let child = spawn_server(&mut cmd, &log);
         Node { child: Some(child), addr, log }
     }
 
