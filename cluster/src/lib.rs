@@ -80,6 +80,7 @@ pub mod replica;
 pub mod storage;
 
 pub use error::ClusterError;
+pub use map::Unit;
 pub use metrics::ClusterMetrics;
 pub use node::{Applied, ClusterNode, ClusterStatus};
 

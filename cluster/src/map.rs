@@ -82,6 +82,39 @@ pub struct Tablet {
     pub nodes: Vec<NodeId>,
     /// In place or moving.
     pub state: TabletState,
+    /// Replicas that take writes but do not serve reads yet: new ones being filled, or ones
+    /// back from [`NodeState::Down`] catching up.
+    #[serde(default)]
+    pub filling: Vec<NodeId>,
+}
+
+/// One partition of the documents: those whose name hashes to `index` (see
+/// [`ClusterMap::partition_of`]). It holds each document's name, fingerprint, timestamp,
+/// cluster and sketch, and is where a fingerprint entry's id is resolved to its document.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Partition {
+    /// The partition's number, `0..partitions.len()`.
+    pub index: u32,
+    /// Replicas that serve reads and take writes.
+    pub nodes: Vec<NodeId>,
+    /// Replicas that take writes but do not serve reads yet (as [`Tablet::filling`]).
+    #[serde(default)]
+    pub filling: Vec<NodeId>,
+}
+
+/// A unit of placement: a tablet (named by its table and first permuted value) or a
+/// document partition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Unit {
+    /// The tablet of `table` starting at permuted value `start`.
+    Tablet {
+        /// Its table.
+        table: u32,
+        /// Its first permuted value.
+        start: u64,
+    },
+    /// A document partition.
+    Partition(u32),
 }
 
 /// The replicated map of the cluster.
@@ -97,6 +130,19 @@ pub struct ClusterMap {
     pub nodes: BTreeMap<NodeId, NodeInfo>,
     /// The tablets, ordered by table then start.
     pub tablets: Vec<Tablet>,
+    /// The document partitions, ordered by index.
+    #[serde(default)]
+    pub partitions: Vec<Partition>,
+    /// How many nodes hold each tablet and partition (fewer while the cluster is smaller).
+    #[serde(default)]
+    pub replicas: u32,
+    /// Each table is cut into `2^split_bits` tablets by the leading bits of its permuted
+    /// values.
+    #[serde(default)]
+    pub split_bits: u32,
+    /// The next document sequence number to grant (see `Command::GrantIds`).
+    #[serde(default)]
+    pub next_gid_seq: u64,
 }
 
 /// A change of the map, carried as the data of one Raft entry.
@@ -242,6 +288,7 @@ impl ClusterMap {
                         end: u64::MAX,
                         nodes: vec![node.id],
                         state: TabletState::Active,
+                        filling: Vec::new(),
                     })
                     .collect();
             }
@@ -328,6 +375,51 @@ impl ClusterMap {
         Ok(())
     }
 
+    /// The partition a document name belongs to: `xxh3_64(name) % partitions`. Names are
+    /// hashed as UTF-8 bytes. `None` before there are partitions.
+    pub fn partition_of(&self, name: &str) -> Option<u32> {
+        let n = self.partitions.len() as u64;
+        (n > 0).then(|| (xxhash_rust::xxh3::xxh3_64(name.as_bytes()) % n) as u32)
+    }
+
+    /// The tablet of `table` that holds permuted value `permuted`.
+    pub fn tablet_for(&self, table: u32, permuted: u64) -> Option<&Tablet> {
+        self.tablets.iter().find(|t| t.table == table && t.start <= permuted && permuted <= t.end)
+    }
+
+    /// A partition by index.
+    pub fn partition(&self, index: u32) -> Option<&Partition> {
+        self.partitions.get(index as usize).filter(|p| p.index == index)
+    }
+
+    /// The replicas of a unit: serving ones and filling ones. Empty for an unknown unit.
+    fn replicas_of(&self, unit: Unit) -> (&[NodeId], &[NodeId]) {
+        match unit {
+            Unit::Tablet { table, start } => self
+                .tablets
+                .iter()
+                .find(|t| t.table == table && t.start == start)
+                .map_or((&[], &[]), |t| (&t.nodes, &t.filling)),
+            Unit::Partition(p) => self.partition(p).map_or((&[], &[]), |p| (&p.nodes, &p.filling)),
+        }
+    }
+
+    fn up(&self, id: NodeId) -> bool {
+        self.nodes.get(&id).is_some_and(|n| n.state != NodeState::Down)
+    }
+
+    /// The replicas of `unit` that serve reads: its serving replicas not marked down.
+    pub fn serving(&self, unit: Unit) -> Vec<NodeId> {
+        self.replicas_of(unit).0.iter().copied().filter(|&n| self.up(n)).collect()
+    }
+
+    /// The replicas of `unit` a write must reach: serving and filling replicas not marked
+    /// down.
+    pub fn writers(&self, unit: Unit) -> Vec<NodeId> {
+        let (nodes, filling) = self.replicas_of(unit);
+        nodes.iter().chain(filling).copied().filter(|&n| self.up(n)).collect()
+    }
+
     /// The voters' ids.
     pub fn voters(&self) -> impl Iterator<Item = NodeId> + '_ {
         self.nodes.values().filter(|n| n.role == Role::Voter).map(|n| n.id)
@@ -412,6 +504,61 @@ mod tests {
         let bytes = map.encode();
         assert_eq!(ClusterMap::decode(&bytes).unwrap(), map);
         assert!(ClusterMap::decode(&bytes[..bytes.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn units_and_their_replicas() {
+        let mut map = ClusterMap::default();
+        map.apply(&boot()).unwrap();
+        map.apply(&add(2)).unwrap();
+        map.tablets = vec![
+            Tablet {
+                table: 0,
+                start: 0,
+                end: u64::MAX >> 1,
+                nodes: vec![1],
+                state: TabletState::Active,
+                filling: vec![2],
+            },
+            Tablet {
+                table: 0,
+                start: 1 << 63,
+                end: u64::MAX,
+                nodes: vec![2, 1],
+                state: TabletState::Active,
+                filling: vec![],
+            },
+        ];
+        map.partitions = vec![
+            Partition { index: 0, nodes: vec![1, 2], filling: vec![] },
+            Partition { index: 1, nodes: vec![2], filling: vec![1] },
+        ];
+        assert_eq!(map.tablet_for(0, 5).unwrap().start, 0);
+        assert_eq!(map.tablet_for(0, u64::MAX).unwrap().start, 1 << 63);
+        assert!(map.tablet_for(1, 5).is_none());
+        let low = Unit::Tablet { table: 0, start: 0 };
+        assert_eq!(map.serving(low), vec![1]);
+        assert_eq!(map.writers(low), vec![1, 2]);
+        map.nodes.get_mut(&2).unwrap().state = NodeState::Down;
+        assert_eq!(map.writers(low), vec![1]);
+        assert_eq!(map.serving(Unit::Tablet { table: 0, start: 1 << 63 }), vec![1]);
+        assert_eq!(map.serving(Unit::Partition(1)), Vec::<NodeId>::new());
+        assert_eq!(map.writers(Unit::Partition(1)), vec![1]);
+        assert!(map.serving(Unit::Partition(7)).is_empty());
+        // The partition of a name is fixed by its hash, and covers every partition.
+        let mut seen = [false; 2];
+        for i in 0..64 {
+            let name = format!("https://example.com/{i}");
+            let p = map.partition_of(&name).unwrap();
+            assert_eq!(p as u64, xxhash_rust::xxh3::xxh3_64(name.as_bytes()) % 2);
+            seen[p as usize] = true;
+        }
+        assert_eq!(seen, [true, true]);
+        assert_eq!(ClusterMap::default().partition_of("x"), None);
+        // Maps written before these fields existed still decode.
+        let old = r#"{"cluster_id":"c","epoch":1,"design":null,"nodes":{},"tablets":[{"table":0,"start":0,"end":1,"nodes":[1],"state":"Active"}]}"#;
+        let m = ClusterMap::decode(old.as_bytes()).unwrap();
+        assert!(m.tablets[0].filling.is_empty() && m.partitions.is_empty());
     }
 
     fn command() -> impl Strategy<Value = Command> {

@@ -27,7 +27,7 @@ use neardup_cluster::{Applied, ClusterError, ClusterNode, NodeId, Transport};
 use neardup_proto::admin::admin_client::AdminClient;
 use neardup_proto::admin::admin_server::Admin;
 use neardup_proto::admin::{
-    AddNodeRequest, ChangeResponse, Design, Node, NodeState, RemoveNodeRequest, Role,
+    AddNodeRequest, ChangeResponse, Design, Node, NodeState, Partition, RemoveNodeRequest, Role,
     StatusRequest, StatusResponse, Tablet, TabletState, TransferLeaderRequest,
 };
 use neardup_proto::internal::raft_client::RaftClient;
@@ -383,7 +383,17 @@ impl Admin for AdminService {
 pub fn status_response(node: &ClusterNode) -> StatusResponse {
     let s = node.status();
     let leader = s.leader.unwrap_or(0);
-    let ClusterMap { cluster_id, epoch: _, design, nodes, tablets } = &*s.map;
+    let ClusterMap {
+        cluster_id,
+        epoch: _,
+        design,
+        nodes,
+        tablets,
+        partitions,
+        replicas,
+        split_bits,
+        next_gid_seq: _,
+    } = &*s.map;
     let leader_addr =
         s.leader.and_then(|l| nodes.get(&l)).map(|n| n.internal_addr.clone()).unwrap_or_default();
     let nodes = nodes
@@ -411,12 +421,13 @@ pub fn status_response(node: &ClusterNode) -> StatusResponse {
     let tablets = tablets
         .iter()
         .map(|t| {
-            let map::Tablet { table, start, end, nodes, state } = t;
+            let map::Tablet { table, start, end, nodes, state, filling } = t;
             Tablet {
                 table: *table,
                 start: *start,
                 end: *end,
                 nodes: nodes.clone(),
+                filling: filling.clone(),
                 state: match state {
                     map::TabletState::Active => TabletState::Active,
                     map::TabletState::Moving => TabletState::Moving,
@@ -440,6 +451,15 @@ pub fn status_response(node: &ClusterNode) -> StatusResponse {
         design,
         nodes,
         tablets,
+        partitions: partitions
+            .iter()
+            .map(|p| {
+                let map::Partition { index, nodes, filling } = p;
+                Partition { index: *index, nodes: nodes.clone(), filling: filling.clone() }
+            })
+            .collect(),
+        replicas: *replicas,
+        split_bits: *split_bits,
     }
 }
 

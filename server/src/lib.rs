@@ -29,6 +29,7 @@
 
 pub mod cluster_rpc;
 pub mod commit;
+pub mod data_types;
 pub mod doc_table;
 pub mod error;
 pub mod expect;
@@ -42,6 +43,7 @@ pub mod shard;
 pub mod storage;
 pub mod transport;
 
+pub use data_types::{DocInfo, DocOp, TabletHit, TabletOp};
 pub use error::{Error, ErrorClass, Result};
 pub use metrics::ShardMetrics;
 pub use service::{RaftService, ShardService};

@@ -10,7 +10,7 @@ use std::time::Duration;
 use neardup_client::ClientError;
 use neardup_proto::admin::admin_client::AdminClient;
 use neardup_proto::admin::{
-    AddNodeRequest, ChangeResponse, Design, Node, NodeState, RemoveNodeRequest, Role,
+    AddNodeRequest, ChangeResponse, Design, Node, NodeState, Partition, RemoveNodeRequest, Role,
     StatusRequest, StatusResponse, Tablet, TabletState, TransferLeaderRequest,
 };
 use serde_json::{Value, json};
@@ -181,6 +181,9 @@ pub fn status_json(r: &StatusResponse) -> Value {
         design,
         nodes,
         tablets,
+        partitions,
+        replicas,
+        split_bits,
     } = r;
     // Only the leader tracks its followers' progress: elsewhere "caught up" is unknown (null).
     let is_leader = *leader != 0 && leader == node_id;
@@ -202,14 +205,22 @@ pub fn status_json(r: &StatusResponse) -> Value {
     let tablets: Vec<Value> = tablets
         .iter()
         .map(|t| {
-            let Tablet { table, start, end, nodes, state } = t;
+            let Tablet { table, start, end, nodes, state, filling } = t;
             json!({
                 "table": table,
                 "start": hex(*start),
                 "end": hex(*end),
                 "nodes": nodes,
+                "filling": filling,
                 "state": tablet_state_name(*state),
             })
+        })
+        .collect();
+    let partitions: Vec<Value> = partitions
+        .iter()
+        .map(|p| {
+            let Partition { index, nodes, filling } = p;
+            json!({ "index": index, "nodes": nodes, "filling": filling })
         })
         .collect();
     let design = design.as_ref().map(|d| {
@@ -228,6 +239,9 @@ pub fn status_json(r: &StatusResponse) -> Value {
         "design": design,
         "nodes": nodes,
         "tablets": tablets,
+        "partitions": partitions,
+        "replicas": replicas,
+        "split_bits": split_bits,
     })
 }
 
@@ -261,7 +275,11 @@ mod tests {
                 end: u64::MAX,
                 nodes: vec![1],
                 state: TabletState::Active as i32,
+                filling: vec![2],
             }],
+            partitions: vec![Partition { index: 0, nodes: vec![1], filling: vec![2] }],
+            replicas: 2,
+            split_bits: 2,
         };
         let v = status_json(&r);
         assert_eq!(v["leader"], 1);
@@ -274,6 +292,9 @@ mod tests {
         assert_eq!(from_leader["nodes"][0]["caught_up"], true);
         assert_eq!(v["tablets"][0]["end"], "0xffffffffffffffff");
         assert_eq!(v["tablets"][0]["nodes"][0], 1);
+        assert_eq!(v["tablets"][0]["filling"][0], 2);
+        assert_eq!(v["partitions"][0]["filling"][0], 2);
+        assert_eq!(v["replicas"], 2);
         let none = status_json(&StatusResponse::default());
         assert!(none["leader"].is_null());
     }

@@ -1,0 +1,97 @@
+//! The types of a cluster node's data: fingerprint entries of tablets and documents of
+//! partitions, as the node's store keeps them and the router sends them.
+//!
+//! A tablet holds entries `(gid, fp)`, nothing else; a document partition holds the
+//! documents ([`DocInfo`]). A document is present when its partition holds it; an entry whose
+//! gid no partition holds is ignored by readers. `docs/cluster.md` describes the model.
+
+/// The partition a gid names: its low 8 bits (`gid = seq << 8 | partition`).
+pub const GID_PARTITION_BITS: u32 = 8;
+
+/// The partition of a gid.
+pub fn gid_partition(gid: u64) -> u32 {
+    (gid & ((1 << GID_PARTITION_BITS) - 1)) as u32
+}
+
+/// The gid of sequence number `seq` in partition `partition`.
+pub fn make_gid(seq: u64, partition: u32) -> u64 {
+    (seq << GID_PARTITION_BITS) | u64::from(partition)
+}
+
+/// One entry of a tablet within the distance of a probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TabletHit {
+    /// The document's gid.
+    pub gid: u64,
+    /// Its fingerprint (in the caller's order, not permuted).
+    pub fp: u64,
+    /// Hamming distance to the probe.
+    pub distance: u32,
+}
+
+/// A change to a table's entries; entries are named by gid and fingerprint, so applying it
+/// needs no lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TabletOp {
+    /// Store the entry (a no-op if it is there).
+    Put {
+        /// The document's gid.
+        gid: u64,
+        /// Its fingerprint (not permuted).
+        fp: u64,
+    },
+    /// Remove the entry (a no-op if it is not there).
+    Remove {
+        /// The document's gid.
+        gid: u64,
+        /// Its fingerprint (not permuted).
+        fp: u64,
+    },
+}
+
+/// One document, as its partition holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DocInfo {
+    /// Its gid, unique in the cluster and never reused.
+    pub gid: u64,
+    /// The caller's id.
+    pub name: String,
+    /// Its fingerprint.
+    pub fp: u64,
+    /// Its timestamp, ms.
+    pub ts_ms: i64,
+    /// Its cluster: the gid of the document that founded it.
+    pub cluster: u64,
+    /// Its sketch's encoding (`neardup_core::sketch`), if it has one.
+    pub sketch: Option<Vec<u8>>,
+}
+
+/// A change to a partition's documents.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DocOp {
+    /// Store the document. When its name is held by another gid, the one with the larger
+    /// `(ts_ms, gid)` stays (last writer wins, so replicas that see two writers in different
+    /// orders agree).
+    Put(DocInfo),
+    /// Remove the document named `name` if it still has this gid.
+    Remove {
+        /// The gid it must have.
+        gid: u64,
+        /// Its name.
+        name: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gids_carry_their_partition() {
+        for (seq, p) in [(1u64, 0u32), (7, 255), (1 << 40, 3)] {
+            let g = make_gid(seq, p);
+            assert_eq!(gid_partition(g), p);
+            assert_eq!(g >> GID_PARTITION_BITS, seq);
+        }
+    }
+}
