@@ -82,6 +82,8 @@ pub struct Design {
     width: u32,
     levels: Vec<Level>,
     tables: Vec<TableSpec>,
+    /// For a tablet design ([`Design::tablet`]): the largest k it answers.
+    tablet_k: Option<u32>,
 }
 
 /// All `choose`-subsets of `0..n`, in lexicographic order.
@@ -169,7 +171,54 @@ impl Design {
         let mut tables = Vec::new();
         let all = [BitRange { start: 0, len: width }];
         Self::expand(width, &levels, &[], &all, 0, &mut Vec::new(), &mut tables)?;
-        Ok(Design { width, levels, tables })
+        Ok(Design { width, levels, tables, tablet_k: None })
+    }
+
+    /// A tablet design: one identity table whose prefix is `prefix_bits` long, answering
+    /// every `k <= max_k`. Text form `p{prefix_bits}k{max_k}` (`p26k3`).
+    ///
+    /// A cluster node keeps table `t` of a design `D` as an index of this design over the
+    /// permuted values `perm_t(fp)` with `prefix_bits_t` and `D`'s `max_k`: Hamming distance
+    /// does not change under a permutation of bits, so a query of `perm_t(q)` there is
+    /// exactly table `t`'s probe in `D`. The design itself does not guarantee that every
+    /// pair within `max_k` shares a prefix: that is the guarantee of the design whose table
+    /// it holds, probed over all of its tables.
+    pub fn tablet(width: u32, prefix_bits: u32, max_k: u32) -> Result<Design> {
+        if width == 0 || width > 64 {
+            return Err(Error::InvalidDesign(format!("width {width} is not in 1..=64")));
+        }
+        if prefix_bits == 0 || prefix_bits > width {
+            return Err(Error::InvalidDesign(format!(
+                "a tablet's prefix must be 1..={width} bits (got {prefix_bits})"
+            )));
+        }
+        if max_k >= 64 {
+            return Err(Error::InvalidDesign(format!("a tablet's max k {max_k} is not below 64")));
+        }
+        let table =
+            TableSpec { perm: Permutation::identity(width), prefix_bits, choice: Vec::new() };
+        Ok(Design { width, levels: Vec::new(), tables: vec![table], tablet_k: Some(max_k) })
+    }
+
+    /// Whether this is a tablet design ([`Design::tablet`]).
+    pub fn is_tablet(&self) -> bool {
+        self.tablet_k.is_some()
+    }
+
+    /// Reads a tablet design's text `p{prefix}k{max_k}`; `None` if `text` is not of that
+    /// shape.
+    fn parse_tablet(width: u32, text: &str) -> Option<Result<Design>> {
+        let rest = text.strip_prefix('p')?;
+        let (prefix, k) = rest.split_once('k')?;
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+        if !digits(prefix) || !digits(k) {
+            return None;
+        }
+        let bad = || Error::InvalidDesign(format!("cannot read tablet design {text:?}"));
+        Some(match (prefix.parse::<u32>(), k.parse::<u32>()) {
+            (Ok(p), Ok(k)) => Design::tablet(width, p, k),
+            _ => Err(bad()),
+        })
     }
 
     fn expand(
@@ -222,6 +271,9 @@ impl Design {
     /// Like [`parse`](Self::parse), for `width`-bit fingerprints.
     pub fn parse_width(width: u32, text: &str) -> Result<Design> {
         let text = text.trim();
+        if let Some(tablet) = Self::parse_tablet(width, text) {
+            return tablet;
+        }
         let body = NAMED.iter().find(|(n, _)| *n == text).map_or(text, |(_, t)| *t);
         let mut levels = Vec::new();
         for part in body.split('/') {
@@ -253,7 +305,7 @@ impl Design {
         self.width
     }
 
-    /// The levels this design was built from.
+    /// The levels this design was built from (none for a tablet design).
     pub fn levels(&self) -> &[Level] {
         &self.levels
     }
@@ -265,6 +317,9 @@ impl Design {
 
     /// The largest Hamming distance for which every pair is found in some table.
     pub fn max_k(&self) -> u32 {
+        if let Some(k) = self.tablet_k {
+            return k;
+        }
         self.levels.iter().map(|l| l.blocks - l.choose).min().unwrap_or(0)
     }
 
@@ -278,7 +333,12 @@ impl Design {
     /// a level, a pair within `k` agrees on at least `c` of the first `c + k` blocks, so only
     /// the tables whose choices at every level lie among those are needed: `C(c + k, c)` per
     /// level instead of `C(b, c)`. At `k = max_k` that is every table.
+    ///
+    /// A tablet design has one table: `[0]` for every `k <= max_k`.
     pub fn tables_for_k(&self, k: u32) -> Vec<usize> {
+        if let Some(max) = self.tablet_k {
+            return if k <= max { vec![0] } else { Vec::new() };
+        }
         self.tables
             .iter()
             .enumerate()
@@ -533,6 +593,9 @@ fn fewest_levels(f: u32, k: u32, d: i64, tau: i64, depth: u32) -> Option<(u64, V
 
 impl fmt::Display for Design {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(k) = self.tablet_k {
+            return write!(f, "p{}k{k}", self.tables[0].prefix_bits);
+        }
         for (i, l) in self.levels.iter().enumerate() {
             if i > 0 {
                 f.write_str("/")?;
@@ -583,6 +646,20 @@ mod tests {
             assert_eq!(Design::parse(&d.to_string()).unwrap(), d);
         }
         assert!(Design::parse("").is_err());
+        let t = Design::parse("p26k3").unwrap();
+        assert_eq!(t, Design::tablet(64, 26, 3).unwrap());
+        assert_eq!(t.to_string(), "p26k3");
+        assert!(t.is_tablet() && !Design::parse("5c2").unwrap().is_tablet());
+        assert_eq!((t.tables().len(), t.max_k(), t.min_prefix_bits()), (1, 3, 26));
+        assert!(t.tables()[0].perm.is_identity());
+        assert_eq!(t.tables_for_k(0), [0]);
+        assert_eq!(t.tables_for_k(3), [0]);
+        assert!(t.check_k(4).is_err());
+        assert_eq!(Design::parse_width(12, "p12k0").unwrap().to_string(), "p12k0");
+        for bad in ["p0k3", "p65k3", "p26k64", "p26k", "pk3", "p26k3x", "p-1k3"] {
+            assert!(Design::parse(bad).is_err(), "{bad}");
+        }
+        assert!(Design::parse_width(12, "p13k1").is_err());
         assert!(Design::parse("5x2").is_err());
         assert!(Design::parse("16,16,16c1").is_err()); // widths do not sum to 64
         assert!(Design::parse("4c4").is_err()); // choose all: no pigeonhole

@@ -754,6 +754,17 @@ impl Index {
         Ok(())
     }
 
+    /// Calls `f` with every live document (in the runs, then the write buffer), in no
+    /// particular order. Costs a pass over every run's document columns.
+    pub fn for_each_live(&self, mut f: impl FnMut(Doc)) {
+        for r in &self.runs {
+            r.for_each_live(|fp, id, ts| f(Doc { id, fp, ts }));
+        }
+        for d in self.buffer.docs() {
+            f(*d);
+        }
+    }
+
     /// Every live document within `k` of `fp`, each once, ordered by distance, then
     /// timestamp, then id.
     pub fn query(&self, fp: u64, k: u32) -> Result<Vec<Match>> {
