@@ -11,6 +11,9 @@
 //!   layout, the document table and group commit.
 //! - [`service`]: the internal gRPC service (`neardup.internal.v1.Shard`) over a [`Shard`],
 //!   and the one conversion between the shard's types and the wire types.
+//! - [`node_store`]: a cluster node's data ([`NodeStore`]): its tablets' fingerprint
+//!   entries, one shard without names per table, and its partitions' documents, all in one
+//!   database.
 //! - [`node`]: a node's internal gRPC server (shard, Raft, health; the admin API in a
 //!   cluster).
 //! - [`cluster_rpc`]: a cluster node's network side: the gRPC [`neardup_cluster::Transport`],
@@ -36,6 +39,7 @@ pub mod expect;
 pub mod fault_store;
 pub mod metrics;
 pub mod node;
+pub mod node_store;
 pub mod persist;
 pub mod record;
 pub mod service;
@@ -46,6 +50,7 @@ pub mod transport;
 pub use data_types::{DocInfo, DocOp, TabletHit, TabletOp};
 pub use error::{Error, ErrorClass, Result};
 pub use metrics::ShardMetrics;
+pub use node_store::{NodeStore, NodeStoreConfig, NodeStoreStats};
 pub use service::{RaftService, ShardService};
 pub use shard::{
     Admission, DocMatch, NewDocument, ProbeHits, Shard, ShardConfig, ShardStats, Status,

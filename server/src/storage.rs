@@ -203,6 +203,36 @@ impl Store for SledStore {
     }
 }
 
+/// A store shared under a prefix: keyspace `name` is the inner store's `{prefix}{name}`.
+/// Several shards over one database this way share its page cache (one bound for all) and
+/// its syncs (a sync makes every shard's writes durable: sled flushes the whole database).
+pub struct PrefixedStore {
+    inner: Arc<dyn Store>,
+    prefix: String,
+}
+
+impl PrefixedStore {
+    /// `inner` with every keyspace name prefixed by `prefix`.
+    pub fn new(inner: Arc<dyn Store>, prefix: impl Into<String>) -> PrefixedStore {
+        PrefixedStore { inner, prefix: prefix.into() }
+    }
+}
+
+impl Store for PrefixedStore {
+    fn space(&self, name: &str) -> Result<Arc<dyn Space>> {
+        self.inner.space(&format!("{}{name}", self.prefix))
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.inner.sync()
+    }
+
+    /// The whole shared database's size.
+    fn disk_bytes(&self) -> Result<u64> {
+        self.inner.disk_bytes()
+    }
+}
+
 struct SledSpace {
     tree: sled::Tree,
 }

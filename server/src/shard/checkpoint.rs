@@ -23,7 +23,7 @@ impl Shard {
             let st = self.state.read();
             let runs: Vec<(RunKey, Arc<Run>)> =
                 st.index.runs().iter().map(|r| (RunKey::of(&st, r), r.clone())).collect();
-            (runs, st.covered, st.last_seq, st.docs.len() as u64)
+            (runs, st.covered, st.last_seq, self.live(&st) as u64)
         };
         let design = self.config.index.design.clone();
         let mut bytes = 0u64;
@@ -70,7 +70,12 @@ impl Shard {
         ck.last = Instant::now();
         self.metrics.checkpointed(bytes);
         tracing::debug!(covered, runs = runs.len(), bytes, "checkpoint written");
-        let upto = ck.manifest.covered.min(ck.docsnap.covered);
+        // Without names, nothing but the runs needs the log.
+        let upto = if self.config.names {
+            ck.manifest.covered.min(ck.docsnap.covered)
+        } else {
+            ck.manifest.covered
+        };
         drop(ck);
         self.truncate_log(upto)
     }

@@ -20,7 +20,7 @@ impl Shard {
         let mem = st.index.memory();
         let tables: Vec<usize> = mem.tables.iter().map(|t| t.bytes).collect();
         let s = st.index.stats();
-        self.metrics.set_index(st.docs.len(), s.runs, s.buffered, &tables);
+        self.metrics.set_index(self.live(&st), s.runs, s.buffered, &tables);
         let log = st.log_bytes;
         drop(st);
         self.metrics.set_sizes(log, if disk { self.store.disk_bytes().ok() } else { None });
@@ -136,7 +136,7 @@ impl Shard {
         }
         let snap_due = {
             let ck = self.checkpoints.lock();
-            log_bytes >= self.config.snapshot_log_bytes.max(ck.snapshot_bytes)
+            self.config.names && log_bytes >= self.config.snapshot_log_bytes.max(ck.snapshot_bytes)
         };
         if snap_due {
             self.snapshot_docs()?;
@@ -152,9 +152,14 @@ impl Shard {
         let started = Instant::now();
         let (docs, s0) = {
             let st = self.state.read();
-            let (entries, _) = st.docs.entries_from(0, usize::MAX);
-            let docs: Vec<Doc> =
-                entries.iter().map(|e| Doc { id: e.id, fp: e.fp, ts: e.ts }).collect();
+            let docs: Vec<Doc> = if self.config.names {
+                let (entries, _) = st.docs.entries_from(0, usize::MAX);
+                entries.iter().map(|e| Doc { id: e.id, fp: e.fp, ts: e.ts }).collect()
+            } else {
+                let mut docs = Vec::with_capacity(st.index.len());
+                st.index.for_each_live(|d| docs.push(d));
+                docs
+            };
             (docs, st.last_seq)
         };
         let mut fresh = State {
@@ -185,11 +190,11 @@ impl Shard {
         let mut st = self.state.write();
         let last = st.last_seq;
         replay(&mut fresh, last)?;
-        if fresh.index.len() != st.docs.len() {
+        if fresh.index.len() != self.live(&st) {
             return Err(Error::Internal(format!(
-                "rebuilt index holds {} documents, the table {}",
+                "rebuilt index holds {} documents, the shard {}",
                 fresh.index.len(),
-                st.docs.len()
+                self.live(&st)
             )));
         }
         st.index = fresh.index;

@@ -39,6 +39,7 @@
 //! statistics (`read_path`), background merges and rebuilds (`maintenance`), checkpoints
 //! and document snapshots (`checkpoint`).
 
+mod caller_ids;
 mod checkpoint;
 mod dir_check;
 mod maintenance;
@@ -66,6 +67,7 @@ use crate::metrics::ShardMetrics;
 use crate::persist::{self, DocSnapshot, Manifest, Spaces};
 use crate::storage::{SledStore, Store};
 
+pub use caller_ids::EntryOp;
 pub use dir_check::{check_data_dir, free_bytes};
 pub use shard_types::{
     Admission, DocMatch, NewDocument, ProbeBudget, ProbeHits, ShardStats, TableFootprint, Verify,
@@ -104,6 +106,11 @@ pub struct ShardConfig {
     pub cache_bytes: u64,
     /// Refuse to start when the data directory's file system has less free space.
     pub min_free_bytes: u64,
+    /// Keep a document table (names, clusters, document snapshots). Off, the shard holds
+    /// bare index entries `(id, fp)` with ids the caller assigns: no names, nothing per
+    /// entry beyond the index's columns (a cluster node's tablets, see
+    /// [`crate::node_store`]); it is written with [`Shard::write_entries`] only.
+    pub names: bool,
 }
 
 impl Default for ShardConfig {
@@ -120,6 +127,7 @@ impl Default for ShardConfig {
             max_runs: 12,
             cache_bytes: 256 << 20,
             min_free_bytes: 64 << 20,
+            names: true,
         }
     }
 }
@@ -383,6 +391,38 @@ impl Shard {
         if let Some(c) = self.commit.get() {
             c.stop();
         }
+    }
+
+    /// Opens a shard over `store`, shared with other shards (each under its own prefix of
+    /// keyspace names, see [`crate::storage::PrefixedStore`]), keeping its expectation file
+    /// ([`crate::expect`]) in `dir`, which is created if needed. Like [`open`](Self::open)
+    /// otherwise: [`Status::Recovering`] until [`recover`](Self::recover) has run.
+    pub fn open_shared(
+        dir: &Path,
+        store: Arc<dyn Store>,
+        config: ShardConfig,
+        metrics: ShardMetrics,
+    ) -> Result<Arc<Shard>> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::DataDir {
+            path: dir.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        let file = ExpectFile::in_dir(dir);
+        let expected = file.read().map_err(|e| Error::DataDir {
+            path: dir.display().to_string(),
+            reason: match e {
+                Error::CorruptTablet(m) => m,
+                e => e.to_string(),
+            },
+        })?;
+        let mut shard = Shard::open_with_store(dir, store, config, metrics)?;
+        Arc::get_mut(&mut shard).expect("not shared yet").expect = Some((file, expected));
+        Ok(shard)
+    }
+
+    /// Live documents (or, without names, index entries).
+    fn live(&self, st: &State) -> usize {
+        if self.config.names { st.docs.len() } else { st.index.len() }
     }
 
     /// Refuses new requests and joins the maintenance thread; true if it was serving.

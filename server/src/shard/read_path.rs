@@ -101,6 +101,7 @@ impl Shard {
         budget: ProbeBudget,
     ) -> Result<ProbeHits> {
         self.check_serving()?;
+        self.check_names()?;
         let st = self.state.read();
         st.index.check_k(k)?;
         st.index.check_k(verify.candidate_k)?;
@@ -126,6 +127,7 @@ impl Shard {
         budget: ProbeBudget,
     ) -> Result<Vec<ProbeHits>> {
         self.check_serving()?;
+        self.check_names()?;
         let limit = limit.max(1);
         let st = self.state.read();
         st.index.check_k(k)?;
@@ -241,7 +243,7 @@ impl Shard {
         let s = st.index.stats();
         let mem = st.index.memory();
         Ok(ShardStats {
-            documents: st.docs.len() as u64,
+            documents: self.live(&st) as u64,
             design: design_name(st.index.design()),
             max_k: st.index.max_k(),
             tables: mem

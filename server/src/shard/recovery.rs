@@ -1,7 +1,7 @@
 //! Recovery: the stored runs and document snapshot loaded, the log replayed after them,
 //! before the shard serves (see the shard's module docs).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -33,7 +33,7 @@ impl Shard {
                 self.refresh_gauges(true);
                 let st = self.state.read();
                 tracing::info!(
-                    documents = st.docs.len(),
+                    documents = self.live(&st),
                     runs = st.index.runs().len(),
                     seconds = secs,
                     "recovered"
@@ -86,7 +86,8 @@ impl Shard {
         let sids: Vec<u64> = stored_runs.iter().map(|&(sid, _)| sid).collect();
         last_seq = last_seq.max(manifest.last_seq).max(manifest.covered).max(docsnap.covered);
         let covered = if buffer_empty { last_seq } else { manifest.covered };
-        if docs.len() != index.len() {
+        let live = if self.config.names { docs.len() } else { index.len() };
+        if self.config.names && docs.len() != index.len() {
             return Err(Error::CorruptTablet(format!(
                 "documents ({}) and index ({}) disagree after recovery",
                 docs.len(),
@@ -94,9 +95,9 @@ impl Shard {
             )));
         }
         match &self.expect {
-            Some((_, Some(e))) => e.check(last_seq, docs.len() as u64, tail)?,
+            Some((_, Some(e))) => e.check(last_seq, live as u64, tail)?,
             // A new directory has nothing to check: the record is written now, quietly.
-            Some((_, None)) if last_seq == 0 && docs.is_empty() => {}
+            Some((_, None)) if last_seq == 0 && live == 0 => {}
             Some((file, None)) => tracing::warn!(path = %file.path().display(),
                 "no expectation record (a data directory from an earlier release?); the \
                  recovered data cannot be checked against one, and one is written now"),
@@ -137,7 +138,7 @@ impl Shard {
         // A fresh record before anything is truncated: the last manifest may cover more than
         // the record on disk when a crash fell between the two (see `crate::expect`).
         if let Some((file, _)) = &self.expect {
-            file.write(&Expectation { seq: last_seq, live: docs.len() as u64 })?;
+            file.write(&Expectation { seq: last_seq, live: live as u64 })?;
         }
         let mut st = self.state.write();
         *st = State {
@@ -214,7 +215,7 @@ impl Shard {
                             Op::Remove { .. } => tail.removes += 1,
                         }
                     }
-                    if seq > docsnap.covered {
+                    if seq > docsnap.covered && self.config.names {
                         docs.apply(&op);
                         // An acknowledged sketch is in the log; the sketch store may have
                         // lost it with the crash. Writing it again is harmless.
@@ -254,28 +255,31 @@ impl Shard {
         let stored: Vec<(u64, usize)> =
             loaded.iter().map(|(sid, l)| (*sid, l.run.deleted())).collect();
         index.restore(loaded.into_iter().map(|(_, l)| l.run).collect())?;
-        let mut pending: Vec<Doc> = Vec::new();
-        let mut pending_ids: HashSet<u64> = HashSet::new();
-        let mut removed: HashSet<u64> = HashSet::new();
+        // Replayed puts not yet removed again. A shard without names may see one entry
+        // `(id, fp)` put, removed and put again (a tablet copied back), so a removal takes
+        // back the latest put of that very entry, not every put of the id.
+        let mut pending: Vec<Option<Doc>> = Vec::new();
+        let mut pending_at: HashMap<(u64, u64), Vec<usize>> = HashMap::new();
         for e in s.log.scan(&key64(manifest.covered + 1), &[0xFF; 9]) {
             let (_, v) = e?;
             for op in record::decode(&v)? {
                 match op {
                     Op::Put { id, fp, ts, .. } => {
-                        pending.push(Doc { id, fp, ts });
-                        pending_ids.insert(id);
+                        pending_at.entry((id, fp)).or_default().push(pending.len());
+                        pending.push(Some(Doc { id, fp, ts }));
                     }
                     Op::Remove { id, fp } => {
-                        if pending_ids.remove(&id) {
-                            removed.insert(id);
-                        } else {
-                            index.delete_doc(id, fp)?;
+                        match pending_at.get_mut(&(id, fp)).and_then(|at| at.pop()) {
+                            Some(i) => pending[i] = None,
+                            None => {
+                                index.delete_doc(id, fp)?;
+                            }
                         }
                     }
                 }
             }
         }
-        pending.retain(|d| !removed.contains(&d.id));
+        let pending: Vec<Doc> = pending.into_iter().flatten().collect();
         // Restored runs leave the buffer empty; replayed documents form one run, or stay in
         // the buffer when they are fewer than it holds.
         index.insert_batch(&pending)?;

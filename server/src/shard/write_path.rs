@@ -14,7 +14,7 @@ use crate::persist::{Spaces, key64};
 use crate::record::{self, Op, RecordWriter};
 
 /// Checks a caller id.
-fn check_name(name: &str, max: usize) -> Result<()> {
+pub(super) fn check_name(name: &str, max: usize) -> Result<()> {
     if name.is_empty() {
         return Err(Error::InvalidInput("a document id must not be empty".into()));
     }
@@ -28,16 +28,16 @@ fn check_name(name: &str, max: usize) -> Result<()> {
 }
 
 /// Groups of operations (a replacement's remove and put stay together) cut into records.
-struct RecordPlan<'a> {
+pub(super) struct RecordPlan<'a> {
     groups: Vec<([Option<Op<'a>>; 2], usize)>,
 }
 
 impl<'a> RecordPlan<'a> {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         RecordPlan { groups: Vec::new() }
     }
 
-    fn push(&mut self, first: Op<'a>, second: Option<Op<'a>>) {
+    pub(super) fn push(&mut self, first: Op<'a>, second: Option<Op<'a>>) {
         let bytes = first.encoded_len() + second.map_or(0, |o| o.encoded_len());
         self.groups.push(([Some(first), second], bytes));
     }
@@ -76,6 +76,7 @@ impl Shard {
         must_exist: bool,
     ) -> Result<WriteOutcome> {
         self.check_serving()?;
+        self.check_names()?;
         let max = self.config.max_id_bytes;
         for d in docs {
             check_name(&d.id, max)?;
@@ -142,7 +143,7 @@ impl Shard {
 
     /// Appends the plan's records and applies each once it is appended; returns the last
     /// sequence. On a storage error, what was appended is applied and the error returned.
-    fn append(&self, st: &mut State, plan: &RecordPlan<'_>) -> Result<u64> {
+    pub(super) fn append(&self, st: &mut State, plan: &RecordPlan<'_>) -> Result<u64> {
         let max_puts = self.config.index.buffer_docs - 1;
         let records = plan.records(self.config.max_record_bytes, max_puts);
         let commit = self.committer()?;
@@ -160,8 +161,12 @@ impl Shard {
             // After the log record: a sketch is never stored for a record that is not. The
             // record is applied whatever happens to its sketches (recovery writes them again
             // from the log), as every appended record is.
-            let sketched = ops.iter().try_for_each(|op| Self::store_sketch(&self.spaces, op));
-            Self::apply(st, seq, ops)?;
+            let sketched = if self.config.names {
+                ops.iter().try_for_each(|op| Self::store_sketch(&self.spaces, op))
+            } else {
+                Ok(())
+            };
+            Self::apply(st, seq, ops, self.config.names)?;
             sketched?;
         }
         if !records.is_empty() {
@@ -185,9 +190,11 @@ impl Shard {
     }
 
     /// Applies one appended record to memory. The buffer becomes a run only between records.
-    fn apply(st: &mut State, seq: u64, ops: &[Op<'_>]) -> Result<()> {
-        for op in ops {
-            st.docs.apply(op);
+    fn apply(st: &mut State, seq: u64, ops: &[Op<'_>], names: bool) -> Result<()> {
+        if names {
+            for op in ops {
+                st.docs.apply(op);
+            }
         }
         Self::apply_index(st, seq, ops)
     }
@@ -225,6 +232,7 @@ impl Shard {
         skip_if_duplicate: bool,
     ) -> Result<(Admission, u64)> {
         self.check_serving()?;
+        self.check_names()?;
         check_name(&doc.id, self.config.max_id_bytes)?;
         let limit = limit.max(1);
         let sketch_bytes = doc.sketch.map(|s| s.to_bytes());

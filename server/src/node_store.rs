@@ -1,0 +1,473 @@
+//! A cluster node's data: the fingerprint entries of the tablets it holds and the documents
+//! of its partitions (the model is in `docs/cluster.md` and [`crate::data_types`]).
+//!
+//! # Layout
+//! - **Tables.** One [`Shard`] without names per table `t` of the design, holding every
+//!   entry of table `t` the node has (whichever tablets of it), in permuted order: an index
+//!   of design `p{prefix_bits_t}k{max_k}` ([`Design::tablet`]) over `perm_t(fp)`, with the
+//!   gid as the index's id. An entry costs what an index entry costs (its value in the
+//!   table's Huffman-XOR blocks, its gid in the run's id column, about 9 bytes at a
+//!   million entries) and nothing else: no document table, no name. A probe of table `t`
+//!   for `q` is a query of `perm_t(q)` there: Hamming distance does not change under a
+//!   permutation of bits, so it finds exactly the entries within `k` that share `q`'s prefix
+//!   in table `t` (other entries within `k` that a write buffer scan finds are dropped, so
+//!   every replica answers alike).
+//! - **Documents.** One [`Shard`] with names for every partition the node holds, the gid as
+//!   its internal id: the document table maps names to gids and gids to fingerprint,
+//!   timestamp and cluster; sketches sit in its sketch keyspace. Its index (design `p16k0`,
+//!   never queried) only keeps the shard's recovery checks whole.
+//!
+//! Every shard is today's: write-ahead log, group commit, runs of Huffman-XOR blocks,
+//! checkpoints, recovery with checksums and the expectation file (one per shard, in its own
+//! directory). A write returns once its records are synced, so a `kill -9` after it loses
+//! nothing.
+//!
+//! # One database
+//! The shards share one sled database (`dir/db`), each under its own prefix of keyspace
+//! names ([`PrefixedStore`]): one page cache bounded by [`NodeStoreConfig::cache_bytes`]
+//! for the whole node (sled's cache is per database: a database per shard would need the
+//! budget split T + 1 ways, or T + 1 times the memory), one file set and one lock. Each
+//! shard keeps its own group commit; a sync is sled's flush of the whole database, so
+//! concurrent writes to several tables mostly share one.
+//!
+//! # Order of writes
+//! Idempotent, as the router's retries need: a put of an entry (or gid) already there and
+//! a removal of one not there log nothing. Two gids of one name: the larger
+//! `(ts_ms, gid)` stays whatever the order they arrive in (last writer wins).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use neardup_core::Design;
+
+use crate::data_types::{DocInfo, DocOp, TabletHit, TabletOp, gid_partition};
+use crate::error::{Error, Result};
+use crate::metrics::ShardMetrics;
+use crate::shard::{EntryOp, Shard, ShardConfig, Status, check_data_dir};
+use crate::storage::{PrefixedStore, SledStore, Store};
+
+/// Where the node records the design its tables were built for.
+const DESIGN_FILE: &str = "design";
+
+/// Most partitions a gid can name.
+const MAX_PARTITIONS: u32 = 1 << crate::data_types::GID_PARTITION_BITS;
+
+/// How a node stores its data.
+#[derive(Debug, Clone)]
+pub struct NodeStoreConfig {
+    /// The page cache of the node's one database, shared by every table and the documents.
+    pub cache_bytes: u64,
+    /// Refuse to start when the data directory's file system has less free space.
+    pub min_free_bytes: u64,
+    /// Every shard's maintenance settings (write buffer, merges, checkpoints, record
+    /// sizes, longest name). Its design, `names`, `cache_bytes` and `min_free_bytes` are
+    /// set by the store.
+    pub shard: ShardConfig,
+}
+
+impl Default for NodeStoreConfig {
+    fn default() -> Self {
+        let shard = ShardConfig::default();
+        NodeStoreConfig {
+            cache_bytes: shard.cache_bytes,
+            min_free_bytes: shard.min_free_bytes,
+            shard,
+        }
+    }
+}
+
+/// What a node holds, for stats and benchmarks.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeStoreStats {
+    /// The design's text.
+    pub design: String,
+    /// Entries held per table.
+    pub entries: Vec<u64>,
+    /// Bytes in memory per table (its index).
+    pub table_bytes: Vec<u64>,
+    /// Documents held.
+    pub documents: u64,
+    /// Bytes in memory for the documents: the document table and its (small) index.
+    pub document_bytes: u64,
+    /// Every byte above.
+    pub memory_bytes: u64,
+    /// Bytes the database takes on disk.
+    pub disk_bytes: u64,
+}
+
+/// A cluster node's tablets and partitions: see the module docs.
+pub struct NodeStore {
+    dir: PathBuf,
+    design: Design,
+    tables: Vec<Arc<Shard>>,
+    docs: Arc<Shard>,
+    store: Arc<dyn Store>,
+    status: Arc<tokio::sync::watch::Sender<Status>>,
+    stop: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for NodeStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeStore")
+            .field("dir", &self.dir)
+            .field("design", &self.design.to_string())
+            .field("status", &*self.status.borrow())
+            .finish()
+    }
+}
+
+/// The status of a node from its shards': the worst of them.
+fn combined(shards: &[&Arc<Shard>]) -> Status {
+    let all: Vec<(usize, Status)> = shards.iter().map(|s| s.status()).enumerate().collect();
+    let rank = |s: &Status| match s {
+        Status::Corrupt(_) => 0,
+        Status::Failed(_) => 1,
+        Status::ShuttingDown => 2,
+        Status::Recovering => 3,
+        Status::Serving => 4,
+    };
+    let (i, worst) = all.into_iter().min_by_key(|(_, s)| rank(s)).unwrap_or((0, Status::Serving));
+    let part = if i + 1 == shards.len() { "documents".to_string() } else { format!("table {i}") };
+    match worst {
+        Status::Corrupt(m) => Status::Corrupt(format!("{part}: {m}")),
+        Status::Failed(m) => Status::Failed(format!("{part}: {m}")),
+        s => s,
+    }
+}
+
+impl NodeStore {
+    /// Opens (creating if new) and recovers the node's data under `dir` for `design`. A
+    /// directory written for another design is refused. When a shard's data is damaged the
+    /// store still opens: [`watch_status`](Self::watch_status) says
+    /// [`Status::Corrupt`] and every call fails with the damage.
+    pub fn open(
+        dir: &Path,
+        design: &Design,
+        config: NodeStoreConfig,
+        metrics: ShardMetrics,
+    ) -> Result<Arc<NodeStore>> {
+        if design.is_tablet() {
+            return Err(Error::InvalidInput(format!(
+                "a node stores the tables of a full design, not the tablet design {design}"
+            )));
+        }
+        check_data_dir(dir, config.min_free_bytes)?;
+        Self::check_design(dir, design)?;
+        let store: Arc<dyn Store> = Arc::new(SledStore::open(&dir.join("db"), config.cache_bytes)?);
+        let width = design.width();
+        let max_k = design.max_k();
+        let mut base = config.shard.clone();
+        base.cache_bytes = config.cache_bytes;
+        base.min_free_bytes = config.min_free_bytes;
+        let mut tables = Vec::with_capacity(design.tables().len());
+        for (t, spec) in design.tables().iter().enumerate() {
+            let mut c = base.clone();
+            c.names = false;
+            c.index.design = Design::tablet(width, spec.prefix_bits, max_k)?;
+            let space = Arc::new(PrefixedStore::new(store.clone(), format!("t{t}/")));
+            tables.push(Shard::open_shared(&dir.join(format!("t{t}")), space, c, metrics.clone())?);
+        }
+        let mut c = base;
+        c.names = true;
+        c.index.design = Design::tablet(width, 16.min(width), 0)?;
+        c.index.recent_docs = 0;
+        let space = Arc::new(PrefixedStore::new(store.clone(), "docs/"));
+        let docs = Shard::open_shared(&dir.join("docs"), space, c, metrics)?;
+        for s in tables.iter().chain([&docs]) {
+            // A damaged shard reports itself through its status (below); the others serve.
+            if let Err(e) = s.recover() {
+                tracing::error!(error = %e, path = %s.path().display(), "a shard did not recover");
+            }
+        }
+        let all: Vec<&Arc<Shard>> = tables.iter().chain([&docs]).collect();
+        let status = Arc::new(tokio::sync::watch::Sender::new(combined(&all)));
+        let node = Arc::new(NodeStore {
+            dir: dir.to_path_buf(),
+            design: design.clone(),
+            tables,
+            docs,
+            store,
+            status,
+            stop: Arc::new(AtomicBool::new(false)),
+        });
+        Self::follow_status(&node);
+        Ok(node)
+    }
+
+    /// Checks (or, when new, records) the design the directory holds tables for.
+    fn check_design(dir: &Path, design: &Design) -> Result<()> {
+        let path = dir.join(DESIGN_FILE);
+        let text = design.to_string();
+        let bad = |e: std::io::Error| Error::DataDir {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        };
+        match std::fs::read_to_string(&path) {
+            Ok(found) if found.trim() == text => Ok(()),
+            Ok(found) => Err(Error::Incompatible(format!(
+                "{} holds tables of design {:?}, not {text:?}",
+                dir.display(),
+                found.trim()
+            ))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                std::fs::write(&path, format!("{text}\n")).map_err(bad)?;
+                std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(bad)
+            }
+            Err(e) => Err(bad(e)),
+        }
+    }
+
+    /// Keeps the node's status the worst of its shards' (a sync can fail at any time) until
+    /// the store is shut down or dropped: a thread checks every 100 ms.
+    fn follow_status(node: &Arc<NodeStore>) {
+        let weak: Weak<NodeStore> = Arc::downgrade(node);
+        let stop = node.stop.clone();
+        let spawned =
+            std::thread::Builder::new().name("neardup-node-status".into()).spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    std::thread::sleep(Duration::from_millis(100));
+                    let Some(node) = weak.upgrade() else { return };
+                    node.refresh_status();
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "no status thread; the status is refreshed by calls");
+        }
+    }
+
+    fn shards(&self) -> impl Iterator<Item = &Arc<Shard>> {
+        self.tables.iter().chain([&self.docs])
+    }
+
+    fn refresh_status(&self) {
+        let all: Vec<&Arc<Shard>> = self.shards().collect();
+        let now = combined(&all);
+        self.status.send_if_modified(|s| {
+            if *s == now {
+                false
+            } else {
+                *s = now;
+                true
+            }
+        });
+    }
+
+    /// The design whose tables the node holds.
+    pub fn design(&self) -> &Design {
+        &self.design
+    }
+
+    fn table(&self, table: u32) -> Result<&Arc<Shard>> {
+        self.tables.get(table as usize).ok_or_else(|| {
+            Error::InvalidInput(format!(
+                "table {table} does not exist: design {} has {}",
+                self.design,
+                self.tables.len()
+            ))
+        })
+    }
+
+    fn check_partition(p: u32) -> Result<()> {
+        if p >= MAX_PARTITIONS {
+            return Err(Error::InvalidInput(format!(
+                "partition {p} is not below {MAX_PARTITIONS}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Applies ops to table `table`'s entries, durably: returns once they are synced.
+    /// Idempotent: a Put of an entry already there and a Remove of one not there are
+    /// no-ops. Ops on one table apply in order. A bad table number changes nothing.
+    pub async fn write_tablets(&self, ops: Vec<(u32, TabletOp)>) -> Result<()> {
+        let mut by_table: BTreeMap<u32, Vec<EntryOp>> = BTreeMap::new();
+        for (t, op) in &ops {
+            let perm = &self.design.tables()[self.table_index(*t)?].perm;
+            let (put, gid, fp) = match *op {
+                TabletOp::Put { gid, fp } => (true, gid, fp),
+                TabletOp::Remove { gid, fp } => (false, gid, fp),
+            };
+            if gid == 0 {
+                return Err(Error::InvalidInput("gid 0 is never a document's".into()));
+            }
+            by_table.entry(*t).or_default().push(EntryOp { put, id: gid, fp: perm.apply(fp) });
+        }
+        let mut waits = Vec::with_capacity(by_table.len());
+        for (t, entries) in by_table {
+            let shard = self.table(t)?;
+            waits.push((shard, shard.write_entries(&entries)?));
+        }
+        for (shard, seq) in waits {
+            shard.wait_durable(seq).await?;
+        }
+        Ok(())
+    }
+
+    fn table_index(&self, table: u32) -> Result<usize> {
+        self.table(table).map(|_| table as usize)
+    }
+
+    /// For each probe (table, fp as the caller sent it, NOT permuted), the entries of that
+    /// table within `k` that share the probe's prefix in it, by distance then gid, at most
+    /// `max_matches` per probe (then `truncated`).
+    pub fn probe_tablets(
+        &self,
+        probes: &[(u32, u64)],
+        k: u32,
+        max_matches: usize,
+    ) -> Result<Vec<(Vec<TabletHit>, bool)>> {
+        self.design.check_k(k)?;
+        let width = self.design.width();
+        probes
+            .iter()
+            .map(|&(t, fp)| {
+                let spec = &self.design.tables()[self.table_index(t)?];
+                let pq = spec.perm.apply(fp);
+                let shift = width - spec.prefix_bits;
+                let prefix = |v: u64| v.checked_shr(shift).unwrap_or(0);
+                let found = self.table(t)?.query_entries(&[pq], k)?;
+                let mut hits: Vec<TabletHit> = found
+                    .into_iter()
+                    .flatten()
+                    .filter(|m| prefix(m.fp) == prefix(pq))
+                    .map(|m| TabletHit {
+                        gid: m.id,
+                        fp: spec.perm.invert(m.fp),
+                        distance: m.distance,
+                    })
+                    .collect();
+                hits.sort_unstable_by_key(|h| (h.distance, h.gid));
+                let truncated = hits.len() > max_matches;
+                hits.truncate(max_matches);
+                Ok((hits, truncated))
+            })
+            .collect()
+    }
+
+    /// Every entry `(gid, fp)` of `table` whose permuted value lies in `[start, end]`, in
+    /// permuted order (then by gid), with `fp` as callers send it (not permuted): what a
+    /// [`TabletOp::Put`] on another node takes (for copying a tablet there).
+    pub fn scan_tablet(&self, table: u32, start: u64, end: u64) -> Result<Vec<(u64, u64)>> {
+        let perm = &self.design.tables()[self.table_index(table)?].perm;
+        let mut found: Vec<(u64, u64)> = self
+            .table(table)?
+            .entries()?
+            .into_iter()
+            .filter(|d| (start..=end).contains(&d.fp))
+            .map(|d| (d.fp, d.id))
+            .collect();
+        found.sort_unstable();
+        Ok(found.into_iter().map(|(p, gid)| (gid, perm.invert(p))).collect())
+    }
+
+    /// Removes every entry of `table` whose permuted value is in `[start, end]` (a tablet
+    /// that moved away), durably.
+    pub async fn drop_tablet(&self, table: u32, start: u64, end: u64) -> Result<()> {
+        let shard = self.table(table)?;
+        let gone: Vec<EntryOp> = shard
+            .entries()?
+            .into_iter()
+            .filter(|d| (start..=end).contains(&d.fp))
+            .map(|d| EntryOp { put: false, id: d.id, fp: d.fp })
+            .collect();
+        let seq = shard.write_entries(&gone)?;
+        shard.wait_durable(seq).await
+    }
+
+    /// Applies document ops durably. A Put whose name is held by another gid replaces it
+    /// only if `(ts_ms, gid)` of the new one is larger (last writer wins, so replicas that
+    /// see two writers in different orders agree); otherwise it is ignored. Remove removes
+    /// the entry if it still has that gid. Idempotent.
+    pub async fn write_docs(&self, ops: Vec<DocOp>) -> Result<()> {
+        let seq = self.docs.write_docs(&ops)?;
+        self.docs.wait_durable(seq).await
+    }
+
+    /// Documents by name (`None` if absent).
+    pub fn lookup_names(&self, names: &[&str]) -> Result<Vec<Option<DocInfo>>> {
+        self.docs.docs_by_names(names)
+    }
+
+    /// Documents by gid (`None` if absent).
+    pub fn resolve(&self, gids: &[u64]) -> Result<Vec<Option<DocInfo>>> {
+        self.docs.docs_by_ids(gids)
+    }
+
+    /// Every document of partition `p` (`gid & 0xff == p`), by gid, for copying it to
+    /// another node.
+    pub fn scan_partition(&self, p: u32) -> Result<Vec<DocInfo>> {
+        Self::check_partition(p)?;
+        self.docs.docs_where(|gid| gid_partition(gid) == p)
+    }
+
+    /// Removes every document of partition `p`, durably.
+    pub async fn drop_partition(&self, p: u32) -> Result<()> {
+        let gone: Vec<DocOp> = self
+            .scan_partition(p)?
+            .into_iter()
+            .map(|d| DocOp::Remove { gid: d.gid, name: d.name })
+            .collect();
+        self.write_docs(gone).await
+    }
+
+    /// Entries per table, documents, memory and disk bytes (for stats and bench). A shard
+    /// that is not serving counts as empty.
+    pub fn stats(&self) -> NodeStoreStats {
+        let mut out = NodeStoreStats { design: self.design.to_string(), ..Default::default() };
+        for t in &self.tables {
+            let s = t.stats().ok();
+            out.entries.push(s.as_ref().map_or(0, |s| s.documents));
+            out.table_bytes.push(s.map_or(0, |s| s.index_bytes));
+        }
+        if let Ok(s) = self.docs.stats() {
+            out.documents = s.documents;
+            out.document_bytes = s.index_bytes + self.docs.doc_bytes() as u64;
+        }
+        out.memory_bytes = out.table_bytes.iter().sum::<u64>() + out.document_bytes;
+        out.disk_bytes = self.store.disk_bytes().unwrap_or(0);
+        out
+    }
+
+    /// Serving / recovering / corrupt / failed, as [`Shard::watch_status`]: the worst of
+    /// the node's shards, naming the one.
+    pub fn watch_status(&self) -> tokio::sync::watch::Receiver<Status> {
+        self.refresh_status();
+        self.status.subscribe()
+    }
+
+    /// Flushes, checkpoints, syncs (every shard). Call after the servers in front have
+    /// drained their requests.
+    pub fn shutdown(&self) -> Result<()> {
+        self.stop.store(true, Ordering::Release);
+        let mut first = None;
+        for s in self.shards() {
+            if let Err(e) = s.shutdown() {
+                first.get_or_insert(e);
+            }
+        }
+        self.refresh_status();
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Stops every shard writing nothing more: the data is left as a crash would leave it
+    /// after the last sync. For tests that reopen the data in the same process.
+    pub fn close_without_checkpoint(&self) {
+        self.stop.store(true, Ordering::Release);
+        for s in self.shards() {
+            s.close_without_checkpoint();
+        }
+    }
+}
+
+impl Drop for NodeStore {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+#[path = "node_store_tests.rs"]
+mod tests;

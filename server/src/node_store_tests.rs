@@ -1,0 +1,597 @@
+//! The node store against brute force: tablet entries and documents kept in plain
+//! collections, every answer compared, across deletes, re-puts, crashes and restarts.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use neardup_core::Design;
+use neardup_core::util::SplitMix64;
+
+use super::*;
+use crate::data_types::make_gid;
+use crate::storage::{SledStore, Store};
+use crate::{ErrorClass, ShardMetrics};
+
+fn config() -> NodeStoreConfig {
+    let mut c = NodeStoreConfig { cache_bytes: 8 << 20, min_free_bytes: 0, ..Default::default() };
+    c.shard.index.buffer_docs = 64;
+    c.shard.checkpoint_ops = 200;
+    c.shard.checkpoint_interval = Duration::from_secs(3600);
+    c.shard.idle_flush = Duration::from_secs(3600);
+    c.shard.max_record_bytes = 2048;
+    c.shard.max_runs = 3;
+    c
+}
+
+fn open(dir: &Path, design: &Design) -> Arc<NodeStore> {
+    NodeStore::open(dir, design, config(), ShardMetrics::default()).unwrap()
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
+}
+
+/// The truth about the tablets: every entry (table, gid, fp).
+#[derive(Default, Clone)]
+struct Entries(BTreeSet<(u32, u64, u64)>);
+
+impl Entries {
+    /// Table `t`'s probe: its entries sharing q's prefix in table t and within k, by
+    /// distance then gid.
+    fn probe(&self, design: &Design, t: u32, q: u64, k: u32) -> Vec<TabletHit> {
+        let spec = &design.tables()[t as usize];
+        let shift = 64 - spec.prefix_bits;
+        let pq = spec.perm.apply(q) >> shift;
+        let mut v: Vec<TabletHit> = self
+            .0
+            .iter()
+            .filter(|&&(tt, _, fp)| {
+                tt == t && spec.perm.apply(fp) >> shift == pq && (fp ^ q).count_ones() <= k
+            })
+            .map(|&(_, gid, fp)| TabletHit { gid, fp, distance: (fp ^ q).count_ones() })
+            .collect();
+        v.sort_unstable_by_key(|h| (h.distance, h.gid));
+        v
+    }
+}
+
+/// Random fingerprints near a few centres, so probes find something.
+struct Gen {
+    rng: SplitMix64,
+    centres: Vec<u64>,
+    seq: u64,
+}
+
+impl Gen {
+    fn new(seed: u64) -> Gen {
+        let mut rng = SplitMix64::new(seed);
+        let centres = (0..8).map(|_| rng.next_u64()).collect();
+        Gen { rng, centres, seq: 0 }
+    }
+
+    fn fp(&mut self) -> u64 {
+        let c = self.centres[self.rng.below(self.centres.len() as u64) as usize];
+        let flips = self.rng.below(6) as u32;
+        self.rng.flip_bits(c, flips)
+    }
+
+    fn gid(&mut self) -> u64 {
+        self.seq += 1;
+        make_gid(self.seq, self.rng.below(16) as u32)
+    }
+}
+
+/// Puts new documents' entries in every table, removes some, re-puts some (no-ops), removes
+/// absent ones (no-ops): one call per round, as a router would send.
+fn tablet_round(node: &NodeStore, model: &mut Entries, g: &mut Gen, tables: u32) {
+    let mut ops = Vec::new();
+    let live: Vec<(u64, u64)> =
+        model.0.iter().filter(|e| e.0 == 0).map(|&(_, gid, fp)| (gid, fp)).collect();
+    for _ in 0..40 {
+        match g.rng.below(6) {
+            0..=2 => {
+                let (gid, fp) = (g.gid(), g.fp());
+                for t in 0..tables {
+                    ops.push((t, TabletOp::Put { gid, fp }));
+                    model.0.insert((t, gid, fp));
+                }
+            }
+            3 if !live.is_empty() => {
+                let (gid, fp) = live[g.rng.below(live.len() as u64) as usize];
+                for t in 0..tables {
+                    ops.push((t, TabletOp::Remove { gid, fp }));
+                    model.0.remove(&(t, gid, fp));
+                }
+            }
+            4 if !live.is_empty() => {
+                // A retried put: a no-op unless removed earlier in this round.
+                let (gid, fp) = live[g.rng.below(live.len() as u64) as usize];
+                for t in 0..tables {
+                    ops.push((t, TabletOp::Put { gid, fp }));
+                    model.0.insert((t, gid, fp));
+                }
+            }
+            _ => {
+                let t = g.rng.below(tables as u64) as u32;
+                ops.push((t, TabletOp::Remove { gid: g.gid(), fp: g.fp() }));
+            }
+        }
+    }
+    block_on(node.write_tablets(ops)).unwrap();
+}
+
+/// Every probe answer against brute force, per table and as the union over the tables a
+/// query at `k` needs.
+fn check_tablets(node: &NodeStore, model: &Entries, g: &mut Gen) {
+    let design = node.design().clone();
+    let all: Vec<(u64, u64)> =
+        model.0.iter().filter(|e| e.0 == 0).map(|&(_, gid, fp)| (gid, fp)).collect();
+    for k in 0..=design.max_k() {
+        for _ in 0..15 {
+            let q = if all.is_empty() || g.rng.below(4) == 0 {
+                g.fp()
+            } else {
+                let fp = all[g.rng.below(all.len() as u64) as usize].1;
+                let flips = g.rng.below(k as u64 + 2) as u32;
+                g.rng.flip_bits(fp, flips)
+            };
+            let tables: Vec<u32> = (0..design.tables().len() as u32).collect();
+            let probes: Vec<(u32, u64)> = tables.iter().map(|&t| (t, q)).collect();
+            let got = node.probe_tablets(&probes, k, usize::MAX).unwrap();
+            let mut union = BTreeSet::new();
+            for (&t, (hits, truncated)) in tables.iter().zip(&got) {
+                let want = model.probe(&design, t, q, k);
+                assert_eq!(hits, &want, "table {t} k={k} q={q:#x}");
+                assert!(!truncated);
+                if design.tables_for_k(k).contains(&(t as usize)) {
+                    union.extend(hits.iter().map(|h| (h.gid, h.fp)));
+                }
+                // The cap: the first hits, and truncated when more were there.
+                let (few, cut) = &node.probe_tablets(&[(t, q)], k, 1).unwrap()[0];
+                assert_eq!(few.as_slice(), &want[..want.len().min(1)]);
+                assert_eq!(*cut, want.len() > 1);
+            }
+            let brute: BTreeSet<(u64, u64)> =
+                all.iter().copied().filter(|(_, fp)| (fp ^ q).count_ones() <= k).collect();
+            assert_eq!(union, brute, "k={k} q={q:#x}: the union over tables");
+        }
+    }
+    let stats = node.stats();
+    for t in 0..design.tables().len() as u32 {
+        let n = model.0.iter().filter(|e| e.0 == t).count() as u64;
+        assert_eq!(stats.entries[t as usize], n, "table {t}");
+    }
+}
+
+#[test]
+fn tablet_probes_match_brute_force_through_crashes_and_restarts() {
+    for (seed, text) in [(1, "5c2"), (2, "paper-16")] {
+        let dir = tempfile::tempdir().unwrap();
+        let design = Design::parse(text).unwrap();
+        let tables = design.tables().len() as u32;
+        let (mut model, mut g) = (Entries::default(), Gen::new(seed));
+        let node = open(dir.path(), &design);
+        for _ in 0..12 {
+            tablet_round(&node, &mut model, &mut g, tables);
+        }
+        check_tablets(&node, &model, &mut g);
+        // A crash: everything acknowledged is there after recovery.
+        node.close_without_checkpoint();
+        drop(node);
+        let node = open(dir.path(), &design);
+        check_tablets(&node, &model, &mut g);
+        for _ in 0..6 {
+            tablet_round(&node, &mut model, &mut g, tables);
+        }
+        check_tablets(&node, &model, &mut g);
+        node.shutdown().unwrap();
+        drop(node);
+        let node = open(dir.path(), &design);
+        check_tablets(&node, &model, &mut g);
+        node.shutdown().unwrap();
+        drop(node);
+        // Another design's directory is refused.
+        let other = Design::parse("4c1").unwrap();
+        let e = NodeStore::open(dir.path(), &other, config(), ShardMetrics::default());
+        assert!(matches!(e, Err(Error::Incompatible(_))), "{e:?}");
+    }
+}
+
+#[test]
+fn tablet_writes_are_idempotent_and_bad_input_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let design = Design::parse("5c2").unwrap();
+    let node = open(dir.path(), &design);
+    let put = TabletOp::Put { gid: make_gid(1, 3), fp: 0xABCD };
+    for _ in 0..3 {
+        block_on(node.write_tablets(vec![(2, put), (2, put)])).unwrap();
+    }
+    assert_eq!(node.stats().entries[2], 1);
+    let hits = &node.probe_tablets(&[(2, 0xABCD)], 0, 10).unwrap()[0].0;
+    assert_eq!(hits, &[TabletHit { gid: make_gid(1, 3), fp: 0xABCD, distance: 0 }]);
+    // Same fingerprint, another gid: a second entry.
+    block_on(node.write_tablets(vec![(2, TabletOp::Put { gid: make_gid(2, 3), fp: 0xABCD })]))
+        .unwrap();
+    assert_eq!(node.stats().entries[2], 2);
+    let remove = TabletOp::Remove { gid: make_gid(1, 3), fp: 0xABCD };
+    for _ in 0..2 {
+        block_on(node.write_tablets(vec![(2, remove)])).unwrap();
+    }
+    assert_eq!(node.stats().entries[2], 1);
+    // Removed, then put again: there.
+    block_on(node.write_tablets(vec![(2, remove), (2, put)])).unwrap();
+    assert_eq!(node.stats().entries[2], 2);
+    for bad in [vec![(2, put), (10, put)], vec![(0, TabletOp::Put { gid: 0, fp: 1 })]] {
+        let e = block_on(node.write_tablets(bad)).unwrap_err();
+        assert_eq!(e.class(), ErrorClass::InvalidInput, "{e}");
+    }
+    assert_eq!(node.stats().entries[0], 0);
+    assert_eq!(node.probe_tablets(&[(0, 1)], 3, 1).unwrap().len(), 1);
+    for e in [
+        node.probe_tablets(&[(0, 1)], 4, 1).unwrap_err(),
+        node.probe_tablets(&[(10, 1)], 1, 1).unwrap_err(),
+        node.scan_tablet(10, 0, u64::MAX).unwrap_err(),
+        node.scan_partition(256).unwrap_err(),
+    ] {
+        assert_eq!(e.class(), ErrorClass::InvalidInput, "{e}");
+    }
+    node.shutdown().unwrap();
+}
+
+#[test]
+fn scan_and_drop_tablets_by_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let design = Design::parse("5c2").unwrap();
+    let tables = design.tables().len() as u32;
+    let node = open(dir.path(), &design);
+    let (mut model, mut g) = (Entries::default(), Gen::new(9));
+    // Spread values too, so every quarter holds some.
+    g.centres.extend((0..24).map(|i| (i as u64) << 59 | 0x1234_5678));
+    for _ in 0..8 {
+        tablet_round(&node, &mut model, &mut g, tables);
+    }
+    let split_bits = 2;
+    let ranges: Vec<(u64, u64)> = (0..1u64 << split_bits)
+        .map(|r| {
+            let start = r << (64 - split_bits);
+            (start, start | (u64::MAX >> split_bits))
+        })
+        .collect();
+    for t in 0..tables {
+        let perm = &design.tables()[t as usize].perm;
+        let mut seen = Vec::new();
+        for &(start, end) in &ranges {
+            let got = node.scan_tablet(t, start, end).unwrap();
+            let mut want: Vec<(u64, u64, u64)> = model
+                .0
+                .iter()
+                .filter(|e| e.0 == t && (start..=end).contains(&perm.apply(e.2)))
+                .map(|&(_, gid, fp)| (perm.apply(fp), gid, fp))
+                .collect();
+            want.sort_unstable();
+            let want: Vec<(u64, u64)> = want.into_iter().map(|(_, gid, fp)| (gid, fp)).collect();
+            assert_eq!(got, want, "table {t} range {start:#x}");
+            seen.extend(got);
+        }
+        assert_eq!(seen.len(), model.0.iter().filter(|e| e.0 == t).count());
+    }
+    // A narrow range inside one quarter.
+    let (start, end) = (ranges[1].0 + (1 << 40), ranges[1].0 + (1 << 61));
+    let perm = &design.tables()[3].perm;
+    let n = model.0.iter().filter(|e| e.0 == 3 && (start..=end).contains(&perm.apply(e.2))).count();
+    assert_eq!(node.scan_tablet(3, start, end).unwrap().len(), n);
+    // Dropping one quarter of table 1 removes exactly it.
+    let (start, end) = ranges[2];
+    let perm = design.tables()[1].perm.clone();
+    let before = model.0.len();
+    model.0.retain(|e| !(e.0 == 1 && (start..=end).contains(&perm.apply(e.2))));
+    assert!(model.0.len() < before, "the quarter held entries");
+    block_on(node.drop_tablet(1, start, end)).unwrap();
+    assert!(node.scan_tablet(1, start, end).unwrap().is_empty());
+    let all = node.scan_tablet(1, 0, u64::MAX).unwrap().len();
+    assert_eq!(all, model.0.iter().filter(|e| e.0 == 1).count());
+    // Probes of table 1 no longer find what was dropped (the union check does not hold
+    // for a node missing a tablet, so per table only).
+    for _ in 0..50 {
+        let q = g.fp();
+        for k in 0..=3 {
+            let got = &node.probe_tablets(&[(1, q)], k, usize::MAX).unwrap()[0].0;
+            assert_eq!(got, &model.probe(&design, 1, q, k));
+        }
+    }
+    node.shutdown().unwrap();
+}
+
+/// The truth about documents: name -> document, last writer wins.
+#[derive(Default, Clone)]
+struct Docs(BTreeMap<String, DocInfo>);
+
+impl Docs {
+    fn apply(&mut self, op: &DocOp) {
+        match op {
+            DocOp::Put(d) => {
+                if self.0.values().any(|x| x.gid == d.gid) {
+                    return;
+                }
+                match self.0.get(&d.name) {
+                    Some(old) if (old.ts_ms, old.gid) > (d.ts_ms, d.gid) => {}
+                    _ => {
+                        self.0.insert(d.name.clone(), d.clone());
+                    }
+                }
+            }
+            DocOp::Remove { gid, name } => {
+                if self.0.get(name).is_some_and(|d| d.gid == *gid) {
+                    self.0.remove(name);
+                }
+            }
+        }
+    }
+}
+
+fn info(gid: u64, name: &str, ts_ms: i64, sketch: Option<Vec<u8>>) -> DocInfo {
+    DocInfo {
+        gid,
+        name: name.into(),
+        fp: gid.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        ts_ms,
+        cluster: gid ^ 1,
+        sketch,
+    }
+}
+
+fn check_docs(node: &NodeStore, model: &Docs, gids: &[u64]) {
+    let names: Vec<String> = (0..40).map(|i| format!("https://x/{i}")).collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let got = node.lookup_names(&refs).unwrap();
+    for (n, g) in names.iter().zip(got) {
+        assert_eq!(g.as_ref(), model.0.get(n), "{n}");
+    }
+    let got = node.resolve(gids).unwrap();
+    for (gid, g) in gids.iter().zip(got) {
+        let want = model.0.values().find(|d| d.gid == *gid);
+        assert_eq!(g.as_ref(), want, "gid {gid}");
+    }
+    for p in 0..4 {
+        let mut want: Vec<DocInfo> =
+            model.0.values().filter(|d| gid_partition(d.gid) == p).cloned().collect();
+        want.sort_unstable_by_key(|d| d.gid);
+        assert_eq!(node.scan_partition(p).unwrap(), want, "partition {p}");
+    }
+    assert_eq!(node.stats().documents, model.0.len() as u64);
+}
+
+#[test]
+fn documents_last_writer_wins_in_either_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let design = Design::parse("5c2").unwrap();
+    let node = open(dir.path(), &design);
+    // Either order, one answer: the larger (ts_ms, gid), here the later timestamp with
+    // the smaller gid.
+    for (i, late_first) in [(0u64, true), (1, false)] {
+        let name = format!("order-{i}");
+        let late = info(make_gid(10 * i + 5, 1), &name, 20, Some(vec![1, 2, 3]));
+        let early = info(make_gid(10 * i + 9, 2), &name, 10, None);
+        let ops = if late_first {
+            vec![DocOp::Put(late.clone()), DocOp::Put(early)]
+        } else {
+            vec![DocOp::Put(early), DocOp::Put(late.clone())]
+        };
+        block_on(node.write_docs(ops.clone())).unwrap();
+        let got = node.lookup_names(&[&name]).unwrap().remove(0);
+        assert_eq!(got.as_ref(), Some(&late), "{name}");
+        assert_eq!(node.resolve(&[late.gid]).unwrap()[0].as_ref(), Some(&late));
+        // Replayed: nothing changes.
+        block_on(node.write_docs(ops)).unwrap();
+        assert_eq!(node.lookup_names(&[&name]).unwrap()[0].as_ref(), Some(&late));
+    }
+    // Equal timestamps: the larger gid.
+    block_on(node.write_docs(vec![
+        DocOp::Put(info(make_gid(30, 0), "tie", 5, None)),
+        DocOp::Put(info(make_gid(20, 0), "tie", 5, None)),
+    ]))
+    .unwrap();
+    assert_eq!(node.lookup_names(&["tie"]).unwrap()[0].as_ref().unwrap().gid, make_gid(30, 0));
+    // A removal with another gid is ignored; with its own, it removes.
+    let tie = make_gid(30, 0);
+    block_on(node.write_docs(vec![DocOp::Remove { gid: make_gid(20, 0), name: "tie".into() }]))
+        .unwrap();
+    assert!(node.lookup_names(&["tie"]).unwrap()[0].is_some());
+    block_on(node.write_docs(vec![DocOp::Remove { gid: tie, name: "tie".into() }])).unwrap();
+    assert_eq!(node.lookup_names(&["tie"]).unwrap()[0], None);
+    assert_eq!(node.resolve(&[tie]).unwrap()[0], None);
+    // Bad input changes nothing.
+    for bad in [
+        vec![DocOp::Put(info(make_gid(40, 0), "ok", 1, None)), DocOp::Put(info(0, "g0", 1, None))],
+        vec![DocOp::Put(info(make_gid(41, 0), "", 1, None))],
+        vec![DocOp::Put(info(make_gid(42, 0), "s", 1, Some(vec![0; 300])))],
+    ] {
+        let e = block_on(node.write_docs(bad)).unwrap_err();
+        assert_eq!(e.class(), ErrorClass::InvalidInput, "{e}");
+    }
+    assert_eq!(node.lookup_names(&["ok"]).unwrap()[0], None);
+    node.shutdown().unwrap();
+}
+
+#[test]
+fn documents_match_a_model_through_crashes_restarts_and_drops() {
+    let dir = tempfile::tempdir().unwrap();
+    let design = Design::parse("5c2").unwrap();
+    let node = open(dir.path(), &design);
+    let (mut model, mut rng) = (Docs::default(), SplitMix64::new(11));
+    let mut gids = Vec::new();
+    let mut round = |node: &NodeStore, model: &mut Docs, gids: &mut Vec<u64>| {
+        let mut ops = Vec::new();
+        for _ in 0..30 {
+            let name = format!("https://x/{}", rng.below(40));
+            if rng.below(4) == 0 {
+                // Remove by the gid it has now, or by a stale one.
+                let gid = match model.0.get(&name) {
+                    Some(d) if rng.below(3) != 0 => d.gid,
+                    _ => make_gid(rng.below(1000) + 1, rng.below(4) as u32),
+                };
+                ops.push(DocOp::Remove { gid, name });
+            } else if !gids.is_empty() && rng.below(5) == 0 {
+                // A retried put of a document already written (or since replaced).
+                let gid: u64 = gids[rng.below(gids.len() as u64) as usize];
+                let d = model.0.values().find(|d| d.gid == gid).cloned();
+                if let Some(d) = d {
+                    ops.push(DocOp::Put(d));
+                }
+            } else {
+                let gid = make_gid(gids.len() as u64 + 1, rng.below(4) as u32);
+                gids.push(gid);
+                let sketch = (rng.below(2) == 0).then(|| vec![gid as u8; 8]);
+                ops.push(DocOp::Put(info(gid, &name, rng.below(100) as i64, sketch)));
+            }
+        }
+        for op in &ops {
+            model.apply(op);
+        }
+        block_on(node.write_docs(ops)).unwrap();
+    };
+    for _ in 0..20 {
+        round(&node, &mut model, &mut gids);
+    }
+    check_docs(&node, &model, &gids);
+    node.close_without_checkpoint();
+    drop(node);
+    let node = open(dir.path(), &design);
+    check_docs(&node, &model, &gids);
+    for _ in 0..10 {
+        round(&node, &mut model, &mut gids);
+    }
+    block_on(node.drop_partition(2)).unwrap();
+    model.0.retain(|_, d| gid_partition(d.gid) != 2);
+    check_docs(&node, &model, &gids);
+    node.shutdown().unwrap();
+    drop(node);
+    let node = open(dir.path(), &design);
+    check_docs(&node, &model, &gids);
+    node.shutdown().unwrap();
+}
+
+/// Flips a byte of the last stored run's metadata of table 0, as a disk might.
+fn damage_table_0(dir: &Path) {
+    let store = SledStore::open(&dir.join("db"), 8 << 20).unwrap();
+    let meta = store.space("t0/meta").unwrap().get(b"manifest").unwrap().unwrap();
+    let sid = *crate::persist::Manifest::decode(&meta).unwrap().runs.last().unwrap();
+    let space = store.space("t0/run_meta").unwrap();
+    let key = crate::persist::key64(sid);
+    let (k, mut v) = space.scan(&key, &crate::persist::key64(sid + 1)).next().unwrap().unwrap();
+    let mid = v.len() / 2;
+    v[mid] ^= 0x5A;
+    space.put(&k, &v).unwrap();
+    store.sync().unwrap();
+}
+
+#[test]
+fn a_damaged_run_is_reported_not_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let design = Design::parse("5c2").unwrap();
+    let node = open(dir.path(), &design);
+    let (mut model, mut g) = (Entries::default(), Gen::new(4));
+    for _ in 0..5 {
+        tablet_round(&node, &mut model, &mut g, 10);
+    }
+    block_on(node.write_docs(vec![DocOp::Put(info(make_gid(1, 0), "d", 1, None))])).unwrap();
+    node.shutdown().unwrap();
+    drop(node);
+    damage_table_0(dir.path());
+    let node = open(dir.path(), &design);
+    let status = node.watch_status().borrow().clone();
+    assert!(matches!(&status, Status::Corrupt(m) if m.starts_with("table 0")), "{status:?}");
+    let e = node.probe_tablets(&[(0, 1)], 1, 10).unwrap_err();
+    assert_eq!(e.class(), ErrorClass::DataLoss, "{e}");
+    let e = block_on(node.write_tablets(vec![(0, TabletOp::Put { gid: 7, fp: 1 })])).unwrap_err();
+    assert_eq!(e.class(), ErrorClass::DataLoss, "{e}");
+    // The other shards still answer.
+    assert_eq!(node.probe_tablets(&[(1, 1)], 1, 10).unwrap().len(), 1);
+    assert!(node.lookup_names(&["d"]).unwrap()[0].is_some());
+    assert_eq!(node.stats().entries[0], 0, "a damaged table counts as empty");
+}
+
+/// The memory of a million documents of design 5c2 on one node: as tablets (ten shards
+/// without names plus the documents' shard) and as today's single-node shard. Run with
+/// `cargo test -p neardup-server --release -- --ignored --nocapture memory_per_entry`.
+#[test]
+#[ignore]
+fn memory_per_entry_at_a_million_documents() {
+    const N: u64 = 1_000_000;
+    let design = Design::parse("5c2").unwrap();
+    let mut rng = SplitMix64::new(77);
+    let docs: Vec<DocInfo> = (1..=N)
+        .map(|i| DocInfo {
+            gid: make_gid(i, (i % 16) as u32),
+            name: format!("https://example.com/page/{i}"),
+            fp: rng.next_u64(),
+            ts_ms: 1_700_000_000_000 + i as i64,
+            cluster: make_gid(i, (i % 16) as u32),
+            sketch: None,
+        })
+        .collect();
+    let mut c = NodeStoreConfig { min_free_bytes: 0, ..Default::default() };
+    c.shard.checkpoint_ops = u64::MAX;
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeStore::open(dir.path(), &design, c.clone(), ShardMetrics::default()).unwrap();
+    for chunk in docs.chunks(50_000) {
+        let ops: Vec<(u32, TabletOp)> = chunk
+            .iter()
+            .flat_map(|d| (0..10).map(move |t| (t, TabletOp::Put { gid: d.gid, fp: d.fp })))
+            .collect();
+        block_on(node.write_tablets(ops)).unwrap();
+        block_on(node.write_docs(chunk.iter().cloned().map(DocOp::Put).collect())).unwrap();
+    }
+    for s in &node.tables {
+        s.compact_all().unwrap();
+    }
+    node.docs.compact_all().unwrap();
+    let s = node.stats();
+    let entries: u64 = s.entries.iter().sum();
+    let table_bytes: u64 = s.table_bytes.iter().sum();
+    println!(
+        "tablets: {entries} entries, {:.2} bytes/entry; documents: {} at {:.1} bytes/doc; \
+         node {:.1} bytes/doc",
+        table_bytes as f64 / entries as f64,
+        s.documents,
+        s.document_bytes as f64 / s.documents as f64,
+        s.memory_bytes as f64 / s.documents as f64,
+    );
+    node.shutdown().unwrap();
+    drop(node);
+    let dir = tempfile::tempdir().unwrap();
+    let mut sc = c.shard.clone();
+    sc.index.design = design;
+    sc.min_free_bytes = 0;
+    let shard = Shard::open(dir.path(), sc, ShardMetrics::default()).unwrap();
+    shard.recover().unwrap();
+    for chunk in docs.chunks(50_000) {
+        let new: Vec<crate::NewDocument> = chunk
+            .iter()
+            .map(|d| crate::NewDocument {
+                id: d.name.clone(),
+                fingerprint: d.fp,
+                timestamp_ms: d.ts_ms,
+                sketch: None,
+            })
+            .collect();
+        let out = shard.write(&new, &[], false).unwrap();
+        shard.wait_durable_blocking(out.seq).unwrap();
+    }
+    shard.compact_all().unwrap();
+    let st = shard.stats().unwrap();
+    let index: u64 = st.index_bytes;
+    let table_bytes: u64 = st.tables.iter().map(|t| t.bytes).sum();
+    let doc_table = shard.doc_bytes() as u64;
+    println!(
+        "single shard: index {:.1} bytes/doc ({:.2} bytes/entry in its 10 tables), \
+         document table {:.1} bytes/doc, total {:.1} bytes/doc",
+        index as f64 / N as f64,
+        table_bytes as f64 / (10 * N) as f64,
+        doc_table as f64 / N as f64,
+        (index + doc_table) as f64 / N as f64,
+    );
+    shard.shutdown().unwrap();
+}

@@ -1,0 +1,235 @@
+//! Writes and reads with ids the caller assigns, for a cluster node's store
+//! ([`crate::node_store`]): bare index entries `(id, fp)` in a shard without names, and
+//! documents under cluster-wide gids, last writer wins, in a shard with names.
+//!
+//! Both write paths go through the same log records, group commit, runs and checkpoints
+//! as [`Shard::write`]; only the decision of what to log differs. Every write is idempotent:
+//! it logs only what changes the state, judged under the write lock.
+
+use std::collections::HashMap;
+
+use neardup_core::index::QueryScratch;
+use neardup_core::{Doc, Match};
+
+use super::Shard;
+use super::write_path::{RecordPlan, check_name};
+use crate::data_types::{DocInfo, DocOp};
+use crate::doc_table::DocEntry;
+use crate::error::{Error, Result};
+use crate::persist::key64;
+use crate::record::Op;
+
+/// One change to a shard without names: store or remove the entry `(id, fp)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntryOp {
+    /// Store (true) or remove (false).
+    pub put: bool,
+    /// The entry's id (never 0).
+    pub id: u64,
+    /// Its value as the index holds it.
+    pub fp: u64,
+}
+
+impl Shard {
+    /// Refuses calls that need the document table on a shard without one.
+    pub(super) fn check_names(&self) -> Result<()> {
+        if self.config.names {
+            Ok(())
+        } else {
+            Err(Error::Internal("this shard keeps no document names".into()))
+        }
+    }
+
+    fn check_nameless(&self) -> Result<()> {
+        if self.config.names {
+            Err(Error::Internal("this shard keeps documents: write them with names".into()))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Whether the index holds the live entry `(id, fp)`.
+    fn holds(index: &neardup_core::Index, id: u64, fp: u64, out: &mut Vec<Match>) -> Result<bool> {
+        index.query_into(fp, 0, &mut QueryScratch::default(), out)?;
+        Ok(out.iter().any(|m| m.id == id && m.fp == fp))
+    }
+
+    /// Applies entry changes to a shard without names, in order; returns the log sequence
+    /// to wait for ([`wait_durable`](Self::wait_durable)). A put of an entry already held
+    /// and a removal of one not held change nothing and log nothing.
+    pub fn write_entries(&self, ops: &[EntryOp]) -> Result<u64> {
+        self.check_serving()?;
+        self.check_nameless()?;
+        if let Some(op) = ops.iter().find(|o| o.id == 0) {
+            return Err(Error::InvalidInput(format!("entry id 0 (value {:#x})", op.fp)));
+        }
+        let mut st = self.state.write();
+        let st = &mut *st;
+        // What this batch has decided so far, over what the index holds.
+        let mut decided: HashMap<(u64, u64), bool> = HashMap::new();
+        let mut plan = RecordPlan::new();
+        let mut out = Vec::new();
+        for op in ops {
+            let held = match decided.get(&(op.id, op.fp)) {
+                Some(&h) => h,
+                None => Self::holds(&st.index, op.id, op.fp, &mut out)?,
+            };
+            if held == op.put {
+                continue;
+            }
+            decided.insert((op.id, op.fp), op.put);
+            plan.push(
+                if op.put {
+                    Op::Put { id: op.id, fp: op.fp, ts: 0, cluster: 0, name: "", sketch: None }
+                } else {
+                    Op::Remove { id: op.id, fp: op.fp }
+                },
+                None,
+            );
+        }
+        self.append(st, &plan)
+    }
+
+    /// Every live entry `(id, fp)` of the index, in no particular order (timestamps are
+    /// the caller's; a shard without names stores 0).
+    pub fn entries(&self) -> Result<Vec<Doc>> {
+        self.check_serving()?;
+        let st = self.state.read();
+        let mut out = Vec::with_capacity(st.index.len());
+        st.index.for_each_live(|d| out.push(d));
+        Ok(out)
+    }
+
+    /// The raw matches of each query within `k`, by distance, then timestamp, then id.
+    pub fn query_entries(&self, fps: &[u64], k: u32) -> Result<Vec<Vec<Match>>> {
+        self.check_serving()?;
+        let st = self.state.read();
+        st.index.check_k(k)?;
+        let mut scratch = QueryScratch::default();
+        fps.iter()
+            .map(|&fp| {
+                let mut out = Vec::new();
+                st.index.query_into(fp, k, &mut scratch, &mut out)?;
+                Ok(out)
+            })
+            .collect()
+    }
+
+    /// Applies document changes with caller-assigned ids (gids) to a shard with names, in
+    /// order; returns the log sequence to wait for. A put whose name another id holds
+    /// replaces it only if its `(ts_ms, gid)` is larger, and is ignored otherwise; a put of
+    /// an id already held changes nothing; a removal removes the name only while it has
+    /// that id. A request that fails validation changes nothing.
+    pub fn write_docs(&self, ops: &[DocOp]) -> Result<u64> {
+        self.check_serving()?;
+        self.check_names()?;
+        let max = self.config.max_id_bytes;
+        for op in ops {
+            match op {
+                DocOp::Put(d) => {
+                    check_name(&d.name, max)?;
+                    if d.gid == 0 {
+                        return Err(Error::InvalidInput(format!(
+                            "document {:?} has gid 0",
+                            d.name
+                        )));
+                    }
+                    if d.sketch.as_ref().is_some_and(|s| s.len() > u8::MAX as usize) {
+                        return Err(Error::InvalidInput(format!(
+                            "the sketch of {:?} is longer than {} bytes",
+                            d.name,
+                            u8::MAX
+                        )));
+                    }
+                }
+                DocOp::Remove { name, .. } => check_name(name, max)?,
+            }
+        }
+        let mut st = self.state.write();
+        let st = &mut *st;
+        let mut seq = st.last_seq;
+        // One op at a time: each decision sees what the ones before it did.
+        for op in ops {
+            let mut plan = RecordPlan::new();
+            match op {
+                DocOp::Put(d) => {
+                    if st.docs.by_id(d.gid).is_some() {
+                        continue;
+                    }
+                    let put = Op::Put {
+                        id: d.gid,
+                        fp: d.fp,
+                        ts: d.ts_ms,
+                        cluster: d.cluster,
+                        name: &d.name,
+                        sketch: d.sketch.as_deref(),
+                    };
+                    match st.docs.by_name(&d.name) {
+                        Some(old) if (old.ts, old.id) > (d.ts_ms, d.gid) => continue,
+                        Some(old) => plan.push(Op::Remove { id: old.id, fp: old.fp }, Some(put)),
+                        None => plan.push(put, None),
+                    }
+                }
+                DocOp::Remove { gid, name } => match st.docs.by_name(name) {
+                    Some(old) if old.id == *gid => {
+                        plan.push(Op::Remove { id: old.id, fp: old.fp }, None)
+                    }
+                    _ => continue,
+                },
+            }
+            seq = self.append(st, &plan)?;
+        }
+        Ok(seq)
+    }
+
+    /// The document's stored sketch bytes, if it has one.
+    fn sketch_bytes(&self, id: u64) -> Result<Option<Vec<u8>>> {
+        self.spaces.sketches.get(&key64(id))
+    }
+
+    fn info(&self, e: DocEntry) -> Result<DocInfo> {
+        Ok(DocInfo {
+            gid: e.id,
+            sketch: self.sketch_bytes(e.id)?,
+            name: e.name.into(),
+            fp: e.fp,
+            ts_ms: e.ts,
+            cluster: e.cluster,
+        })
+    }
+
+    /// Documents by name (`None` if absent).
+    pub fn docs_by_names(&self, names: &[&str]) -> Result<Vec<Option<DocInfo>>> {
+        self.check_serving()?;
+        self.check_names()?;
+        let found: Vec<Option<DocEntry>> = {
+            let st = self.state.read();
+            names.iter().map(|n| st.docs.by_name(n).cloned()).collect()
+        };
+        found.into_iter().map(|e| e.map(|e| self.info(e)).transpose()).collect()
+    }
+
+    /// Documents by id (`None` if absent).
+    pub fn docs_by_ids(&self, ids: &[u64]) -> Result<Vec<Option<DocInfo>>> {
+        self.check_serving()?;
+        self.check_names()?;
+        let found: Vec<Option<DocEntry>> = {
+            let st = self.state.read();
+            ids.iter().map(|&id| st.docs.by_id(id).cloned()).collect()
+        };
+        found.into_iter().map(|e| e.map(|e| self.info(e)).transpose()).collect()
+    }
+
+    /// Every document whose id satisfies `keep`, by id.
+    pub fn docs_where(&self, keep: impl Fn(u64) -> bool) -> Result<Vec<DocInfo>> {
+        self.check_serving()?;
+        self.check_names()?;
+        let mut found: Vec<DocEntry> = {
+            let st = self.state.read();
+            let (all, _) = st.docs.entries_from(0, usize::MAX);
+            all.into_iter().filter(|e| keep(e.id)).cloned().collect()
+        };
+        found.sort_unstable_by_key(|e| e.id);
+        found.into_iter().map(|e| self.info(e)).collect()
+    }
+}
