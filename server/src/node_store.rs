@@ -157,6 +157,25 @@ impl NodeStore {
         check_data_dir(dir, config.min_free_bytes)?;
         Self::check_design(dir, design)?;
         let store: Arc<dyn Store> = Arc::new(SledStore::open(&dir.join("db"), config.cache_bytes)?);
+        Self::open_with_store(dir, store, design, config, metrics)
+    }
+
+    /// Like [`open`](Self::open), over `store`, which the caller opened (tests pass a
+    /// [`FaultyStore`](crate::fault_store::FaultyStore) to inject faults); the shards'
+    /// expectation files and the design file are kept under `dir`, which must exist.
+    pub fn open_with_store(
+        dir: &Path,
+        store: Arc<dyn Store>,
+        design: &Design,
+        config: NodeStoreConfig,
+        metrics: ShardMetrics,
+    ) -> Result<Arc<NodeStore>> {
+        if design.is_tablet() {
+            return Err(Error::InvalidInput(format!(
+                "a node stores the tables of a full design, not the tablet design {design}"
+            )));
+        }
+        Self::check_design(dir, design)?;
         let width = design.width();
         let max_k = design.max_k();
         let mut base = config.shard.clone();
