@@ -76,6 +76,7 @@ pub mod logger;
 pub mod map;
 pub mod metrics;
 pub mod node;
+pub mod placement;
 pub mod replica;
 pub mod storage;
 
@@ -121,11 +122,18 @@ pub struct ClusterConfig {
     pub max_voters: usize,
     /// Compact the log after this many applied entries.
     pub snapshot_every: u64,
+    /// How a bootstrapped cluster lays out its data (replicas, split bits, partitions);
+    /// used with `bootstrap` only.
+    pub layout: map::Layout,
+    /// The leader marks a node it has not heard from for this long down, and active again
+    /// once it hears from it.
+    pub failure_timeout: Duration,
 }
 
 impl ClusterConfig {
     /// A configuration with the defaults: tick 100 ms, election 10 ticks, heartbeat 2 ticks,
-    /// 5 voters at most, a snapshot every 1000 entries, no bootstrap.
+    /// 5 voters at most, a snapshot every 1000 entries, no bootstrap, the default
+    /// [`map::Layout`] (2 replicas, 2 split bits, 16 partitions), failure timeout 2 s.
     pub fn new(
         node_id: NodeId,
         public_addr: impl Into<String>,
@@ -143,6 +151,8 @@ impl ClusterConfig {
             heartbeat_ticks: 2,
             max_voters: 5,
             snapshot_every: 1000,
+            layout: map::Layout::default(),
+            failure_timeout: Duration::from_secs(2),
         }
     }
 }

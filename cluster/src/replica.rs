@@ -65,6 +65,10 @@ pub struct ReplicaConfig {
     /// A follower is caught up when its match index is at least the leader's last index minus
     /// this.
     pub catch_up_slack: u64,
+    /// The leader proposes `NodeDown` for an active node it has not heard from for this many
+    /// ticks (counted from when it became leader at the earliest), `NodeBack` for a down node
+    /// it heard from within an election timeout.
+    pub failure_ticks: u64,
     /// When true, the election timeout is exactly `election_ticks` instead of Raft's random
     /// pick in `[election_ticks, 2 * election_ticks)` (raft-rs draws it from the thread's
     /// RNG): deterministic simulations vary the ticks themselves.
@@ -86,6 +90,8 @@ pub struct AppliedEntry {
     pub result: Result<u64, MapError>,
     /// The map's epoch after it (also when refused).
     pub epoch: u64,
+    /// The sequence numbers an applied `GrantIds` granted.
+    pub granted: Option<std::ops::Range<u64>>,
 }
 
 /// What one [`Replica::handle_ready`] produced.
@@ -116,6 +122,11 @@ pub struct Replica {
     /// A duty proposal's index: no further duty until it is applied.
     duty_wait: u64,
     last_term: u64,
+    /// Whether this replica led at the last duty round, and since which tick.
+    leading: bool,
+    leader_since: u64,
+    /// The tick of the last message from the leader of the current term.
+    leader_contact: Option<u64>,
 }
 
 fn leader_role(raw: &RawNode<RaftStore>) -> bool {
@@ -175,6 +186,9 @@ impl Replica {
             last_heard: BTreeMap::new(),
             duty_wait: 0,
             last_term,
+            leading: false,
+            leader_since: 0,
+            leader_contact: None,
         })
     }
 
@@ -293,12 +307,37 @@ impl Replica {
         }
     }
 
+    /// True while this replica is in touch with the cluster: as leader, a quorum of voters
+    /// (itself included) was heard from within an election timeout; otherwise the leader of
+    /// its term was heard from within an election timeout. A node cut off from the cluster
+    /// turns false within about an election timeout and must stop answering data requests.
+    pub fn in_contact(&self) -> bool {
+        let window = self.cfg.election_ticks as u64;
+        let recent = |t: u64| self.ticks.saturating_sub(t) <= window;
+        if self.is_leader() {
+            let voters = &self.conf.voters;
+            let heard = voters
+                .iter()
+                .filter(|&&v| {
+                    v == self.cfg.id || self.last_heard.get(&v).is_some_and(|&t| recent(t))
+                })
+                .count();
+            return heard > voters.len() / 2;
+        }
+        self.leader().is_some() && self.leader_contact.is_some_and(recent)
+    }
+
     /// Steps a message from a peer.
     pub fn step(&mut self, msg: Message) -> Result<(), ClusterError> {
-        if msg.from != 0 {
-            self.last_heard.insert(msg.from, self.ticks);
+        let (from, term) = (msg.from, msg.term);
+        if from != 0 {
+            self.last_heard.insert(from, self.ticks);
         }
-        match self.raw.step(msg) {
+        let r = self.raw.step(msg);
+        if from != 0 && from == self.raw.raft.leader_id && term == self.raw.raft.term {
+            self.leader_contact = Some(self.ticks);
+        }
+        match r {
             Ok(()) => Ok(()),
             // A message from a node not (or no longer) in the configuration: ignored.
             Err(raft::Error::StepPeerNotFound) | Err(raft::Error::StepLocalMsg) => Ok(()),
@@ -335,6 +374,17 @@ impl Replica {
         }
         self.raw.propose(tag, cmd.encode())?;
         Ok((self.raw.raft.raft_log.last_index(), self.raw.raft.term))
+    }
+
+    /// Proposes a map command from any replica: a follower forwards it to the leader (Raft's
+    /// proposal forwarding). The outcome is known only when an entry with this `tag` is
+    /// applied, so the tag must be unique. NotLeader without a known leader.
+    pub fn propose_forwarded(&mut self, cmd: &Command, tag: Vec<u8>) -> Result<(), ClusterError> {
+        if !self.is_leader() && self.leader().is_none() {
+            return Err(self.not_leader());
+        }
+        self.raw.propose(tag, cmd.encode())?;
+        Ok(())
     }
 
     /// Leader only: proposes one conf change together with the map command that goes with it.
@@ -412,6 +462,11 @@ impl Replica {
     }
 
     fn leader_duties(&mut self) -> Result<(), ClusterError> {
+        let leader = self.is_leader();
+        if leader && !self.leading {
+            self.leader_since = self.ticks;
+        }
+        self.leading = leader;
         if !self.is_leader() || self.change_in_flight() || !self.raw.raft.commit_to_current_term() {
             return Ok(());
         }
@@ -436,7 +491,10 @@ impl Replica {
                 }
                 continue;
             }
-            if self.check_removal(id).is_ok() {
+            // The map refuses the removal while the node holds a unit's last serving replica
+            // that is up: it waits until the unit's new replicas are ready.
+            if self.check_removal(id).is_ok() && self.map.check(&Command::RemoveNode { id }).is_ok()
+            {
                 let (index, _) = self.propose_conf_change(
                     ConfChangeType::RemoveNode,
                     id,
@@ -477,6 +535,38 @@ impl Replica {
             };
             self.duty_wait = index;
             return Ok(());
+        }
+        self.liveness_duty()
+    }
+
+    /// Marks silent active nodes down and heard down nodes back, one change at a time.
+    fn liveness_duty(&mut self) -> Result<(), ClusterError> {
+        let window = self.cfg.election_ticks as u64;
+        let change = self.map.nodes.values().find_map(|n| {
+            if n.id == self.cfg.id {
+                return None;
+            }
+            let heard = self.last_heard.get(&n.id).copied();
+            let silent = self.ticks.saturating_sub(heard.unwrap_or(0).max(self.leader_since));
+            match n.state {
+                NodeState::Active if silent > self.cfg.failure_ticks => {
+                    Some(Command::NodeDown { id: n.id })
+                }
+                NodeState::Down
+                    if heard.is_some_and(|t| {
+                        t >= self.leader_since && self.ticks.saturating_sub(t) <= window
+                    }) =>
+                {
+                    Some(Command::NodeBack { id: n.id })
+                }
+                _ => None,
+            }
+        });
+        if let Some(cmd) = change
+            && self.map.check(&cmd).is_ok()
+        {
+            let (index, _) = self.propose(&cmd, Vec::new())?;
+            self.duty_wait = index;
         }
         Ok(())
     }
@@ -550,11 +640,20 @@ impl Replica {
             if e.index <= self.applied {
                 continue;
             }
+            let mut granted = None;
             let (command, result) = match e.get_entry_type() {
                 EntryType::EntryNormal if e.data.is_empty() => (None, Ok(self.map.epoch)),
                 EntryType::EntryNormal => match Command::decode(&e.data) {
                     Ok(cmd) => {
+                        let grant = match cmd {
+                            Command::GrantIds { count, .. } => Some(self.map.next_grant(count)),
+                            _ => None,
+                        };
                         let r = self.map.apply(&cmd).map(|()| self.map.epoch);
+                        if r.is_ok() {
+                            granted = grant;
+                            self.report_unavailable(&cmd);
+                        }
                         (Some(cmd), r)
                     }
                     Err(err) => (None, Err(err)),
@@ -582,9 +681,29 @@ impl Replica {
                 command,
                 result,
                 epoch: self.map.epoch,
+                granted,
             });
         }
         Ok(())
+    }
+
+    /// A node marked down may leave units without a serving replica: said once, when applied.
+    fn report_unavailable(&self, cmd: &Command) {
+        let down = match cmd {
+            Command::NodeDown { id } => *id,
+            Command::SetState { id, state: NodeState::Down } => *id,
+            _ => return,
+        };
+        let units = self.map.unavailable_units();
+        if !units.is_empty() {
+            tracing::warn!(
+                node = down,
+                count = units.len(),
+                first = ?units.first(),
+                "node marked down: these units have no serving replica up; their reads and \
+                 writes fail until one is back"
+            );
+        }
     }
 
     fn apply_conf(
