@@ -902,8 +902,19 @@ mod tests {
                 ][s as usize]
             }),
             id.clone().prop_map(|id| Command::RemoveNode { id }),
-            (0u32..12, proptest::collection::vec(id, 0..3))
+            (0u32..12, proptest::collection::vec(id.clone(), 0..3))
                 .prop_map(|(table, nodes)| Command::SetTabletNodes { table, nodes }),
+            (id.clone(), 0u64..3).prop_map(|(node, count)| Command::GrantIds { node, count }),
+            id.clone().prop_map(|id| Command::NodeDown { id }),
+            id.clone().prop_map(|id| Command::NodeBack { id }),
+            (id, 0u32..12, 0u64..4, any::<bool>()).prop_map(|(node, i, q, tablet)| {
+                let unit = if tablet {
+                    Unit::Tablet { table: i, start: q << 62 }
+                } else {
+                    Unit::Partition(i)
+                };
+                Command::ReplicaReady { unit, node }
+            }),
         ]
     }
 
@@ -940,6 +951,174 @@ mod tests {
             }
             prop_assert_eq!(a.epoch, applied);
             prop_assert_eq!(ClusterMap::decode(&a.encode()).unwrap(), a);
+        }
+    }
+
+    /// A membership step; `ReplicaReady` names a unit and node by position in the map.
+    #[derive(Clone, Debug)]
+    enum Op {
+        Cmd(Command),
+        Ready(usize, usize),
+    }
+
+    fn membership_op() -> impl Strategy<Value = Op> {
+        let id = 1u64..7;
+        prop_oneof![
+            2 => id.clone().prop_map(|id| Op::Cmd(add(id))),
+            3 => id.clone().prop_map(|id| Op::Cmd(Command::Promote { id })),
+            2 => (id.clone(), 0u8..4).prop_map(|(id, s)| Op::Cmd(Command::SetState {
+                id,
+                state: [
+                    NodeState::Joining,
+                    NodeState::Active,
+                    NodeState::Draining,
+                    NodeState::Down
+                ][s as usize]
+            })),
+            2 => id.clone().prop_map(|id| Op::Cmd(Command::NodeDown { id })),
+            2 => id.clone().prop_map(|id| Op::Cmd(Command::NodeBack { id })),
+            2 => id.clone().prop_map(|id| Op::Cmd(Command::RemoveNode { id })),
+            1 => (id, 1u64..1000).prop_map(|(node, count)| Op::Cmd(Command::GrantIds { node, count })),
+            8 => (any::<usize>(), any::<usize>()).prop_map(|(u, n)| Op::Ready(u, n)),
+        ]
+    }
+
+    fn to_command(map: &ClusterMap, op: &Op) -> Option<Command> {
+        match op {
+            Op::Cmd(c) => Some(c.clone()),
+            Op::Ready(u, n) => {
+                let units: Vec<Unit> =
+                    map.units().filter(|&x| !map.replicas_of(x).1.is_empty()).collect();
+                let unit = *units.get(u % units.len().max(1))?;
+                let filling = map.replicas_of(unit).1;
+                Some(Command::ReplicaReady { unit, node: filling[n % filling.len()] })
+            }
+        }
+    }
+
+    /// The placement invariants of a bootstrapped map.
+    fn check_placement(map: &ClusterMap) -> Result<(), TestCaseError> {
+        let usable = placement::usable(map);
+        let r = placement::replica_target(map, usable.len());
+        let mut per_kind: [BTreeMap<NodeId, usize>; 2] = Default::default();
+        for n in &usable {
+            per_kind[0].insert(*n, 0);
+            per_kind[1].insert(*n, 0);
+        }
+        for unit in map.units() {
+            let (nodes, filling) = map.replicas_of(unit);
+            let targets = placement::targets(map, unit);
+            let mut distinct = targets.clone();
+            distinct.sort();
+            distinct.dedup();
+            prop_assert_eq!(distinct.len(), targets.len(), "{:?}: {:?}", unit, targets);
+            prop_assert_eq!(targets.len(), r, "{:?}: {:?} on {:?}", unit, targets, usable);
+            for n in nodes.iter().chain(filling) {
+                prop_assert!(map.nodes.contains_key(n));
+            }
+            prop_assert!(filling.iter().all(|n| !nodes.contains(n)));
+            let kind = usize::from(matches!(unit, Unit::Partition(_)));
+            for n in &targets {
+                prop_assert!(usable.contains(n));
+                *per_kind[kind].entry(*n).or_default() += 1;
+            }
+        }
+        for (u, n) in &map.leaving {
+            prop_assert!(map.replicas_of(*u).0.contains(n));
+        }
+        for loads in &per_kind {
+            let (lo, hi) = (loads.values().min(), loads.values().max());
+            if let (Some(lo), Some(hi)) = (lo, hi) {
+                prop_assert!(hi - lo <= 1, "unbalanced: {:?}", loads);
+            }
+        }
+        Ok(())
+    }
+
+    fn target_pairs(map: &ClusterMap) -> BTreeSet<(Unit, NodeId)> {
+        map.units()
+            .flat_map(|u| placement::targets(map, u).into_iter().map(move |n| (u, n)))
+            .collect()
+    }
+
+    proptest! {
+        #[test]
+        fn placement_after_membership_changes(
+            replicas in 1u32..4,
+            split_bits in 0u32..3,
+            partitions in 1u32..9,
+            ops in proptest::collection::vec(membership_op(), 0..80),
+        ) {
+            let Command::Bootstrap { cluster_id, design, node, .. } = boot() else { unreachable!() };
+            let layout = Layout { replicas, split_bits, partitions };
+            let bootstrap = Command::Bootstrap {
+                cluster_id, design, node, layout, min_prefix_bits: Some(26),
+            };
+            let mut map = ClusterMap::default();
+            map.apply(&bootstrap).unwrap();
+            let mut replay = map.clone();
+            check_placement(&map)?;
+            let mut grants: Vec<Range<u64>> = Vec::new();
+            for op in &ops {
+                let Some(cmd) = to_command(&map, op) else { continue };
+                let before = map.clone();
+                let grant = map.next_grant(match cmd { Command::GrantIds { count, .. } => count, _ => 0 });
+                let r = map.apply(&cmd);
+                prop_assert_eq!(&replay.apply(&Command::decode(&cmd.encode()).unwrap()), &r);
+                prop_assert_eq!(&replay, &map);
+                if r.is_err() {
+                    prop_assert_eq!(&map, &before);
+                    continue;
+                }
+                check_placement(&map)?;
+                let marks_down = matches!(
+                    cmd,
+                    Command::NodeDown { .. } | Command::SetState { state: NodeState::Down, .. }
+                );
+                if !marks_down {
+                    // No unit loses its last serving replica that is up.
+                    for u in before.units() {
+                        if !before.serving(u).is_empty() {
+                            prop_assert!(!map.serving(u).is_empty(), "{:?} after {:?}", u, cmd);
+                        }
+                    }
+                }
+                if let Command::GrantIds { .. } = cmd {
+                    prop_assert!(grant.start >= 1 && grant.end == map.next_gid_seq);
+                    prop_assert!(grants.iter().all(|g| g.end <= grant.start));
+                    grants.push(grant);
+                }
+                // A node becoming usable in a balanced map receives; nobody else does.
+                let was = placement::usable(&before);
+                let now = placement::usable(&map);
+                if now.len() == was.len() + 1 && was.iter().all(|n| now.contains(n)) {
+                    let new = now.iter().find(|n| !was.contains(n)).copied();
+                    let old = target_pairs(&before);
+                    for (u, n) in target_pairs(&map) {
+                        prop_assert!(old.contains(&(u, n)) || Some(n) == new, "{:?} moved to {}", u, n);
+                    }
+                }
+            }
+            // Every node back and every replica ready: the units hold exactly their targets.
+            let down: Vec<NodeId> =
+                map.nodes.values().filter(|n| n.state == NodeState::Down).map(|n| n.id).collect();
+            for id in down {
+                map.apply(&Command::NodeBack { id }).unwrap();
+            }
+            all_ready(&mut map);
+            check_placement(&map)?;
+            for u in map.units() {
+                let (nodes, filling) = map.replicas_of(u);
+                prop_assert!(filling.is_empty());
+                if nodes.iter().any(|&n| map.is_up(n) && !map.leaving.contains(&(u, n))) {
+                    let mut t = placement::targets(&map, u);
+                    let mut n = nodes.to_vec();
+                    t.sort();
+                    n.sort();
+                    prop_assert_eq!(t, n);
+                }
+            }
+            prop_assert_eq!(ClusterMap::decode(&map.encode()).unwrap(), map);
         }
     }
 }
