@@ -341,6 +341,9 @@ impl Replica {
             Ok(()) => Ok(()),
             // A message from a node not (or no longer) in the configuration: ignored.
             Err(raft::Error::StepPeerNotFound) | Err(raft::Error::StepLocalMsg) => Ok(()),
+            // A proposal forwarded to a replica that no longer leads nor knows a leader: lost,
+            // as a dropped message would be; its proposer times out.
+            Err(raft::Error::ProposalDropped) => Ok(()),
             Err(e) => Err(e.into()),
         }
     }
@@ -544,7 +547,8 @@ impl Replica {
         let window = self.cfg.election_ticks as u64;
         let change = self.map.nodes.values().find_map(|n| {
             if n.id == self.cfg.id {
-                return None;
+                // The leader hears itself: marked down by hand, it is back at once.
+                return (n.state == NodeState::Down).then_some(Command::NodeBack { id: n.id });
             }
             let heard = self.last_heard.get(&n.id).copied();
             let silent = self.ticks.saturating_sub(heard.unwrap_or(0).max(self.leader_since));
