@@ -248,6 +248,7 @@ impl ClusterNode {
             was_leader: false,
             identity_cluster: String::new(),
             submits: Vec::new(),
+            submit_wait: (cfg.tick * cfg.election_ticks as u32 * 3).max(Duration::from_secs(1)),
             tag_seq: 0,
             tag_nonce: new_cluster_id(cfg.node_id),
             contact: contact.clone(),
@@ -328,8 +329,9 @@ impl ClusterNode {
 
     /// Proposes `cmd` from this node, leader or not (a follower forwards it to the leader),
     /// and answers once this node applied it: where, and for a `GrantIds` the sequence
-    /// numbers granted. The map's refusal comes back as its error; Unavailable when no
-    /// answer came in time (the command may or may not be applied: read the map).
+    /// numbers granted. The map's refusal comes back as its error. Unavailable at once when
+    /// this node is not [in contact](Self::in_contact), and when no answer came within three
+    /// election timeouts (at least 1 s; the command may or may not be applied: read the map).
     pub async fn submit(
         &self,
         cmd: Command,
@@ -421,6 +423,8 @@ struct Runner {
     identity_cluster: String,
     /// Submitted commands waiting for their entry (by tag) to be applied here.
     submits: Vec<Submit>,
+    /// How long a submitted command waits for its entry: a few election timeouts.
+    submit_wait: Duration,
     tag_seq: u64,
     /// Makes this run's tags unlike any earlier run's.
     tag_nonce: String,
@@ -535,13 +539,19 @@ impl Runner {
                 let tag =
                     format!("submit:{}:{}:{}", self.replica.id(), self.tag_nonce, self.tag_seq)
                         .into_bytes();
+                if !self.replica.in_contact() {
+                    let _ = reply.send(Err(ClusterError::Unavailable(
+                        "this node is not in contact with a leader; retry".into(),
+                    )));
+                    return;
+                }
                 match self.replica.propose_forwarded(&cmd, tag.clone()) {
                     Ok(()) => {
                         self.metrics.inner.proposals.inc();
                         self.submits.push(Submit {
                             tag,
                             reply,
-                            deadline: Instant::now() + self.wait,
+                            deadline: Instant::now() + self.submit_wait,
                         });
                     }
                     Err(e) => {
