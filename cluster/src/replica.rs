@@ -494,16 +494,22 @@ impl Replica {
                 }
                 continue;
             }
+            let command = Command::RemoveNode { id };
+            if !self.conf.voters.contains(&id) && !self.conf.learners.contains(&id) {
+                // Raft removed it but the map refused then (the unit's state changed between
+                // proposal and commit): the map's removal alone, once it is allowed.
+                if self.map.check(&command).is_ok() {
+                    let (index, _) = self.propose(&command, Vec::new())?;
+                    self.duty_wait = index;
+                    return Ok(());
+                }
+                continue;
+            }
             // The map refuses the removal while the node holds a unit's last serving replica
             // that is up: it waits until the unit's new replicas are ready.
-            if self.check_removal(id).is_ok() && self.map.check(&Command::RemoveNode { id }).is_ok()
-            {
-                let (index, _) = self.propose_conf_change(
-                    ConfChangeType::RemoveNode,
-                    id,
-                    &Command::RemoveNode { id },
-                    Vec::new(),
-                )?;
+            if self.check_removal(id).is_ok() && self.map.check(&command).is_ok() {
+                let (index, _) =
+                    self.propose_conf_change(ConfChangeType::RemoveNode, id, &command, Vec::new())?;
                 self.duty_wait = index;
                 return Ok(());
             }
