@@ -263,6 +263,14 @@ pub enum Command {
         /// The node.
         id: NodeId,
     },
+    /// Removes a node that Raft's configuration no longer holds although the map refused its
+    /// `RemoveNode` (the units changed between proposal and commit): the map follows Raft,
+    /// even when that leaves units without a serving replica. Applied by the replicas in
+    /// place of that `RemoveNode`; not proposed.
+    Evict {
+        /// The node.
+        id: NodeId,
+    },
     /// A filling replica caught up: it serves from now on; once none of the unit's replicas
     /// is filling, its leaving ones are dropped.
     ReplicaReady {
@@ -465,17 +473,14 @@ impl ClusterMap {
                          wait until its new replicas are ready"
                     )));
                 }
-                self.nodes.remove(id);
-                for tablet in &mut self.tablets {
-                    tablet.nodes.retain(|n| n != id);
-                    tablet.filling.retain(|n| n != id);
+                self.remove_member(*id);
+            }
+            Command::Evict { id } => {
+                self.bootstrapped()?;
+                if !self.nodes.contains_key(id) {
+                    return Err(MapError::NoSuchNode(*id));
                 }
-                for p in &mut self.partitions {
-                    p.nodes.retain(|n| n != id);
-                    p.filling.retain(|n| n != id);
-                }
-                self.leaving.retain(|(_, n)| n != id);
-                placement::rebalance(self);
+                self.remove_member(*id);
             }
             Command::SetTabletNodes { table, nodes } => {
                 self.bootstrapped()?;
@@ -559,6 +564,21 @@ impl ClusterMap {
             }
         }
         Ok(())
+    }
+
+    /// Removes node `id` from the members and from every unit, then places again.
+    fn remove_member(&mut self, id: NodeId) {
+        self.nodes.remove(&id);
+        for tablet in &mut self.tablets {
+            tablet.nodes.retain(|&n| n != id);
+            tablet.filling.retain(|&n| n != id);
+        }
+        for p in &mut self.partitions {
+            p.nodes.retain(|&n| n != id);
+            p.filling.retain(|&n| n != id);
+        }
+        self.leaving.retain(|&(_, n)| n != id);
+        placement::rebalance(self);
     }
 
     /// Whether `cmd` would apply (without applying it).
@@ -907,6 +927,7 @@ mod tests {
             (id.clone(), 0u64..3).prop_map(|(node, count)| Command::GrantIds { node, count }),
             id.clone().prop_map(|id| Command::NodeDown { id }),
             id.clone().prop_map(|id| Command::NodeBack { id }),
+            id.clone().prop_map(|id| Command::Evict { id }),
             (id, 0u32..12, 0u64..4, any::<bool>()).prop_map(|(node, i, q, tablet)| {
                 let unit = if tablet {
                     Unit::Tablet { table: i, start: q << 62 }

@@ -730,6 +730,22 @@ impl Replica {
             return (None, Ok(self.map.epoch));
         }
         match Command::decode(context) {
+            Ok(Command::RemoveNode { id })
+                if !self.conf.voters.contains(&id)
+                    && !self.conf.learners.contains(&id)
+                    && self.map.check(&Command::RemoveNode { id }).is_err()
+                    && self.map.nodes.contains_key(&id) =>
+            {
+                // Raft removed it: the map follows (see `Command::Evict`).
+                let cmd = Command::Evict { id };
+                let r = self.map.apply(&cmd).map(|()| self.map.epoch);
+                tracing::warn!(
+                    node = id,
+                    unavailable = self.map.unavailable_units().len(),
+                    "a node left Raft's configuration while the map refused its removal; evicted"
+                );
+                (Some(cmd), r)
+            }
             Ok(cmd) => {
                 let r = self.map.apply(&cmd).map(|()| self.map.epoch);
                 (Some(cmd), r)
