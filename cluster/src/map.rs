@@ -477,8 +477,9 @@ impl ClusterMap {
             }
             Command::Evict { id } => {
                 self.bootstrapped()?;
-                if !self.nodes.contains_key(id) {
-                    return Err(MapError::NoSuchNode(*id));
+                let node = self.nodes.get(id).ok_or(MapError::NoSuchNode(*id))?;
+                if node.role == Role::Voter && self.voters().count() == 1 {
+                    return Err(MapError::Refused(format!("node {id} is the last voter")));
                 }
                 self.remove_member(*id);
             }
