@@ -32,8 +32,19 @@
 //! `RemoveNode` for a removal), so Raft's configuration and the map change in the same entry
 //! on every replica. The leader's [`Replica::tick`] does the duties: promote caught-up learners
 //! while voters are fewer than `max_voters` (else mark them active), remove draining nodes when
-//! that keeps a quorum (handing leadership away first when the draining node is itself), one
-//! conf change at a time.
+//! that keeps a quorum and the map allows it (no unit loses its last serving replica up;
+//! handing leadership away first when the draining node is itself), then liveness: an active
+//! node not heard from for `failure_ticks` (counted from when this replica became leader at
+//! the earliest) is proposed `NodeDown`, a down node heard within an election timeout
+//! `NodeBack`. One change at a time.
+//!
+//! Should Raft's configuration drop a node whose `RemoveNode` the map refuses at commit (the
+//! units changed since the proposal), the replicas apply `Command::Evict` instead: the map's
+//! members always follow Raft's.
+//!
+//! Any replica may propose a command with [`Replica::propose_forwarded`] (a follower forwards
+//! it to the leader); its outcome is the applied entry carrying the proposer's tag, and for a
+//! `GrantIds` the range granted ([`AppliedEntry::granted`]).
 
 use std::collections::BTreeMap;
 
