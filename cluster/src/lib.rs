@@ -8,10 +8,14 @@
 //!
 //! # Modules
 //!
-//! - [`map`]: the map and its commands, pure (no I/O, clocks or randomness).
+//! - [`map`]: the map and its commands, pure (no I/O, clocks or randomness): members,
+//!   tablets (`tables * 2^split_bits`), document partitions, their replicas, granted ids.
+//! - [`placement`]: where the replicas of every tablet and partition go, pure, recomputed by
+//!   the commands that change membership.
 //! - [`storage`]: raft-rs `Storage` on sled (log, hard state, snapshot, node identity), a
 //!   CRC-32 on every value, log compaction by snapshots of the map.
-//! - [`replica`]: a synchronous driver of `raft::RawNode` (the ready loop, membership duties),
+//! - [`replica`]: a synchronous driver of `raft::RawNode` (the ready loop, membership and
+//!   liveness duties),
 //!   driven by the node's thread and by the deterministic simulation (`tests/sim.rs`).
 //! - [`node`]: [`ClusterNode`], the replica on its own thread behind a channel.
 //! - [`metrics`], [`error`], [`logger`] (raft-rs's slog records into `tracing`).
@@ -62,6 +66,14 @@
 //! - The Raft state lives in sled in `dir` with a CRC-32 on every value: a restarted node
 //!   comes back with its id and map, and a damaged byte is reported as
 //!   [`ClusterError::Corrupt`], never a panic.
+//! - Every tablet and partition is placed on `min(replicas, usable nodes)` distinct nodes,
+//!   balanced per kind; a new replica fills (takes writes) before it serves, and the replica
+//!   it replaces serves until then ([`placement`]).
+//! - The leader marks a node it has not heard from for `failure_timeout` down (routers skip
+//!   it) and active again once heard; a node back fills before it serves.
+//!   [`ClusterNode::in_contact`] says whether this node may answer data requests.
+//! - [`ClusterNode::grant_ids`] hands out blocks of document sequence numbers through the
+//!   log: no number is granted twice, across leaders and restarts.
 //! - Raft runs on its own thread; nothing here blocks on the data path. [`Transport::send`]
 //!   must not block either.
 
@@ -76,6 +88,7 @@ pub mod logger;
 pub mod map;
 pub mod metrics;
 pub mod node;
+pub mod placement;
 pub mod replica;
 pub mod storage;
 
@@ -121,11 +134,18 @@ pub struct ClusterConfig {
     pub max_voters: usize,
     /// Compact the log after this many applied entries.
     pub snapshot_every: u64,
+    /// How a bootstrapped cluster lays out its data (replicas, split bits, partitions);
+    /// used with `bootstrap` only.
+    pub layout: map::Layout,
+    /// The leader marks a node it has not heard from for this long down, and active again
+    /// once it hears from it.
+    pub failure_timeout: Duration,
 }
 
 impl ClusterConfig {
     /// A configuration with the defaults: tick 100 ms, election 10 ticks, heartbeat 2 ticks,
-    /// 5 voters at most, a snapshot every 1000 entries, no bootstrap.
+    /// 5 voters at most, a snapshot every 1000 entries, no bootstrap, the default
+    /// [`map::Layout`] (2 replicas, 2 split bits, 16 partitions), failure timeout 2 s.
     pub fn new(
         node_id: NodeId,
         public_addr: impl Into<String>,
@@ -143,6 +163,8 @@ impl ClusterConfig {
             heartbeat_ticks: 2,
             max_voters: 5,
             snapshot_every: 1000,
+            layout: map::Layout::default(),
+            failure_timeout: Duration::from_secs(2),
         }
     }
 }

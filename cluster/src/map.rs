@@ -5,11 +5,13 @@
 //! epoch by exactly one, or is refused with a [`MapError`] and changes nothing. Commands and
 //! maps travel as JSON (the Raft entries' data and the snapshots' data).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
 use crate::NodeId;
+use crate::placement;
 
 /// Whether a node votes in Raft elections and commits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -140,16 +142,52 @@ pub struct ClusterMap {
     /// values.
     #[serde(default)]
     pub split_bits: u32,
-    /// The next document sequence number to grant (see `Command::GrantIds`).
+    /// The next document sequence number to grant (see `Command::GrantIds`); sequence
+    /// numbers start at 1 (a map that says 0 grants from 1).
     #[serde(default)]
     pub next_gid_seq: u64,
+    /// Serving replicas that placement moved away: (unit, node). They serve and take writes
+    /// until every filling replica of the unit is ready (see [`crate::placement`]).
+    #[serde(default)]
+    pub leaving: BTreeSet<(Unit, NodeId)>,
 }
+
+/// How a new cluster lays out its data (the [`Command::Bootstrap`] parameters).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Layout {
+    /// Replicas of every tablet and partition (1 to [`MAX_REPLICAS`]); fewer while the
+    /// cluster has fewer usable nodes.
+    pub replicas: u32,
+    /// Each table is cut into `2^split_bits` tablets (at most [`MAX_SPLIT_BITS`] and at most
+    /// the design's smallest prefix).
+    pub split_bits: u32,
+    /// Document partitions (1 to [`MAX_PARTITIONS`]: a gid keeps its partition in 8 bits).
+    pub partitions: u32,
+}
+
+impl Default for Layout {
+    /// 2 replicas, 4 tablets per table, 16 partitions.
+    fn default() -> Self {
+        Layout { replicas: 2, split_bits: 2, partitions: 16 }
+    }
+}
+
+/// The most replicas a unit may have.
+pub const MAX_REPLICAS: u32 = 16;
+/// The most split bits: 256 tablets per table keep the map small.
+pub const MAX_SPLIT_BITS: u32 = 8;
+/// The most document partitions: a gid holds its partition in its low 8 bits.
+pub const MAX_PARTITIONS: u32 = 256;
+/// The largest block [`Command::GrantIds`] grants at once.
+pub const MAX_GRANT: u64 = 1 << 24;
+/// Sequence numbers stay below this: `seq << 8` fits a u64.
+pub const GID_SEQ_LIMIT: u64 = 1 << 56;
 
 /// A change of the map, carried as the data of one Raft entry.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
     /// Starts a cluster: sets its id and design, with `node` its only (voting) member holding
-    /// one tablet per table. Only on an empty map.
+    /// every tablet (`tables * 2^split_bits`) and every partition. Only on an empty map.
     Bootstrap {
         /// The new cluster's id (not empty).
         cluster_id: String,
@@ -157,6 +195,13 @@ pub enum Command {
         design: DesignInfo,
         /// The first node.
         node: NodeInfo,
+        /// Replicas, split bits, partitions.
+        #[serde(default)]
+        layout: Layout,
+        /// The design's smallest prefix (bits): `split_bits` may not exceed it, so a query's
+        /// prefix decides one tablet per table. `None`: not checked.
+        #[serde(default)]
+        min_prefix_bits: Option<u32>,
     },
     /// Adds a node as a joining learner.
     AddNode {
@@ -191,12 +236,48 @@ pub enum Command {
         /// The node.
         id: NodeId,
     },
-    /// Sets the nodes holding a table's tablets.
+    /// Sets the nodes holding a table's tablets (a manual override: no filling, no leaving;
+    /// the next membership change places them again).
     SetTabletNodes {
         /// The table.
         table: u32,
         /// The nodes, every one a member.
         nodes: Vec<NodeId>,
+    },
+    /// Grants `node` the document sequence numbers `[next_gid_seq, next_gid_seq + count)`
+    /// (1 to [`MAX_GRANT`]); the applied entry carries the range back.
+    GrantIds {
+        /// The node the block is for (a member).
+        node: NodeId,
+        /// How many sequence numbers.
+        count: u64,
+    },
+    /// Marks an active node down (unreachable): its replicas stay listed, routers skip it.
+    NodeDown {
+        /// The node.
+        id: NodeId,
+    },
+    /// Marks a down node active again: each unit it serves takes it as filling (it catches
+    /// up before serving), unless it is the unit's only serving replica left up.
+    NodeBack {
+        /// The node.
+        id: NodeId,
+    },
+    /// Removes a node that Raft's configuration no longer holds although the map refused its
+    /// `RemoveNode` (the units changed between proposal and commit): the map follows Raft,
+    /// even when that leaves units without a serving replica. Applied by the replicas in
+    /// place of that `RemoveNode`; not proposed.
+    Evict {
+        /// The node.
+        id: NodeId,
+    },
+    /// A filling replica caught up: it serves from now on; once none of the unit's replicas
+    /// is filling, its leaving ones are dropped.
+    ReplicaReady {
+        /// The unit.
+        unit: Unit,
+        /// The node whose replica is ready.
+        node: NodeId,
     },
 }
 
@@ -244,6 +325,13 @@ impl Command {
     }
 }
 
+impl Tablet {
+    /// The unit this tablet is.
+    pub fn unit(&self) -> Unit {
+        Unit::Tablet { table: self.table, start: self.start }
+    }
+}
+
 impl ClusterMap {
     /// Applies a command: on success the epoch grows by one; on refusal nothing changes.
     pub fn apply(&mut self, cmd: &Command) -> Result<(), MapError> {
@@ -264,7 +352,7 @@ impl ClusterMap {
 
     fn apply_inner(&mut self, cmd: &Command) -> Result<(), MapError> {
         match cmd {
-            Command::Bootstrap { cluster_id, design, node } => {
+            Command::Bootstrap { cluster_id, design, node, layout, min_prefix_bits } => {
                 if !self.cluster_id.is_empty() {
                     return Err(MapError::AlreadyBootstrapped(self.cluster_id.clone()));
                 }
@@ -275,22 +363,36 @@ impl ClusterMap {
                     return Err(MapError::Invalid("a design has at least one table".into()));
                 }
                 check_node(node.id, &node.internal_addr)?;
+                check_layout(layout, *min_prefix_bits)?;
                 self.cluster_id = cluster_id.clone();
                 self.design = Some(design.clone());
                 let mut first = node.clone();
                 first.role = Role::Voter;
                 first.state = NodeState::Active;
                 self.nodes.insert(first.id, first);
+                let sb = layout.split_bits;
                 self.tablets = (0..design.tables)
-                    .map(|table| Tablet {
-                        table,
-                        start: 0,
-                        end: u64::MAX,
-                        nodes: vec![node.id],
-                        state: TabletState::Active,
-                        filling: Vec::new(),
+                    .flat_map(|table| {
+                        (0..1u64 << sb).map(move |r| {
+                            let start = if sb == 0 { 0 } else { r << (64 - sb) };
+                            Tablet {
+                                table,
+                                start,
+                                end: start | (u64::MAX >> sb),
+                                nodes: vec![node.id],
+                                state: TabletState::Active,
+                                filling: Vec::new(),
+                            }
+                        })
                     })
                     .collect();
+                self.partitions = (0..layout.partitions)
+                    .map(|index| Partition { index, nodes: vec![node.id], filling: Vec::new() })
+                    .collect();
+                self.replicas = layout.replicas;
+                self.split_bits = sb;
+                self.next_gid_seq = 1;
+                placement::rebalance(self);
             }
             Command::AddNode { id, public_addr, internal_addr } => {
                 self.bootstrapped()?;
@@ -321,8 +423,13 @@ impl ClusterMap {
                 if node.state == NodeState::Draining {
                     return Err(MapError::Refused(format!("node {id} is draining")));
                 }
+                let was = node.state;
                 node.role = Role::Voter;
                 node.state = NodeState::Active;
+                if was == NodeState::Down {
+                    self.back(*id);
+                }
+                placement::rebalance(self);
             }
             Command::SetRole { id, role } => {
                 self.bootstrapped()?;
@@ -342,7 +449,12 @@ impl ClusterMap {
                 if node.state == *state {
                     return Err(MapError::Refused(format!("node {id} is already {state:?}")));
                 }
+                let was = node.state;
                 node.state = *state;
+                if was == NodeState::Down && *state == NodeState::Active {
+                    self.back(*id);
+                }
+                placement::rebalance(self);
             }
             Command::RemoveNode { id } => {
                 self.bootstrapped()?;
@@ -352,10 +464,24 @@ impl ClusterMap {
                 {
                     return Err(MapError::Refused(format!("node {id} is the last voter")));
                 }
-                self.nodes.remove(id);
-                for tablet in &mut self.tablets {
-                    tablet.nodes.retain(|n| n != id);
+                if let Some(unit) = self
+                    .units()
+                    .find(|&u| self.replicas_of(u).0.contains(id) && !self.kept_without(u, *id))
+                {
+                    return Err(MapError::Refused(format!(
+                        "node {id} holds the last serving replica of {unit:?} that is not down; \
+                         wait until its new replicas are ready"
+                    )));
                 }
+                self.remove_member(*id);
+            }
+            Command::Evict { id } => {
+                self.bootstrapped()?;
+                let node = self.nodes.get(id).ok_or(MapError::NoSuchNode(*id))?;
+                if node.role == Role::Voter && self.voters().count() == 1 {
+                    return Err(MapError::Refused(format!("node {id} is the last voter")));
+                }
+                self.remove_member(*id);
             }
             Command::SetTabletNodes { table, nodes } => {
                 self.bootstrapped()?;
@@ -365,14 +491,144 @@ impl ClusterMap {
                 let mut found = false;
                 for tablet in self.tablets.iter_mut().filter(|t| t.table == *table) {
                     tablet.nodes = nodes.clone();
+                    tablet.filling.clear();
                     found = true;
                 }
                 if !found {
                     return Err(MapError::Invalid(format!("no table {table} in the design")));
                 }
+                self.leaving
+                    .retain(|(u, _)| !matches!(u, Unit::Tablet { table: t, .. } if t == table));
+            }
+            Command::GrantIds { node, count } => {
+                self.bootstrapped()?;
+                if !self.nodes.contains_key(node) {
+                    return Err(MapError::NoSuchNode(*node));
+                }
+                if *count == 0 || *count > MAX_GRANT {
+                    return Err(MapError::Invalid(format!(
+                        "a grant is 1 to {MAX_GRANT} ids, not {count}"
+                    )));
+                }
+                let start = self.next_gid_seq.max(1);
+                match start.checked_add(*count) {
+                    Some(end) if end <= GID_SEQ_LIMIT => self.next_gid_seq = end,
+                    _ => {
+                        return Err(MapError::Refused(format!(
+                            "the id space is exhausted ({start} of {GID_SEQ_LIMIT} granted)"
+                        )));
+                    }
+                }
+            }
+            Command::NodeDown { id } => {
+                self.bootstrapped()?;
+                let node = self.node_mut(*id)?;
+                if node.state != NodeState::Active {
+                    return Err(MapError::Refused(format!(
+                        "node {id} is {:?}; only an active node is marked down",
+                        node.state
+                    )));
+                }
+                node.state = NodeState::Down;
+            }
+            Command::NodeBack { id } => {
+                self.bootstrapped()?;
+                let node = self.node_mut(*id)?;
+                if node.state != NodeState::Down {
+                    return Err(MapError::Refused(format!(
+                        "node {id} is {:?}, not down",
+                        node.state
+                    )));
+                }
+                node.state = NodeState::Active;
+                self.back(*id);
+                placement::rebalance(self);
+            }
+            Command::ReplicaReady { unit, node } => {
+                self.bootstrapped()?;
+                if !self.is_up(*node) {
+                    return Err(MapError::Refused(format!("node {node} is down or not a member")));
+                }
+                let Some((_, filling)) = self.replicas_mut(*unit) else {
+                    return Err(MapError::Invalid(format!("no unit {unit:?} in the map")));
+                };
+                let Some(i) = filling.iter().position(|n| n == node) else {
+                    return Err(MapError::Refused(format!(
+                        "node {node} holds no filling replica of {unit:?}"
+                    )));
+                };
+                filling.remove(i);
+                if let Some((nodes, _)) = self.replicas_mut(*unit) {
+                    nodes.push(*node);
+                }
+                placement::settle(self, *unit);
             }
         }
         Ok(())
+    }
+
+    /// Removes node `id` from the members and from every unit, then places again.
+    fn remove_member(&mut self, id: NodeId) {
+        self.nodes.remove(&id);
+        for tablet in &mut self.tablets {
+            tablet.nodes.retain(|&n| n != id);
+            tablet.filling.retain(|&n| n != id);
+        }
+        for p in &mut self.partitions {
+            p.nodes.retain(|&n| n != id);
+            p.filling.retain(|&n| n != id);
+        }
+        self.leaving.retain(|&(_, n)| n != id);
+        placement::rebalance(self);
+    }
+
+    /// Whether `cmd` would apply (without applying it).
+    pub fn check(&self, cmd: &Command) -> Result<(), MapError> {
+        self.clone().apply_inner(cmd)
+    }
+
+    /// The sequence numbers a [`Command::GrantIds`] of `count` applied next would grant.
+    pub fn next_grant(&self, count: u64) -> Range<u64> {
+        let start = self.next_gid_seq.max(1);
+        start..start.saturating_add(count)
+    }
+
+    /// Node `id` is back from down: each unit it serves takes it as filling, if the unit keeps
+    /// a serving replica that is up (to copy from); a leaving replica of it is dropped then.
+    fn back(&mut self, id: NodeId) {
+        let units: Vec<Unit> =
+            self.units().filter(|&u| self.replicas_of(u).0.contains(&id)).collect();
+        for unit in units {
+            if !self.kept_without(unit, id) {
+                continue;
+            }
+            let leaving = self.leaving.remove(&(unit, id));
+            if let Some((nodes, filling)) = self.replicas_mut(unit) {
+                nodes.retain(|&n| n != id);
+                if !leaving {
+                    filling.push(id);
+                }
+            }
+        }
+    }
+
+    /// Whether `unit` keeps a serving replica that is up when `id` is set aside.
+    fn kept_without(&self, unit: Unit, id: NodeId) -> bool {
+        self.replicas_of(unit).0.iter().any(|&n| n != id && self.is_up(n))
+    }
+
+    /// Every unit: the tablets in order, then the partitions.
+    pub fn units(&self) -> impl Iterator<Item = Unit> + '_ {
+        self.tablets
+            .iter()
+            .map(Tablet::unit)
+            .chain(self.partitions.iter().map(|p| Unit::Partition(p.index)))
+    }
+
+    /// The units without a serving replica that is up: reads and writes of them fail until
+    /// a replica is back.
+    pub fn unavailable_units(&self) -> Vec<Unit> {
+        self.units().filter(|&u| self.serving(u).is_empty()).collect()
     }
 
     /// The partition a document name belongs to: `xxh3_64(name) % partitions`. Names are
@@ -393,7 +649,7 @@ impl ClusterMap {
     }
 
     /// The replicas of a unit: serving ones and filling ones. Empty for an unknown unit.
-    fn replicas_of(&self, unit: Unit) -> (&[NodeId], &[NodeId]) {
+    pub(crate) fn replicas_of(&self, unit: Unit) -> (&[NodeId], &[NodeId]) {
         match unit {
             Unit::Tablet { table, start } => self
                 .tablets
@@ -404,20 +660,39 @@ impl ClusterMap {
         }
     }
 
-    fn up(&self, id: NodeId) -> bool {
+    pub(crate) fn replicas_mut(
+        &mut self,
+        unit: Unit,
+    ) -> Option<(&mut Vec<NodeId>, &mut Vec<NodeId>)> {
+        match unit {
+            Unit::Tablet { table, start } => self
+                .tablets
+                .iter_mut()
+                .find(|t| t.table == table && t.start == start)
+                .map(|t| (&mut t.nodes, &mut t.filling)),
+            Unit::Partition(p) => self
+                .partitions
+                .get_mut(p as usize)
+                .filter(|x| x.index == p)
+                .map(|x| (&mut x.nodes, &mut x.filling)),
+        }
+    }
+
+    /// Whether `id` is a member not marked down.
+    pub fn is_up(&self, id: NodeId) -> bool {
         self.nodes.get(&id).is_some_and(|n| n.state != NodeState::Down)
     }
 
     /// The replicas of `unit` that serve reads: its serving replicas not marked down.
     pub fn serving(&self, unit: Unit) -> Vec<NodeId> {
-        self.replicas_of(unit).0.iter().copied().filter(|&n| self.up(n)).collect()
+        self.replicas_of(unit).0.iter().copied().filter(|&n| self.is_up(n)).collect()
     }
 
     /// The replicas of `unit` a write must reach: serving and filling replicas not marked
     /// down.
     pub fn writers(&self, unit: Unit) -> Vec<NodeId> {
         let (nodes, filling) = self.replicas_of(unit);
-        nodes.iter().chain(filling).copied().filter(|&n| self.up(n)).collect()
+        nodes.iter().chain(filling).copied().filter(|&n| self.is_up(n)).collect()
     }
 
     /// The voters' ids.
@@ -434,6 +709,29 @@ impl ClusterMap {
     pub fn decode(bytes: &[u8]) -> Result<ClusterMap, MapError> {
         serde_json::from_slice(bytes).map_err(|e| MapError::Decode(e.to_string()))
     }
+}
+
+fn check_layout(layout: &Layout, min_prefix_bits: Option<u32>) -> Result<(), MapError> {
+    let Layout { replicas, split_bits, partitions } = *layout;
+    if !(1..=MAX_REPLICAS).contains(&replicas) {
+        return Err(MapError::Invalid(format!(
+            "replicas must be 1 to {MAX_REPLICAS}, not {replicas}"
+        )));
+    }
+    if !(1..=MAX_PARTITIONS).contains(&partitions) {
+        return Err(MapError::Invalid(format!(
+            "partitions must be 1 to {MAX_PARTITIONS}, not {partitions}"
+        )));
+    }
+    let max = min_prefix_bits.map_or(MAX_SPLIT_BITS, |p| p.min(MAX_SPLIT_BITS));
+    if split_bits > max {
+        return Err(MapError::Invalid(format!(
+            "split_bits must be at most {max} (the design's smallest prefix is {}), not \
+             {split_bits}",
+            min_prefix_bits.map_or("unknown".to_string(), |p| format!("{p} bits"))
+        )));
+    }
+    Ok(())
 }
 
 fn check_node(id: NodeId, internal_addr: &str) -> Result<(), MapError> {
@@ -467,6 +765,19 @@ mod tests {
                 role: Role::Learner,
                 state: NodeState::Joining,
             },
+            layout: Layout::default(),
+            min_prefix_bits: Some(26),
+        }
+    }
+
+    /// Every replica that is filling reports ready.
+    fn all_ready(map: &mut ClusterMap) {
+        let pending: Vec<(Unit, NodeId)> = map
+            .units()
+            .flat_map(|u| map.replicas_of(u).1.iter().map(move |&n| (u, n)).collect::<Vec<_>>())
+            .collect();
+        for (unit, node) in pending {
+            map.apply(&Command::ReplicaReady { unit, node }).unwrap();
         }
     }
 
@@ -480,8 +791,27 @@ mod tests {
         assert_eq!(map.apply(&add(2)), Err(MapError::NotBootstrapped));
         map.apply(&boot()).unwrap();
         assert_eq!(map.epoch, 1);
-        assert_eq!(map.tablets.len(), 10);
-        assert!(map.tablets.iter().all(|t| t.nodes == vec![1]));
+        // 10 tables cut in 4 by their top two bits, 16 partitions, all on node 1.
+        assert_eq!(map.tablets.len(), 40);
+        assert_eq!(map.partitions.len(), 16);
+        assert_eq!((map.replicas, map.split_bits, map.next_gid_seq), (2, 2, 1));
+        assert!(map.tablets.iter().all(|t| t.nodes == vec![1] && t.filling.is_empty()));
+        assert!(map.partitions.iter().all(|p| p.nodes == vec![1]));
+        let t1: Vec<(u64, u64)> =
+            map.tablets.iter().filter(|t| t.table == 1).map(|t| (t.start, t.end)).collect();
+        assert_eq!(
+            t1,
+            vec![
+                (0, (1 << 62) - 1),
+                (1 << 62, (2 << 62) - 1),
+                (2 << 62, (3 << 62) - 1),
+                (3 << 62, u64::MAX)
+            ]
+        );
+        for v in [0, 1 << 62, u64::MAX, 12345 << 40] {
+            let t = map.tablet_for(3, v).unwrap();
+            assert!(t.start <= v && v <= t.end && t.start >> 62 == v >> 62);
+        }
         assert_eq!(map.nodes[&1].role, Role::Voter);
         assert_eq!(map.nodes[&1].state, NodeState::Active);
         assert!(matches!(map.apply(&boot()), Err(MapError::AlreadyBootstrapped(_))));
@@ -493,14 +823,21 @@ mod tests {
             map.apply(&add(2)),
             Err(MapError::IdInUse { id: 2, existing_addr: "i2".into() })
         );
+        // Joining nodes hold nothing; once promoted node 2 fills a second replica of each.
+        assert!(map.units().all(|u| map.writers(u) == vec![1]));
         map.apply(&Command::Promote { id: 2 }).unwrap();
         assert_eq!(map.nodes[&2].role, Role::Voter);
         assert_eq!(map.epoch, 3);
+        assert!(map.units().all(|u| map.serving(u) == vec![1] && map.writers(u) == vec![1, 2]));
+        all_ready(&mut map);
+        assert!(map.units().all(|u| map.serving(u) == vec![1, 2]));
         map.apply(&Command::SetState { id: 1, state: NodeState::Draining }).unwrap();
+        // Node 1 leaves every unit; node 2 serves each already, so it is dropped at once.
+        assert!(map.units().all(|u| map.serving(u) == vec![2]));
         map.apply(&Command::RemoveNode { id: 1 }).unwrap();
-        assert!(map.tablets.iter().all(|t| t.nodes.is_empty()));
+        assert!(map.tablets.iter().all(|t| t.nodes == vec![2]));
         assert!(matches!(map.apply(&Command::RemoveNode { id: 2 }), Err(MapError::Refused(_))));
-        assert_eq!(map.epoch, 5);
+        assert_eq!(map.epoch, 5 + 56);
         let bytes = map.encode();
         assert_eq!(ClusterMap::decode(&bytes).unwrap(), map);
         assert!(ClusterMap::decode(&bytes[..bytes.len() - 1]).is_err());
@@ -586,8 +923,20 @@ mod tests {
                 ][s as usize]
             }),
             id.clone().prop_map(|id| Command::RemoveNode { id }),
-            (0u32..12, proptest::collection::vec(id, 0..3))
+            (0u32..12, proptest::collection::vec(id.clone(), 0..3))
                 .prop_map(|(table, nodes)| Command::SetTabletNodes { table, nodes }),
+            (id.clone(), 0u64..3).prop_map(|(node, count)| Command::GrantIds { node, count }),
+            id.clone().prop_map(|id| Command::NodeDown { id }),
+            id.clone().prop_map(|id| Command::NodeBack { id }),
+            id.clone().prop_map(|id| Command::Evict { id }),
+            (id, 0u32..12, 0u64..4, any::<bool>()).prop_map(|(node, i, q, tablet)| {
+                let unit = if tablet {
+                    Unit::Tablet { table: i, start: q << 62 }
+                } else {
+                    Unit::Partition(i)
+                };
+                Command::ReplicaReady { unit, node }
+            }),
         ]
     }
 
@@ -624,6 +973,174 @@ mod tests {
             }
             prop_assert_eq!(a.epoch, applied);
             prop_assert_eq!(ClusterMap::decode(&a.encode()).unwrap(), a);
+        }
+    }
+
+    /// A membership step; `ReplicaReady` names a unit and node by position in the map.
+    #[derive(Clone, Debug)]
+    enum Op {
+        Cmd(Command),
+        Ready(usize, usize),
+    }
+
+    fn membership_op() -> impl Strategy<Value = Op> {
+        let id = 1u64..7;
+        prop_oneof![
+            2 => id.clone().prop_map(|id| Op::Cmd(add(id))),
+            3 => id.clone().prop_map(|id| Op::Cmd(Command::Promote { id })),
+            2 => (id.clone(), 0u8..4).prop_map(|(id, s)| Op::Cmd(Command::SetState {
+                id,
+                state: [
+                    NodeState::Joining,
+                    NodeState::Active,
+                    NodeState::Draining,
+                    NodeState::Down
+                ][s as usize]
+            })),
+            2 => id.clone().prop_map(|id| Op::Cmd(Command::NodeDown { id })),
+            2 => id.clone().prop_map(|id| Op::Cmd(Command::NodeBack { id })),
+            2 => id.clone().prop_map(|id| Op::Cmd(Command::RemoveNode { id })),
+            1 => (id, 1u64..1000).prop_map(|(node, count)| Op::Cmd(Command::GrantIds { node, count })),
+            8 => (any::<usize>(), any::<usize>()).prop_map(|(u, n)| Op::Ready(u, n)),
+        ]
+    }
+
+    fn to_command(map: &ClusterMap, op: &Op) -> Option<Command> {
+        match op {
+            Op::Cmd(c) => Some(c.clone()),
+            Op::Ready(u, n) => {
+                let units: Vec<Unit> =
+                    map.units().filter(|&x| !map.replicas_of(x).1.is_empty()).collect();
+                let unit = *units.get(u % units.len().max(1))?;
+                let filling = map.replicas_of(unit).1;
+                Some(Command::ReplicaReady { unit, node: filling[n % filling.len()] })
+            }
+        }
+    }
+
+    /// The placement invariants of a bootstrapped map.
+    fn check_placement(map: &ClusterMap) -> Result<(), TestCaseError> {
+        let usable = placement::usable(map);
+        let r = placement::replica_target(map, usable.len());
+        let mut per_kind: [BTreeMap<NodeId, usize>; 2] = Default::default();
+        for n in &usable {
+            per_kind[0].insert(*n, 0);
+            per_kind[1].insert(*n, 0);
+        }
+        for unit in map.units() {
+            let (nodes, filling) = map.replicas_of(unit);
+            let targets = placement::targets(map, unit);
+            let mut distinct = targets.clone();
+            distinct.sort();
+            distinct.dedup();
+            prop_assert_eq!(distinct.len(), targets.len(), "{:?}: {:?}", unit, targets);
+            prop_assert_eq!(targets.len(), r, "{:?}: {:?} on {:?}", unit, targets, usable);
+            for n in nodes.iter().chain(filling) {
+                prop_assert!(map.nodes.contains_key(n));
+            }
+            prop_assert!(filling.iter().all(|n| !nodes.contains(n)));
+            let kind = usize::from(matches!(unit, Unit::Partition(_)));
+            for n in &targets {
+                prop_assert!(usable.contains(n));
+                *per_kind[kind].entry(*n).or_default() += 1;
+            }
+        }
+        for (u, n) in &map.leaving {
+            prop_assert!(map.replicas_of(*u).0.contains(n));
+        }
+        for loads in &per_kind {
+            let (lo, hi) = (loads.values().min(), loads.values().max());
+            if let (Some(lo), Some(hi)) = (lo, hi) {
+                prop_assert!(hi - lo <= 1, "unbalanced: {:?}", loads);
+            }
+        }
+        Ok(())
+    }
+
+    fn target_pairs(map: &ClusterMap) -> BTreeSet<(Unit, NodeId)> {
+        map.units()
+            .flat_map(|u| placement::targets(map, u).into_iter().map(move |n| (u, n)))
+            .collect()
+    }
+
+    proptest! {
+        #[test]
+        fn placement_after_membership_changes(
+            replicas in 1u32..4,
+            split_bits in 0u32..3,
+            partitions in 1u32..9,
+            ops in proptest::collection::vec(membership_op(), 0..80),
+        ) {
+            let Command::Bootstrap { cluster_id, design, node, .. } = boot() else { unreachable!() };
+            let layout = Layout { replicas, split_bits, partitions };
+            let bootstrap = Command::Bootstrap {
+                cluster_id, design, node, layout, min_prefix_bits: Some(26),
+            };
+            let mut map = ClusterMap::default();
+            map.apply(&bootstrap).unwrap();
+            let mut replay = map.clone();
+            check_placement(&map)?;
+            let mut grants: Vec<Range<u64>> = Vec::new();
+            for op in &ops {
+                let Some(cmd) = to_command(&map, op) else { continue };
+                let before = map.clone();
+                let grant = map.next_grant(match cmd { Command::GrantIds { count, .. } => count, _ => 0 });
+                let r = map.apply(&cmd);
+                prop_assert_eq!(&replay.apply(&Command::decode(&cmd.encode()).unwrap()), &r);
+                prop_assert_eq!(&replay, &map);
+                if r.is_err() {
+                    prop_assert_eq!(&map, &before);
+                    continue;
+                }
+                check_placement(&map)?;
+                let marks_down = matches!(
+                    cmd,
+                    Command::NodeDown { .. } | Command::SetState { state: NodeState::Down, .. }
+                );
+                if !marks_down {
+                    // No unit loses its last serving replica that is up.
+                    for u in before.units() {
+                        if !before.serving(u).is_empty() {
+                            prop_assert!(!map.serving(u).is_empty(), "{:?} after {:?}", u, cmd);
+                        }
+                    }
+                }
+                if let Command::GrantIds { .. } = cmd {
+                    prop_assert!(grant.start >= 1 && grant.end == map.next_gid_seq);
+                    prop_assert!(grants.iter().all(|g| g.end <= grant.start));
+                    grants.push(grant);
+                }
+                // A node becoming usable in a balanced map receives; nobody else does.
+                let was = placement::usable(&before);
+                let now = placement::usable(&map);
+                if now.len() == was.len() + 1 && was.iter().all(|n| now.contains(n)) {
+                    let new = now.iter().find(|n| !was.contains(n)).copied();
+                    let old = target_pairs(&before);
+                    for (u, n) in target_pairs(&map) {
+                        prop_assert!(old.contains(&(u, n)) || Some(n) == new, "{:?} moved to {}", u, n);
+                    }
+                }
+            }
+            // Every node back and every replica ready: the units hold exactly their targets.
+            let down: Vec<NodeId> =
+                map.nodes.values().filter(|n| n.state == NodeState::Down).map(|n| n.id).collect();
+            for id in down {
+                map.apply(&Command::NodeBack { id }).unwrap();
+            }
+            all_ready(&mut map);
+            check_placement(&map)?;
+            for u in map.units() {
+                let (nodes, filling) = map.replicas_of(u);
+                prop_assert!(filling.is_empty());
+                if nodes.iter().any(|&n| map.is_up(n) && !map.leaving.contains(&(u, n))) {
+                    let mut t = placement::targets(&map, u);
+                    let mut n = nodes.to_vec();
+                    t.sort();
+                    n.sort();
+                    prop_assert_eq!(t, n);
+                }
+            }
+            prop_assert_eq!(ClusterMap::decode(&map.encode()).unwrap(), map);
         }
     }
 }

@@ -33,6 +33,8 @@ pub(crate) struct Inner {
     pub(crate) proposals: Counter,
     pub(crate) elections: Counter,
     pub(crate) snapshot_sends: Counter,
+    pub(crate) unavailable_units: Gauge,
+    pub(crate) down_nodes: Gauge,
 }
 
 impl ClusterMetrics {
@@ -49,6 +51,12 @@ impl ClusterMetrics {
         r.register("proposals", "Map changes proposed by this node", i.proposals.clone());
         r.register("elections", "Elections this node started", i.elections.clone());
         r.register("snapshot_sends", "Raft snapshots sent to followers", i.snapshot_sends.clone());
+        r.register(
+            "unavailable_units",
+            "Tablets and partitions without a serving replica that is up",
+            i.unavailable_units.clone(),
+        );
+        r.register("down_nodes", "Members marked down", i.down_nodes.clone());
     }
 
     /// The values as (name, value) pairs, for tests and status pages.
@@ -68,6 +76,8 @@ impl ClusterMetrics {
             ("proposals_total", i.proposals.get()),
             ("elections_total", i.elections.get()),
             ("snapshot_sends_total", i.snapshot_sends.get()),
+            ("unavailable_units", i.unavailable_units.get() as u64),
+            ("down_nodes", i.down_nodes.get() as u64),
         ]
     }
 }

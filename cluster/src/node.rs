@@ -9,6 +9,8 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -58,11 +60,15 @@ pub struct ClusterStatus {
 
 type Reply = oneshot::Sender<Result<Applied, ClusterError>>;
 
+/// A submitted command's outcome: where it applied, and the ids a grant granted.
+type SubmitReply = oneshot::Sender<Result<(Applied, Option<Range<u64>>), ClusterError>>;
+
 enum Input {
     Message(Message, String),
     Add { id: NodeId, public_addr: String, internal_addr: String, reply: Reply },
     Remove { id: NodeId, reply: Reply },
     Transfer { to: NodeId, reply: Reply },
+    Submit { cmd: Command, reply: SubmitReply },
     Shutdown,
 }
 
@@ -78,6 +84,7 @@ struct Shared {
     status: Arc<Mutex<ClusterStatus>>,
     map_rx: watch::Receiver<Arc<ClusterMap>>,
     ready_rx: watch::Receiver<bool>,
+    contact: Arc<AtomicBool>,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -114,6 +121,24 @@ fn new_cluster_id(node_id: NodeId) -> String {
     );
     h.write_u32(std::process::id());
     format!("{:016x}", h.finish())
+}
+
+/// The smallest prefix of the design named `name`; `None` (with a warning) when the name does
+/// not parse here: the split is then checked against its general bound only.
+fn min_prefix_bits(name: &str) -> Option<u32> {
+    match neardup_core::Design::parse(name) {
+        Ok(d) => Some(d.min_prefix_bits()),
+        Err(e) => {
+            tracing::warn!(design = name, error = %e, "cannot read the design's prefixes");
+            None
+        }
+    }
+}
+
+/// `timeout` in whole ticks, at least one.
+fn failure_ticks(timeout: Duration, tick: Duration) -> u64 {
+    let tick = tick.as_nanos().max(1);
+    (timeout.as_nanos().div_ceil(tick)).clamp(1, u64::MAX as u128) as u64
 }
 
 /// Opens the store in `cfg.dir`, checks its identity and bootstraps it when asked.
@@ -154,6 +179,8 @@ pub(crate) fn open_store(cfg: &ClusterConfig) -> Result<RaftStore, ClusterError>
                     role: Role::Voter,
                     state: NodeState::Active,
                 },
+                layout: cfg.layout,
+                min_prefix_bits: min_prefix_bits(&design.name),
             })?;
             store.bootstrap(vec![cfg.node_id], map.encode())?;
             store.set_identity(Identity { node_id: cfg.node_id, cluster_id })?;
@@ -186,6 +213,7 @@ impl ClusterNode {
                 max_voters: cfg.max_voters.max(1),
                 snapshot_every: cfg.snapshot_every.max(1),
                 catch_up_slack: 2,
+                failure_ticks: failure_ticks(cfg.failure_timeout, cfg.tick),
                 fixed_election_timeout: false,
             },
             store,
@@ -204,6 +232,7 @@ impl ClusterNode {
             ..Default::default()
         }));
         let wait = (cfg.tick * cfg.election_ticks as u32 * 5).max(Duration::from_secs(10));
+        let contact = Arc::new(AtomicBool::new(false));
         let mut runner = Runner {
             replica,
             transport,
@@ -218,6 +247,11 @@ impl ClusterNode {
             ready_tx,
             was_leader: false,
             identity_cluster: String::new(),
+            submits: Vec::new(),
+            submit_wait: (cfg.tick * cfg.election_ticks as u32 * 3).max(Duration::from_secs(1)),
+            tag_seq: 0,
+            tag_nonce: new_cluster_id(cfg.node_id),
+            contact: contact.clone(),
         };
         runner.identity_cluster =
             runner.replica.store().identity().map(|i| i.cluster_id).unwrap_or_default();
@@ -242,6 +276,7 @@ impl ClusterNode {
                 status,
                 map_rx,
                 ready_rx,
+                contact,
                 thread: Mutex::new(Some(thread)),
             }),
         })
@@ -290,6 +325,49 @@ impl ClusterNode {
     /// Leader only: hands leadership to voter `to`; answers once `to` leads.
     pub async fn transfer_leader(&self, to: NodeId) -> Result<Applied, ClusterError> {
         self.ask(|reply| Input::Transfer { to, reply }).await
+    }
+
+    /// Proposes `cmd` from this node, leader or not (a follower forwards it to the leader),
+    /// and answers once this node applied it: where, and for a `GrantIds` the sequence
+    /// numbers granted. The map's refusal comes back as its error. Unavailable at once when
+    /// this node is not [in contact](Self::in_contact), and when no answer came within three
+    /// election timeouts (at least 1 s; the command may or may not be applied: read the map).
+    pub async fn submit(
+        &self,
+        cmd: Command,
+    ) -> Result<(Applied, Option<Range<u64>>), ClusterError> {
+        let (reply, rx) = oneshot::channel();
+        self.shared.tx.send(Input::Submit { cmd, reply }).map_err(|_| stopped())?;
+        rx.await.map_err(|_| stopped())?
+    }
+
+    /// Grants this node `count` document sequence numbers (1 to [`crate::map::MAX_GRANT`]),
+    /// through the leader: blocks never overlap across nodes, leaders and restarts, and no
+    /// number is granted twice. A document's gid is `(seq << 8) | partition`.
+    pub async fn grant_ids(&self, count: u64) -> Result<Range<u64>, ClusterError> {
+        if count == 0 || count > crate::map::MAX_GRANT {
+            return Err(ClusterError::InvalidArgument(format!(
+                "a grant is 1 to {} ids, not {count}",
+                crate::map::MAX_GRANT
+            )));
+        }
+        match self.submit(Command::GrantIds { node: self.id(), count }).await? {
+            (_, Some(range)) => Ok(range),
+            (_, None) => Err(ClusterError::Unavailable("the grant carried no range".into())),
+        }
+    }
+
+    /// Reports this node's replica of `unit` caught up (filling -> serving), through the
+    /// leader.
+    pub async fn replica_ready(&self, unit: crate::map::Unit) -> Result<Applied, ClusterError> {
+        Ok(self.submit(Command::ReplicaReady { unit, node: self.id() }).await?.0)
+    }
+
+    /// True while this node is in touch with the cluster: it heard from the leader within an
+    /// election timeout, or it leads and heard from a quorum of voters within one. A node cut
+    /// off must stop answering data requests (its replicas may be stale).
+    pub fn in_contact(&self) -> bool {
+        self.shared.contact.load(Ordering::Acquire)
     }
 
     /// This node's view of the cluster.
@@ -343,6 +421,20 @@ struct Runner {
     ready_tx: Arc<watch::Sender<bool>>,
     was_leader: bool,
     identity_cluster: String,
+    /// Submitted commands waiting for their entry (by tag) to be applied here.
+    submits: Vec<Submit>,
+    /// How long a submitted command waits for its entry: a few election timeouts.
+    submit_wait: Duration,
+    tag_seq: u64,
+    /// Makes this run's tags unlike any earlier run's.
+    tag_nonce: String,
+    contact: Arc<AtomicBool>,
+}
+
+struct Submit {
+    tag: Vec<u8>,
+    reply: SubmitReply,
+    deadline: Instant,
 }
 
 impl Runner {
@@ -392,8 +484,12 @@ impl Runner {
             }
         }
         self.ready_tx.send_replace(false);
+        self.contact.store(false, Ordering::Release);
         for w in self.waiters.drain(..) {
             let _ = w.reply.send(Err(stopped()));
+        }
+        for s in self.submits.drain(..) {
+            let _ = s.reply.send(Err(stopped()));
         }
     }
 
@@ -401,8 +497,12 @@ impl Runner {
     fn fail(mut self, e: ClusterError) {
         tracing::error!(error = %e, "the Raft thread stops");
         self.ready_tx.send_replace(false);
+        self.contact.store(false, Ordering::Release);
         for w in self.waiters.drain(..) {
             let _ = w.reply.send(Err(e.clone()));
+        }
+        for s in self.submits.drain(..) {
+            let _ = s.reply.send(Err(e.clone()));
         }
     }
 
@@ -433,6 +533,31 @@ impl Runner {
                     }
                 });
                 self.answer(r, reply);
+            }
+            Input::Submit { cmd, reply } => {
+                self.tag_seq += 1;
+                let tag =
+                    format!("submit:{}:{}:{}", self.replica.id(), self.tag_nonce, self.tag_seq)
+                        .into_bytes();
+                if !self.replica.in_contact() {
+                    let _ = reply.send(Err(ClusterError::Unavailable(
+                        "this node is not in contact with a leader; retry".into(),
+                    )));
+                    return;
+                }
+                match self.replica.propose_forwarded(&cmd, tag.clone()) {
+                    Ok(()) => {
+                        self.metrics.inner.proposals.inc();
+                        self.submits.push(Submit {
+                            tag,
+                            reply,
+                            deadline: Instant::now() + self.submit_wait,
+                        });
+                    }
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                    }
+                }
             }
             Input::Shutdown => {}
         }
@@ -588,6 +713,16 @@ impl Runner {
             }
         }
         for a in applied {
+            if !a.tag.is_empty()
+                && let Some(pos) = self.submits.iter().position(|s| s.tag == a.tag)
+            {
+                let s = self.submits.swap_remove(pos);
+                let r = match &a.result {
+                    Ok(epoch) => Ok((Applied { epoch: *epoch, index: a.index }, a.granted.clone())),
+                    Err(e) => Err(ClusterError::from(e.clone())),
+                };
+                let _ = s.reply.send(r);
+            }
             let mut i = 0;
             while i < self.waiters.len() {
                 let done = match &self.waiters[i].wait {
@@ -626,6 +761,19 @@ impl Runner {
 
     fn settle_waiters(&mut self) {
         let now = Instant::now();
+        let mut i = 0;
+        while i < self.submits.len() {
+            if now >= self.submits[i].deadline {
+                let s = self.submits.swap_remove(i);
+                let _ = s.reply.send(Err(ClusterError::Unavailable(
+                    "no answer in time; the command may or may not be applied: read the map and \
+                     retry"
+                        .into(),
+                )));
+            } else {
+                i += 1;
+            }
+        }
         let leader = self.replica.is_leader();
         let lost = self.was_leader && !leader;
         self.was_leader = leader;
@@ -706,6 +854,12 @@ impl Runner {
         m.epoch.set(status.epoch);
         m.applied_index.set(status.applied);
         m.committed_index.set(status.committed);
+        if changed {
+            m.unavailable_units.set(map.unavailable_units().len() as i64);
+            m.down_nodes
+                .set(map.nodes.values().filter(|n| n.state == NodeState::Down).count() as i64);
+        }
+        self.contact.store(r.in_contact(), Ordering::Release);
         let voters = map.nodes.values().filter(|n| n.role == Role::Voter).count();
         m.members.get_or_create(&RoleLabels { role: "voter" }).set(voters as i64);
         m.members

@@ -32,8 +32,19 @@
 //! `RemoveNode` for a removal), so Raft's configuration and the map change in the same entry
 //! on every replica. The leader's [`Replica::tick`] does the duties: promote caught-up learners
 //! while voters are fewer than `max_voters` (else mark them active), remove draining nodes when
-//! that keeps a quorum (handing leadership away first when the draining node is itself), one
-//! conf change at a time.
+//! that keeps a quorum and the map allows it (no unit loses its last serving replica up;
+//! handing leadership away first when the draining node is itself), then liveness: an active
+//! node not heard from for `failure_ticks` (counted from when this replica became leader at
+//! the earliest) is proposed `NodeDown`, a down node heard within an election timeout
+//! `NodeBack`. One change at a time.
+//!
+//! Should Raft's configuration drop a node whose `RemoveNode` the map refuses at commit (the
+//! units changed since the proposal), the replicas apply `Command::Evict` instead: the map's
+//! members always follow Raft's.
+//!
+//! Any replica may propose a command with [`Replica::propose_forwarded`] (a follower forwards
+//! it to the leader); its outcome is the applied entry carrying the proposer's tag, and for a
+//! `GrantIds` the range granted ([`AppliedEntry::granted`]).
 
 use std::collections::BTreeMap;
 
@@ -65,6 +76,10 @@ pub struct ReplicaConfig {
     /// A follower is caught up when its match index is at least the leader's last index minus
     /// this.
     pub catch_up_slack: u64,
+    /// The leader proposes `NodeDown` for an active node it has not heard from for this many
+    /// ticks (counted from when it became leader at the earliest), `NodeBack` for a down node
+    /// it heard from within an election timeout.
+    pub failure_ticks: u64,
     /// When true, the election timeout is exactly `election_ticks` instead of Raft's random
     /// pick in `[election_ticks, 2 * election_ticks)` (raft-rs draws it from the thread's
     /// RNG): deterministic simulations vary the ticks themselves.
@@ -86,6 +101,8 @@ pub struct AppliedEntry {
     pub result: Result<u64, MapError>,
     /// The map's epoch after it (also when refused).
     pub epoch: u64,
+    /// The sequence numbers an applied `GrantIds` granted.
+    pub granted: Option<std::ops::Range<u64>>,
 }
 
 /// What one [`Replica::handle_ready`] produced.
@@ -116,6 +133,11 @@ pub struct Replica {
     /// A duty proposal's index: no further duty until it is applied.
     duty_wait: u64,
     last_term: u64,
+    /// Whether this replica led at the last duty round, and since which tick.
+    leading: bool,
+    leader_since: u64,
+    /// The tick of the last message from the leader of the current term.
+    leader_contact: Option<u64>,
 }
 
 fn leader_role(raw: &RawNode<RaftStore>) -> bool {
@@ -175,6 +197,9 @@ impl Replica {
             last_heard: BTreeMap::new(),
             duty_wait: 0,
             last_term,
+            leading: false,
+            leader_since: 0,
+            leader_contact: None,
         })
     }
 
@@ -293,15 +318,43 @@ impl Replica {
         }
     }
 
+    /// True while this replica is in touch with the cluster: as leader, a quorum of voters
+    /// (itself included) was heard from within an election timeout; otherwise the leader of
+    /// its term was heard from within an election timeout. A node cut off from the cluster
+    /// turns false within about an election timeout and must stop answering data requests.
+    pub fn in_contact(&self) -> bool {
+        let window = self.cfg.election_ticks as u64;
+        let recent = |t: u64| self.ticks.saturating_sub(t) <= window;
+        if self.is_leader() {
+            let voters = &self.conf.voters;
+            let heard = voters
+                .iter()
+                .filter(|&&v| {
+                    v == self.cfg.id || self.last_heard.get(&v).is_some_and(|&t| recent(t))
+                })
+                .count();
+            return heard > voters.len() / 2;
+        }
+        self.leader().is_some() && self.leader_contact.is_some_and(recent)
+    }
+
     /// Steps a message from a peer.
     pub fn step(&mut self, msg: Message) -> Result<(), ClusterError> {
-        if msg.from != 0 {
-            self.last_heard.insert(msg.from, self.ticks);
+        let (from, term) = (msg.from, msg.term);
+        if from != 0 {
+            self.last_heard.insert(from, self.ticks);
         }
-        match self.raw.step(msg) {
+        let r = self.raw.step(msg);
+        if from != 0 && from == self.raw.raft.leader_id && term == self.raw.raft.term {
+            self.leader_contact = Some(self.ticks);
+        }
+        match r {
             Ok(()) => Ok(()),
             // A message from a node not (or no longer) in the configuration: ignored.
             Err(raft::Error::StepPeerNotFound) | Err(raft::Error::StepLocalMsg) => Ok(()),
+            // A proposal forwarded to a replica that no longer leads nor knows a leader: lost,
+            // as a dropped message would be; its proposer times out.
+            Err(raft::Error::ProposalDropped) => Ok(()),
             Err(e) => Err(e.into()),
         }
     }
@@ -335,6 +388,17 @@ impl Replica {
         }
         self.raw.propose(tag, cmd.encode())?;
         Ok((self.raw.raft.raft_log.last_index(), self.raw.raft.term))
+    }
+
+    /// Proposes a map command from any replica: a follower forwards it to the leader (Raft's
+    /// proposal forwarding). The outcome is known only when an entry with this `tag` is
+    /// applied, so the tag must be unique. NotLeader without a known leader.
+    pub fn propose_forwarded(&mut self, cmd: &Command, tag: Vec<u8>) -> Result<(), ClusterError> {
+        if !self.is_leader() && self.leader().is_none() {
+            return Err(self.not_leader());
+        }
+        self.raw.propose(tag, cmd.encode())?;
+        Ok(())
     }
 
     /// Leader only: proposes one conf change together with the map command that goes with it.
@@ -412,6 +476,11 @@ impl Replica {
     }
 
     fn leader_duties(&mut self) -> Result<(), ClusterError> {
+        let leader = self.is_leader();
+        if leader && !self.leading {
+            self.leader_since = self.ticks;
+        }
+        self.leading = leader;
         if !self.is_leader() || self.change_in_flight() || !self.raw.raft.commit_to_current_term() {
             return Ok(());
         }
@@ -436,13 +505,22 @@ impl Replica {
                 }
                 continue;
             }
-            if self.check_removal(id).is_ok() {
-                let (index, _) = self.propose_conf_change(
-                    ConfChangeType::RemoveNode,
-                    id,
-                    &Command::RemoveNode { id },
-                    Vec::new(),
-                )?;
+            let command = Command::RemoveNode { id };
+            if !self.conf.voters.contains(&id) && !self.conf.learners.contains(&id) {
+                // Raft removed it but the map refused then (the unit's state changed between
+                // proposal and commit): the map's removal alone, once it is allowed.
+                if self.map.check(&command).is_ok() {
+                    let (index, _) = self.propose(&command, Vec::new())?;
+                    self.duty_wait = index;
+                    return Ok(());
+                }
+                continue;
+            }
+            // The map refuses the removal while the node holds a unit's last serving replica
+            // that is up: it waits until the unit's new replicas are ready.
+            if self.check_removal(id).is_ok() && self.map.check(&command).is_ok() {
+                let (index, _) =
+                    self.propose_conf_change(ConfChangeType::RemoveNode, id, &command, Vec::new())?;
                 self.duty_wait = index;
                 return Ok(());
             }
@@ -477,6 +555,39 @@ impl Replica {
             };
             self.duty_wait = index;
             return Ok(());
+        }
+        self.liveness_duty()
+    }
+
+    /// Marks silent active nodes down and heard down nodes back, one change at a time.
+    fn liveness_duty(&mut self) -> Result<(), ClusterError> {
+        let window = self.cfg.election_ticks as u64;
+        let change = self.map.nodes.values().find_map(|n| {
+            if n.id == self.cfg.id {
+                // The leader hears itself: marked down by hand, it is back at once.
+                return (n.state == NodeState::Down).then_some(Command::NodeBack { id: n.id });
+            }
+            let heard = self.last_heard.get(&n.id).copied();
+            let silent = self.ticks.saturating_sub(heard.unwrap_or(0).max(self.leader_since));
+            match n.state {
+                NodeState::Active if silent > self.cfg.failure_ticks => {
+                    Some(Command::NodeDown { id: n.id })
+                }
+                NodeState::Down
+                    if heard.is_some_and(|t| {
+                        t >= self.leader_since && self.ticks.saturating_sub(t) <= window
+                    }) =>
+                {
+                    Some(Command::NodeBack { id: n.id })
+                }
+                _ => None,
+            }
+        });
+        if let Some(cmd) = change
+            && self.map.check(&cmd).is_ok()
+        {
+            let (index, _) = self.propose(&cmd, Vec::new())?;
+            self.duty_wait = index;
         }
         Ok(())
     }
@@ -550,11 +661,20 @@ impl Replica {
             if e.index <= self.applied {
                 continue;
             }
+            let mut granted = None;
             let (command, result) = match e.get_entry_type() {
                 EntryType::EntryNormal if e.data.is_empty() => (None, Ok(self.map.epoch)),
                 EntryType::EntryNormal => match Command::decode(&e.data) {
                     Ok(cmd) => {
+                        let grant = match cmd {
+                            Command::GrantIds { count, .. } => Some(self.map.next_grant(count)),
+                            _ => None,
+                        };
                         let r = self.map.apply(&cmd).map(|()| self.map.epoch);
+                        if r.is_ok() {
+                            granted = grant;
+                            self.report_unavailable(&cmd);
+                        }
                         (Some(cmd), r)
                     }
                     Err(err) => (None, Err(err)),
@@ -582,9 +702,29 @@ impl Replica {
                 command,
                 result,
                 epoch: self.map.epoch,
+                granted,
             });
         }
         Ok(())
+    }
+
+    /// A node marked down may leave units without a serving replica: said once, when applied.
+    fn report_unavailable(&self, cmd: &Command) {
+        let down = match cmd {
+            Command::NodeDown { id } => *id,
+            Command::SetState { id, state: NodeState::Down } => *id,
+            _ => return,
+        };
+        let units = self.map.unavailable_units();
+        if !units.is_empty() {
+            tracing::warn!(
+                node = down,
+                count = units.len(),
+                first = ?units.first(),
+                "node marked down: these units have no serving replica up; their reads and \
+                 writes fail until one is back"
+            );
+        }
     }
 
     fn apply_conf(
@@ -601,6 +741,22 @@ impl Replica {
             return (None, Ok(self.map.epoch));
         }
         match Command::decode(context) {
+            Ok(Command::RemoveNode { id })
+                if !self.conf.voters.contains(&id)
+                    && !self.conf.learners.contains(&id)
+                    && self.map.check(&Command::RemoveNode { id }).is_err()
+                    && self.map.nodes.contains_key(&id) =>
+            {
+                // Raft removed it: the map follows (see `Command::Evict`).
+                let cmd = Command::Evict { id };
+                let r = self.map.apply(&cmd).map(|()| self.map.epoch);
+                tracing::warn!(
+                    node = id,
+                    unavailable = self.map.unavailable_units().len(),
+                    "a node left Raft's configuration while the map refused its removal; evicted"
+                );
+                (Some(cmd), r)
+            }
             Ok(cmd) => {
                 let r = self.map.apply(&cmd).map(|()| self.map.epoch);
                 (Some(cmd), r)

@@ -52,10 +52,23 @@ fn start_with(
     bootstrap: bool,
     metrics: ClusterMetrics,
 ) -> ClusterNode {
+    // Liveness stays out of these tests' way (a slow machine would mark nodes down).
+    start_cfg(net, dir, id, bootstrap, metrics, Duration::from_secs(3600))
+}
+
+fn start_cfg(
+    net: &Net,
+    dir: &std::path::Path,
+    id: NodeId,
+    bootstrap: bool,
+    metrics: ClusterMetrics,
+    failure_timeout: Duration,
+) -> ClusterNode {
     let mut cfg =
         ClusterConfig::new(id, format!("node{id}:public"), addr(id), dir.join(format!("n{id}")));
     cfg.tick = Duration::from_millis(10);
     cfg.snapshot_every = 5;
+    cfg.failure_timeout = failure_timeout;
     if bootstrap {
         cfg.bootstrap = Some(DesignInfo { name: "5c2".into(), tables: 10, max_k: 3 });
     }
@@ -277,6 +290,109 @@ async fn a_cut_off_leader_cannot_change_the_map_and_the_majority_can() {
     });
     assert!(n1.watch_map().borrow().nodes.contains_key(&4));
     for n in all {
+        n.shutdown();
+    }
+}
+
+/// Grants through any node until one answers (a follower forwards to the leader).
+async fn grant(node: &ClusterNode, count: u64) -> std::ops::Range<u64> {
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        match node.grant_ids(count).await {
+            Ok(r) => return r,
+            Err(ClusterError::Unavailable(_)) | Err(ClusterError::NotLeader { .. })
+                if Instant::now() < end =>
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await
+            }
+            Err(e) => panic!("grant on node {}: {e}", node.id()),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grants_contact_and_liveness() {
+    let dir = tempfile::tempdir().unwrap();
+    let net = Net::default();
+    let timeout = Duration::from_millis(300);
+    let metrics = ClusterMetrics::default();
+    let n1 = start_cfg(&net, dir.path(), 1, true, metrics.clone(), timeout);
+    let mut ready = n1.watch_ready();
+    tokio::time::timeout(Duration::from_secs(30), ready.wait_for(|r| *r)).await.unwrap().unwrap();
+    wait_until("node 1 in contact", || n1.in_contact());
+    let map = n1.watch_map().borrow().clone();
+    assert_eq!((map.tablets.len(), map.partitions.len(), map.replicas), (40, 16, 2));
+    assert!(matches!(n1.grant_ids(0).await, Err(ClusterError::InvalidArgument(_))));
+    let n2 = start_cfg(&net, dir.path(), 2, false, ClusterMetrics::default(), timeout);
+    let n3 = start_cfg(&net, dir.path(), 3, false, ClusterMetrics::default(), timeout);
+    // Not a member yet: no leader known, no contact, no grant.
+    assert!(!n2.in_contact());
+    assert!(n2.grant_ids(5).await.is_err());
+    add(&n1, 2).await;
+    add(&n1, 3).await;
+    let all = [&n1, &n2, &n3];
+    wait_until("three active voters", || {
+        all.iter().all(|n| {
+            let m = n.watch_map().borrow().clone();
+            m.voters().count() == 3 && m.nodes.values().all(|x| x.state == NodeState::Active)
+        })
+    });
+    wait_until("everyone in contact", || all.iter().all(|n| n.in_contact()));
+    // Every node is granted its own block, followers through the leader.
+    let mut granted = vec![grant(&n1, 100).await, grant(&n2, 10).await, grant(&n3, 1).await];
+    assert_eq!(granted[0].end - granted[0].start, 100);
+    // The new replicas report ready (their copies are not this crate's business).
+    for n in all {
+        let m = n.watch_map().borrow().clone();
+        for u in m.units() {
+            if m.writers(u).contains(&n.id()) && !m.serving(u).contains(&n.id()) {
+                n.replica_ready(u).await.unwrap();
+            }
+        }
+    }
+    let m = n1.watch_map().borrow().clone();
+    assert!(m.units().all(|u| m.serving(u).len() == 2 && m.writers(u).len() == 2));
+    // Refused: a replica that is not filling.
+    let unit = m.units().find(|&u| m.serving(u).contains(&2)).unwrap();
+    assert!(matches!(n2.replica_ready(unit).await, Err(ClusterError::FailedPrecondition(_))));
+
+    // Node 3 cut off: it loses contact, the others mark it down.
+    net.cut.lock().unwrap().push(addr(3));
+    wait_until("node 3 out of contact", || !n3.in_contact());
+    wait_until("node 3 marked down", || {
+        n1.watch_map().borrow().nodes[&3].state == NodeState::Down
+            && n2.watch_map().borrow().nodes[&3].state == NodeState::Down
+    });
+    assert!(n1.in_contact() && n2.in_contact());
+    let values: HashMap<&str, u64> = metrics.snapshot().into_iter().collect();
+    assert_eq!(values["down_nodes"], 1, "{values:?}");
+    assert_eq!(values["unavailable_units"], 0, "{values:?}");
+    // The cut-off node cannot be granted ids.
+    assert!(n3.grant_ids(5).await.is_err());
+    granted.push(grant(&n2, 50).await);
+    // Healed: back, and its replicas fill before serving.
+    net.cut.lock().unwrap().clear();
+    wait_until("node 3 back", || n1.watch_map().borrow().nodes[&3].state == NodeState::Active);
+    wait_until("node 3 in contact", || n3.in_contact());
+    let m = n1.watch_map().borrow().clone();
+    assert!(m.units().all(|u| !m.serving(u).contains(&3)));
+    assert!(m.units().any(|u| m.writers(u).contains(&3)));
+
+    // Restart everything: grants go on above the earlier ones.
+    for n in all {
+        n.shutdown();
+    }
+    net.nodes.lock().unwrap().clear();
+    let n1 = start_cfg(&net, dir.path(), 1, true, ClusterMetrics::default(), timeout);
+    let n2 = start_cfg(&net, dir.path(), 2, false, ClusterMetrics::default(), timeout);
+    let n3 = start_cfg(&net, dir.path(), 3, false, ClusterMetrics::default(), timeout);
+    granted.push(grant(&n3, 7).await);
+    granted.push(grant(&n1, 7).await);
+    for w in granted.windows(2) {
+        assert!(w[0].end <= w[1].start, "{granted:?}");
+    }
+    assert!(granted[0].start >= 1);
+    for n in [&n1, &n2, &n3] {
         n.shutdown();
     }
 }

@@ -18,10 +18,13 @@
 //! layer below it is tested in the crate's storage tests).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
 
 use neardup_cluster::NodeId;
 use neardup_cluster::logger::discard_logger;
-use neardup_cluster::map::{ClusterMap, Command, DesignInfo, NodeInfo, NodeState, Role};
+use neardup_cluster::map::{
+    ClusterMap, Command, DesignInfo, Layout, NodeInfo, NodeState, Role, Unit,
+};
 use neardup_cluster::replica::{Outbox, Replica, ReplicaConfig};
 use neardup_cluster::storage::{MemKv, RaftStore};
 use raft::eraftpb::{ConfChangeType, Message};
@@ -49,6 +52,9 @@ impl Rng {
 }
 
 const SLOTS: u64 = 6;
+const ELECTION_TICKS: u64 = 10;
+/// The failure timeout in ticks.
+const FAILURE_TICKS: u64 = 30;
 
 struct Slot {
     kv: MemKv,
@@ -96,6 +102,15 @@ struct Sim {
     removed: BTreeSet<NodeId>,
     fault: Fault,
     stats: Stats,
+    /// Per mille chance that an up replica ticks in a step.
+    tick_per_mille: u64,
+    /// Ids granted by the history: index -> range.
+    grants: BTreeMap<u64, Range<u64>>,
+    /// Forwarded grant proposals not yet applied by their proposer: tag -> proposer.
+    grant_tags: BTreeMap<Vec<u8>, NodeId>,
+    /// Grants acknowledged to their proposer: index -> range.
+    acked_grants: BTreeMap<u64, Range<u64>>,
+    next_tag: u64,
 }
 
 #[derive(Default, Debug, Clone)]
@@ -112,16 +127,20 @@ struct Stats {
     voters: usize,
     members: usize,
     removals: usize,
+    grants: u64,
+    marked_down: u64,
+    ready_replicas: u64,
 }
 
 fn config(id: NodeId) -> ReplicaConfig {
     ReplicaConfig {
         id,
-        election_ticks: 10,
+        election_ticks: ELECTION_TICKS as usize,
         heartbeat_ticks: 2,
         max_voters: 3,
         snapshot_every: 20,
         catch_up_slack: 2,
+        failure_ticks: FAILURE_TICKS,
         fixed_election_timeout: true,
     }
 }
@@ -152,6 +171,11 @@ impl Sim {
             removed: BTreeSet::new(),
             fault,
             stats: Stats::default(),
+            tick_per_mille: 400,
+            grants: BTreeMap::new(),
+            grant_tags: BTreeMap::new(),
+            acked_grants: BTreeMap::new(),
+            next_tag: 0,
         };
         for id in 1..=SLOTS {
             let kv = MemKv::default();
@@ -168,6 +192,8 @@ impl Sim {
                         role: Role::Voter,
                         state: NodeState::Active,
                     },
+                    layout: Layout { replicas: 2, split_bits: 1, partitions: 4 },
+                    min_prefix_bits: Some(26),
                 })
                 .map_err(|e| e.to_string())?;
                 store.bootstrap(vec![1], map.encode()).map_err(|e| e.to_string())?;
@@ -322,6 +348,46 @@ impl Sim {
                 Some(_) => {}
                 None => {
                     self.history.insert(a.index, entry);
+                    match &a.command {
+                        Some(Command::NodeDown { .. }) if a.result.is_ok() => {
+                            self.stats.marked_down += 1
+                        }
+                        Some(Command::ReplicaReady { .. }) if a.result.is_ok() => {
+                            self.stats.ready_replicas += 1
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            if let Some(range) = &a.granted {
+                match self.grants.get(&a.index) {
+                    Some(g) if g != range => {
+                        return Err(format!(
+                            "step {}: node {id} granted {range:?} at {}, history {g:?}",
+                            self.step, a.index
+                        ));
+                    }
+                    Some(_) => {}
+                    None => {
+                        if let Some((i, g)) = self
+                            .grants
+                            .iter()
+                            .find(|(_, g)| g.start < range.end && range.start < g.end)
+                        {
+                            return Err(format!(
+                                "step {}: grant {range:?} at {} overlaps {g:?} at {i}",
+                                self.step, a.index
+                            ));
+                        }
+                        self.grants.insert(a.index, range.clone());
+                        self.stats.grants += 1;
+                    }
+                }
+            }
+            if self.grant_tags.get(&a.tag) == Some(&id) {
+                self.grant_tags.remove(&a.tag);
+                if let (Ok(_), Some(range)) = (&a.result, &a.granted) {
+                    self.acked_grants.insert(a.index, range.clone());
                 }
             }
             if let Some(pos) =
@@ -411,15 +477,52 @@ impl Sim {
             let id = ids[self.rng.below(ids.len() as u64) as usize];
             let state = if self.rng.chance(500) { NodeState::Down } else { NodeState::Active };
             replica.propose(&Command::SetState { id, state }, Vec::new())
+        } else if pick < 75 {
+            // A replica reports a filling unit ready (its copy is done).
+            let filling = Self::filling(&map);
+            let i = self.rng.below(filling.len() as u64) as usize;
+            match filling.get(i) {
+                Some(&(unit, node)) => {
+                    replica.propose(&Command::ReplicaReady { unit, node }, Vec::new())
+                }
+                None => return Ok(()),
+            }
         } else {
-            let table = self.rng.below(5) as u32;
-            let nodes = ids.iter().copied().filter(|_| self.rng.chance(500)).collect();
-            replica.propose(&Command::SetTabletNodes { table, nodes }, Vec::new())
+            // Ids granted to a node, proposed by that node (followers forward to the leader).
+            let node = ids[self.rng.below(ids.len() as u64) as usize];
+            let count = 1 + self.rng.below(100);
+            return self.grant_from(node, count);
         };
         if let Ok((index, term)) = r {
             self.proposed.push((lid, index, term));
         }
         self.ready(lid)
+    }
+
+    /// Every (unit, node) whose replica is filling, the node up in the map.
+    fn filling(map: &ClusterMap) -> Vec<(Unit, NodeId)> {
+        map.units()
+            .flat_map(|u| {
+                map.writers(u)
+                    .into_iter()
+                    .filter(move |n| !map.serving(u).contains(n))
+                    .map(move |n| (u, n))
+            })
+            .collect()
+    }
+
+    /// `node` proposes a grant for itself (forwarded to the leader when it follows).
+    fn grant_from(&mut self, node: NodeId, count: u64) -> Result<(), String> {
+        if !self.up(node) {
+            return Ok(());
+        }
+        self.next_tag += 1;
+        let tag = format!("grant-{node}-{}", self.next_tag).into_bytes();
+        let replica = self.slots.get_mut(&node).and_then(|s| s.replica.as_mut()).ok_or("down")?;
+        if replica.propose_forwarded(&Command::GrantIds { node, count }, tag.clone()).is_ok() {
+            self.grant_tags.insert(tag, node);
+        }
+        self.ready(node)
     }
 
     fn crash(&mut self, id: NodeId) -> Result<(), String> {
@@ -440,7 +543,7 @@ impl Sim {
         self.step += 1;
         let ids: Vec<NodeId> = self.slots.keys().copied().collect();
         for &id in &ids {
-            if self.up(id) && self.rng.chance(400) {
+            if self.up(id) && self.rng.chance(self.tick_per_mille) {
                 let replica =
                     self.slots.get_mut(&id).and_then(|s| s.replica.as_mut()).ok_or("down")?;
                 replica.tick().map_err(|e| format!("node {id} tick: {e}"))?;
@@ -489,6 +592,18 @@ impl Sim {
         }
         for _ in 0..5000 {
             self.run_step(false)?;
+            // The copies finish: the leader reports a filling replica ready now and then.
+            if let Some(lid) = self.leader()
+                && self.rng.chance(100)
+            {
+                let map = self.slots[&lid].replica.as_ref().ok_or("down")?.map().clone();
+                if let Some(&(unit, node)) = Self::filling(&map).first() {
+                    let replica =
+                        self.slots.get_mut(&lid).and_then(|s| s.replica.as_mut()).ok_or("down")?;
+                    let _ = replica.propose(&Command::ReplicaReady { unit, node }, Vec::new());
+                    self.ready(lid)?;
+                }
+            }
             if let Some(lid) = self.leader() {
                 let leader = self.slots[&lid].replica.as_ref().ok_or("down")?;
                 let map = leader.map().clone();
@@ -500,8 +615,9 @@ impl Sim {
                 });
                 let busy = map.nodes.values().any(|n| {
                     n.state == NodeState::Draining
+                        || n.state == NodeState::Down
                         || (n.role == Role::Learner && n.state == NodeState::Joining)
-                });
+                }) || !Self::filling(&map).is_empty();
                 if agreed && leader.applied() == target && !busy {
                     if let Some((&last, _)) = self.acked.iter().next_back()
                         && last > target
@@ -515,6 +631,20 @@ impl Sim {
                             return Err(format!("acknowledged entry {i} (term {t}) lost"));
                         }
                     }
+                    for (i, g) in &self.acked_grants {
+                        if self.grants.get(i) != Some(g) {
+                            return Err(format!("acknowledged grant {g:?} at {i} lost"));
+                        }
+                    }
+                    if let Some(end) = self.grants.values().map(|g| g.end).max()
+                        && map.next_gid_seq < end
+                    {
+                        return Err(format!(
+                            "the map grants from {} again, {end} was granted",
+                            map.next_gid_seq
+                        ));
+                    }
+                    check_placement(&map)?;
                     self.stats.final_epoch = map.epoch;
                     self.stats.final_index = target;
                     self.stats.voters =
@@ -548,6 +678,34 @@ impl Sim {
     }
 }
 
+/// Every unit on `min(replicas, usable)` distinct usable nodes, all serving, balanced.
+fn check_placement(map: &ClusterMap) -> Result<(), String> {
+    let usable: Vec<NodeId> = map
+        .nodes
+        .values()
+        .filter(|n| matches!(n.state, NodeState::Active | NodeState::Down))
+        .map(|n| n.id)
+        .collect();
+    let r = (map.replicas as usize).min(usable.len());
+    let mut loads: [BTreeMap<NodeId, usize>; 2] = Default::default();
+    for unit in map.units() {
+        let serving = map.serving(unit);
+        if serving.len() != r || map.writers(unit) != serving {
+            return Err(format!("{unit:?} on {serving:?}, {r} usable replicas expected"));
+        }
+        for n in serving {
+            *loads[usize::from(matches!(unit, Unit::Partition(_)))].entry(n).or_default() += 1;
+        }
+    }
+    for l in &loads {
+        let (lo, hi) = (l.values().min().copied(), l.values().max().copied());
+        if l.len() != usable.len() && !l.is_empty() || hi.unwrap_or(0) > lo.unwrap_or(0) + 1 {
+            return Err(format!("unbalanced: {l:?} on {usable:?}"));
+        }
+    }
+    Ok(())
+}
+
 fn run_seed(seed: u64, steps: u64, fault: Fault) -> Result<Stats, String> {
     let mut sim = Sim::new(seed, fault)?;
     for _ in 0..steps {
@@ -579,6 +737,9 @@ fn seeded_chaos_keeps_one_history() {
                 total.dropped += s.dropped;
                 total.max_term = total.max_term.max(s.max_term);
                 total.final_epoch += s.final_epoch;
+                total.grants += s.grants;
+                total.marked_down += s.marked_down;
+                total.ready_replicas += s.ready_replicas;
                 assert!(s.voters >= 1 && s.voters <= 3, "seed {seed}: {} voters", s.voters);
                 if s.voters == 3 {
                     three_voters += 1;
@@ -597,6 +758,7 @@ fn seeded_chaos_keeps_one_history() {
     );
     // The runs exercise what they claim to.
     assert!(total.acked > 0 && total.restarts > 0 && total.snapshots > 0, "{total:?}");
+    assert!(total.grants > 0 && total.marked_down > 0 && total.ready_replicas > 0, "{total:?}");
     assert!(three_voters > 0 && with_learners > 0 && removals > 0);
 }
 
@@ -615,4 +777,219 @@ fn amnesia_is_caught() {
         eprintln!("amnesia caught on seed {seed}: {e}");
     }
     assert!(!caught.is_empty(), "no seed caught replicas that forget their vote");
+}
+
+impl Sim {
+    /// Runs calm steps until `done` holds; the steps it took, or an error after `max`.
+    fn run_until(
+        &mut self,
+        what: &str,
+        max: u64,
+        done: impl Fn(&Sim) -> bool,
+    ) -> Result<u64, String> {
+        for n in 1..=max {
+            self.run_step(false)?;
+            if done(self) {
+                return Ok(n);
+            }
+        }
+        Err(format!("step {}: no {what} after {max} steps", self.step))
+    }
+
+    fn leader_map(&self) -> Option<&ClusterMap> {
+        self.leader().and_then(|l| self.slots[&l].replica.as_ref()).map(|r| r.map())
+    }
+
+    fn replica(&self, id: NodeId) -> Option<&Replica> {
+        self.slots.get(&id).and_then(|s| s.replica.as_ref()).filter(|_| self.up(id))
+    }
+
+    /// Adds `id` through the leader (retried until the map has it).
+    fn join(&mut self, id: NodeId) -> Result<(), String> {
+        for _ in 0..50 {
+            if let Some(lid) = self.leader() {
+                let replica =
+                    self.slots.get_mut(&lid).and_then(|s| s.replica.as_mut()).ok_or("down")?;
+                if !replica.map().nodes.contains_key(&id) && !replica.change_in_flight() {
+                    let cmd = Command::AddNode {
+                        id,
+                        public_addr: format!("p{id}"),
+                        internal_addr: format!("i{id}"),
+                    };
+                    let _ = replica.propose_conf_change(
+                        ConfChangeType::AddLearnerNode,
+                        id,
+                        &cmd,
+                        Vec::new(),
+                    );
+                    self.ready(lid)?;
+                }
+            }
+            let joined = |s: &Sim| {
+                s.leader_map()
+                    .is_some_and(|m| m.nodes.get(&id).is_some_and(|n| n.state == NodeState::Active))
+            };
+            if self.run_until("join", 40, joined).is_ok() {
+                return Ok(());
+            }
+        }
+        Err(format!("node {id} never joined"))
+    }
+
+    /// The copies finish: every filling replica up reports ready, through the leader.
+    fn copies_done(&mut self) -> Result<(), String> {
+        for _ in 0..500 {
+            let Some(lid) = self.leader() else {
+                self.run_step(false)?;
+                continue;
+            };
+            let map = self.slots[&lid].replica.as_ref().ok_or("down")?.map().clone();
+            let pending = Self::filling(&map);
+            if pending.is_empty() {
+                return Ok(());
+            }
+            let replica =
+                self.slots.get_mut(&lid).and_then(|s| s.replica.as_mut()).ok_or("down")?;
+            for (unit, node) in pending {
+                let _ = replica.propose(&Command::ReplicaReady { unit, node }, Vec::new());
+            }
+            self.ready(lid)?;
+            self.run_until("copies", 5, |_| false).ok();
+        }
+        Err("filling replicas never became ready".into())
+    }
+
+    /// `node` is granted `count` ids; retried until acknowledged to it.
+    fn grant(&mut self, node: NodeId, count: u64) -> Result<Range<u64>, String> {
+        for _ in 0..20 {
+            let before: BTreeSet<u64> = self.acked_grants.keys().copied().collect();
+            self.grant_from(node, count)?;
+            let tags = self.grant_tags.clone();
+            let r =
+                self.run_until("grant", 60, |s| s.acked_grants.keys().any(|i| !before.contains(i)));
+            if r.is_ok() {
+                let (_, g) = self
+                    .acked_grants
+                    .iter()
+                    .find(|(i, _)| !before.contains(i))
+                    .ok_or("no grant")?;
+                return Ok(g.clone());
+            }
+            // Lost with a leader change: forget the tag and propose again.
+            for t in tags.keys() {
+                self.grant_tags.remove(t);
+            }
+        }
+        Err(format!("node {node} was never granted ids"))
+    }
+}
+
+/// Without chaos, per seed: a cluster of four nodes (three voters); a follower cut off loses
+/// contact, and the others keep it; a stopped node is marked down within the failure timeout
+/// plus a few election timeouts (in ticks: every replica ticks every step here), and back
+/// when it returns, its replicas then filling; grants from every node, across a change of
+/// leader and a restart of every node, never overlap and only grow.
+#[test]
+fn a_stopped_node_is_marked_down_and_back_and_grants_never_overlap() {
+    let bound = FAILURE_TICKS + 4 * ELECTION_TICKS;
+    let (mut worst_down, mut worst_back) = (0, 0);
+    for seed in 1..=env("NEARDUP_SIM_LIVENESS_SEEDS", 20) {
+        let r = (|| -> Result<(), String> {
+            let mut sim = Sim::new(seed, Fault::None)?;
+            sim.drop_per_mille = 0;
+            sim.dup_per_mille = 0;
+            sim.max_delay = 1;
+            sim.tick_per_mille = 1000;
+            sim.run_until("a leader", 200, |s| s.leader().is_some())?;
+            for id in 2..=4 {
+                sim.join(id)?;
+            }
+            sim.copies_done()?;
+            let mut granted = vec![sim.grant(1, 10)?, sim.grant(2, 20)?, sim.grant(4, 1)?];
+
+            // A follower cut off loses contact; the leader keeps a quorum; healed, back.
+            let lid = sim.leader().ok_or("no leader")?;
+            let cut = (2..=4).find(|&i| i != lid).ok_or("no follower")?;
+            sim.groups = Some((1..=SLOTS).map(|i| (i, u64::from(i == cut))).collect());
+            sim.run_until("contact lost", 3 * ELECTION_TICKS, |s| {
+                s.replica(cut).is_some_and(|r| !r.in_contact())
+            })?;
+            if !sim.replica(lid).is_some_and(|r| r.is_leader() && r.in_contact()) {
+                return Err(format!("leader {lid} lost contact with one follower cut off"));
+            }
+            sim.groups = None;
+            sim.run_until("contact again", 3 * ELECTION_TICKS, |s| {
+                s.replica(cut).is_some_and(|r| r.in_contact())
+            })?;
+            sim.run_until("the cut node marked back", bound, |s| {
+                s.leader_map().is_some_and(|m| m.nodes[&cut].state == NodeState::Active)
+            })?;
+            sim.copies_done()?;
+
+            // Stop a follower: marked down, no unit unavailable (two replicas each).
+            let lid = sim.leader().ok_or("no leader")?;
+            let stopped = (2..=4).find(|&i| i != lid).ok_or("no follower")?;
+            sim.crash(stopped)?;
+            sim.slots.get_mut(&stopped).ok_or("slot")?.down_until = u64::MAX;
+            let took = sim.run_until("marked down", bound, |s| {
+                s.leader_map().is_some_and(|m| m.nodes[&stopped].state == NodeState::Down)
+            })?;
+            worst_down = worst_down.max(took);
+            let map = sim.leader_map().ok_or("no leader")?.clone();
+            if !map.unavailable_units().is_empty() {
+                return Err(format!("units unavailable: {:?}", map.unavailable_units()));
+            }
+            let held: Vec<Unit> =
+                map.units().filter(|&u| map.writers(u).len() < map.replicas as usize).collect();
+            if held.is_empty() {
+                return Err("the stopped node held no replica".into());
+            }
+            granted.push(sim.grant(lid, 5)?);
+
+            // It returns: back, its replicas filling until ready.
+            sim.slots.get_mut(&stopped).ok_or("slot")?.down_until = sim.step;
+            let took = sim.run_until("marked back", bound, |s| {
+                s.leader_map().is_some_and(|m| m.nodes[&stopped].state == NodeState::Active)
+            })?;
+            worst_back = worst_back.max(took);
+            let map = sim.leader_map().ok_or("no leader")?.clone();
+            for u in held {
+                if map.serving(u).contains(&stopped) || !map.writers(u).contains(&stopped) {
+                    return Err(format!("{u:?} after the node came back: {:?}", map.serving(u)));
+                }
+            }
+            sim.copies_done()?;
+
+            // A new leader, then every node restarted: grants go on above the old ones.
+            let lid = sim.leader().ok_or("no leader")?;
+            sim.crash(lid)?;
+            sim.run_until("another leader", 500, |s| s.leader().is_some_and(|l| l != lid))?;
+            granted.push(sim.grant(lid, 7)?);
+            for id in 1..=4 {
+                sim.crash(id)?;
+            }
+            let now = sim.step;
+            for s in sim.slots.values_mut() {
+                s.down_until = now;
+            }
+            sim.run_until("a leader after restarts", 500, |s| s.leader().is_some())?;
+            granted.push(sim.grant(3, 3)?);
+            for w in granted.windows(2) {
+                if w[0].end > w[1].start {
+                    return Err(format!("grants {:?} then {:?}", w[0], w[1]));
+                }
+            }
+            if granted[0].start < 1 {
+                return Err("sequence 0 granted".into());
+            }
+            sim.settle()
+        })();
+        if let Err(e) = r {
+            panic!("seed {seed}: {e}");
+        }
+    }
+    eprintln!(
+        "marked down within {worst_down} ticks, back within {worst_back} ticks \
+         (failure timeout {FAILURE_TICKS}, election timeout {ELECTION_TICKS})"
+    );
 }

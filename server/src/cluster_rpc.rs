@@ -393,6 +393,7 @@ pub fn status_response(node: &ClusterNode) -> StatusResponse {
         replicas,
         split_bits,
         next_gid_seq: _,
+        leaving: _,
     } = &*s.map;
     let leader_addr =
         s.leader.and_then(|l| nodes.get(&l)).map(|n| n.internal_addr.clone()).unwrap_or_default();
