@@ -15,10 +15,10 @@ use std::time::Instant;
 use neardup_proto::internal::data_server::Data;
 use neardup_proto::internal::{
     DocChange, DocLookupRequest, DocLookupResponse, DocRecord, DocRemoval, DocResolveRequest,
-    DocResolveResponse, DocWriteRequest, DocWriteResponse, MaybeDoc, PartitionScanChunk,
-    PartitionScanRequest, TabletEntry, TabletEntryOp, TabletProbeRequest, TabletProbeResponse,
-    TabletProbeResult, TabletProbeTarget, TabletScanChunk, TabletScanRequest, TabletWriteRequest,
-    TabletWriteResponse, doc_change,
+    DocResolveResponse, DocWriteRequest, DocWriteResponse, MaybeDoc, NodeStatsRequest,
+    PartitionScanChunk, PartitionScanRequest, ShardStatsResponse, TabletEntry, TabletEntryOp,
+    TabletProbeRequest, TabletProbeResponse, TabletProbeResult, TabletProbeTarget, TabletScanChunk,
+    TabletScanRequest, TabletWriteRequest, TabletWriteResponse, doc_change,
 };
 use tokio_stream::Stream;
 use tonic::{Code, Request, Response, Status};
@@ -184,6 +184,12 @@ pub trait NodeApi: Send + Sync + 'static {
         partition: u32,
         deadline: Option<Instant>,
     ) -> DataResult<Vec<DocInfo>>;
+    /// The node's own statistics (each of its replicas counted once; routers sum them).
+    async fn stats(
+        &self,
+        epoch: u64,
+        deadline: Option<Instant>,
+    ) -> DataResult<neardup_proto::v1::StatsResponse>;
 }
 
 // Wire conversions, shared by the service and the router's client. Structs are
@@ -405,6 +411,16 @@ impl Data for DataService {
         Ok(Response::new(chunked(entries, |c| TabletScanChunk {
             entries: c.into_iter().map(|(gid, fp)| TabletEntry { gid, fp }).collect(),
         })))
+    }
+
+    async fn node_stats(
+        &self,
+        req: Request<NodeStatsRequest>,
+    ) -> Result<Response<ShardStatsResponse>, Status> {
+        let deadline = deadline_of(&req);
+        let NodeStatsRequest { epoch } = req.into_inner();
+        let stats = self.api.stats(epoch, deadline).await?;
+        Ok(Response::new(ShardStatsResponse { stats: Some(stats) }))
     }
 
     type PartitionScanStream = ScanStream<PartitionScanChunk>;
