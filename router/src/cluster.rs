@@ -1009,6 +1009,20 @@ macro_rules! with_retry {
     }};
 }
 
+/// `work`, given up at `deadline` (DEADLINE_EXCEEDED), so a slow node never holds a caller
+/// past its deadline whatever the node does with it.
+async fn within<T>(
+    deadline: Option<Instant>,
+    work: impl std::future::Future<Output = Result<T, Status>>,
+) -> Result<T, Status> {
+    match deadline {
+        None => work.await,
+        Some(d) => tokio::time::timeout_at(d.into(), work).await.unwrap_or_else(|_| {
+            Err(Status::deadline_exceeded("the deadline passed before the nodes answered"))
+        }),
+    }
+}
+
 #[tonic::async_trait]
 impl ShardApi for ClusterRouter {
     async fn write(
@@ -1016,7 +1030,10 @@ impl ShardApi for ClusterRouter {
         req: WriteRequest,
         deadline: Option<Instant>,
     ) -> Result<WriteResponse, Status> {
-        with_retry!(self, deadline, |ctx| self.write_once(&ctx, &req, deadline))
+        within(deadline, async {
+            with_retry!(self, deadline, |ctx| self.write_once(&ctx, &req, deadline))
+        })
+        .await
     }
 
     async fn wait_durable(&self, _seq: u64, _deadline: Option<Instant>) -> Result<(), Status> {
@@ -1028,7 +1045,10 @@ impl ShardApi for ClusterRouter {
         req: ProbeRequest,
         deadline: Option<Instant>,
     ) -> Result<ProbeResponse, Status> {
-        with_retry!(self, deadline, |ctx| self.probe_once(&ctx, &req, deadline))
+        within(deadline, async {
+            with_retry!(self, deadline, |ctx| self.probe_once(&ctx, &req, deadline))
+        })
+        .await
     }
 
     async fn admit(
@@ -1036,12 +1056,18 @@ impl ShardApi for ClusterRouter {
         req: AdmitRequest,
         deadline: Option<Instant>,
     ) -> Result<AdmitResponse, Status> {
-        let decision = with_retry!(self, deadline, |ctx| self.admit_once(&ctx, &req, deadline))?;
+        let decision = within(deadline, async {
+            with_retry!(self, deadline, |ctx| self.admit_once(&ctx, &req, deadline))
+        })
+        .await?;
         Ok(AdmitResponse { decision: Some(decision) })
     }
 
     async fn stats(&self, deadline: Option<Instant>) -> Result<StatsResponse, Status> {
-        with_retry!(self, deadline, |ctx| self.stats_once(&ctx, deadline))
+        within(deadline, async {
+            with_retry!(self, deadline, |ctx| self.stats_once(&ctx, deadline))
+        })
+        .await
     }
 
     fn health(&self) -> watch::Receiver<ShardHealth> {
@@ -1049,11 +1075,14 @@ impl ShardApi for ClusterRouter {
     }
 }
 
+/// A node's client, with the address it was made for.
+type CachedNode = (String, Arc<dyn NodeApi>);
+
 /// Reaches nodes over gRPC `Data`, by the internal address the map gives them: one lazily
 /// connected channel per node, cached while its address stays the same.
 pub struct GrpcNodes {
     map: watch::Receiver<Arc<ClusterMap>>,
-    cache: Mutex<HashMap<NodeId, (String, Arc<dyn NodeApi>)>>,
+    cache: Mutex<HashMap<NodeId, CachedNode>>,
     max_message_bytes: usize,
 }
 

@@ -23,6 +23,8 @@ struct MemNode {
     fail: AtomicBool,
     /// Sleep up to this many ms per call (a pseudo-random amount).
     jitter_ms: AtomicU64,
+    /// Sleep this many ms per call.
+    delay_ms: AtomicU64,
     jitter_seed: AtomicU64,
     /// "Epoch moved" answers left, shared by the nodes of a test, and the epoch they name.
     moved: Arc<AtomicU64>,
@@ -38,6 +40,7 @@ impl MemNode {
             docs: Mutex::new(HashMap::new()),
             fail: AtomicBool::new(false),
             jitter_ms: AtomicU64::new(0),
+            delay_ms: AtomicU64::new(0),
             jitter_seed: AtomicU64::new(1),
             moved,
             moved_epoch: AtomicU64::new(0),
@@ -54,6 +57,10 @@ impl MemNode {
         {
             let epoch = self.moved_epoch.load(Ordering::SeqCst);
             return Err(DataError::EpochMoved { epoch, why: "told to".into() });
+        }
+        let delay = self.delay_ms.load(Ordering::SeqCst);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
         }
         let j = self.jitter_ms.load(Ordering::SeqCst);
         if j > 0 {
@@ -491,6 +498,9 @@ async fn random_operations_match_the_brute_force() {
     for split_bits in [0, 2] {
         let c = Cluster::new(split_bits);
         let router = c.router(Some(1));
+        let mut health = router.health();
+        let serving = health.wait_for(|h| *h == ShardHealth::Serving);
+        tokio::time::timeout(Duration::from_secs(10), serving).await.unwrap().unwrap();
         let model = run_random(&c, &router, 0x5eed + u64::from(split_bits), 400).await;
         // Every node holds 2/3 of the partitions' documents, counted once each in stats.
         let s = router.stats(None).await.unwrap();
@@ -775,4 +785,36 @@ async fn the_public_service_runs_over_three_nodes_on_grpc() {
     for s in servers {
         s.abort();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_node_does_not_hold_the_caller_past_its_deadline() {
+    let c = Cluster::new(2);
+    let router = c.router(None);
+    router
+        .write(WriteRequest { documents: vec![doc("a", 1, 1)], ..Default::default() }, None)
+        .await
+        .unwrap();
+    c.nodes[&2].delay_ms.store(60_000, Ordering::SeqCst);
+    let deadline = Some(Instant::now() + Duration::from_millis(100));
+    let w = WriteRequest { documents: vec![doc("b", 2, 1)], ..Default::default() };
+    assert_eq!(router.write(w, deadline).await.unwrap_err().code(), Code::DeadlineExceeded);
+    let deadline = Some(Instant::now() + Duration::from_millis(100));
+    let r = router.probe(probe_req(vec![1], 3, 10), deadline).await;
+    // Node 2 serves some tablet or partition this probe needs, unless node 1 and 3 cover
+    // them all; either way the answer comes, exact or DEADLINE_EXCEEDED.
+    match r {
+        Ok(r) => assert_eq!(r.results[0].matches.len(), 1),
+        Err(e) => assert_eq!(e.code(), Code::DeadlineExceeded),
+    }
+    // A map without a design: not serving, and calls are UNAVAILABLE.
+    let (_tx, rx) = watch::channel(Arc::new(ClusterMap::default()));
+    let none = ClusterRouter::new(rx, Arc::new(|_| unreachable_node()), c.ids.clone(), None);
+    assert!(matches!(*none.health().borrow(), ShardHealth::NotServing(_)));
+    let e = none.probe(probe_req(vec![1], 0, 1), None).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable);
+}
+
+fn unreachable_node() -> Arc<dyn NodeApi> {
+    Arc::new(Unreachable("none".into()))
 }
