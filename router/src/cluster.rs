@@ -32,18 +32,25 @@
 //! Check, insert, re-check. The check finds the near-duplicates stored; the document joins
 //! the cluster of the earliest (timestamp, then gid) or founds its own. When it would be an
 //! original, it is inserted and the check is run again: a near-duplicate found now and not
-//! before was admitted concurrently. The document then yields (becomes a duplicate of the
-//! earliest such one, and is removed again under `skip_insert_if_duplicate`) when one of
-//! them has a smaller gid, or claims to be an original itself.
+//! before was admitted concurrently (a "rival"). Rivals that are duplicates already do not
+//! matter. The document yields (becomes a duplicate of the earliest rival, and is removed
+//! again under `skip_insert_if_duplicate`) at once when a rival has a smaller gid. When
+//! every rival has a larger gid and claims to be an original, it looks at them again a few
+//! times ([`SETTLE_POLLS`]): a rival that found this document yields (rewrites its cluster
+//! or removes itself); one that still claims to be an original after that did not, and the
+//! document yields to it.
 //!
 //! **Guarantee**: two near-identical documents admitted concurrently, with every write
 //! acknowledged, are never both reported originals. Each inserts (durably, on every serving
-//! replica) before it re-checks, so at least one of the two re-checks finds the other. If
-//! only one does, that one yields: the other is either an original (then the finder yields
-//! because the other claims to be one) or not. If both do, the larger gid yields. The price
-//! is that when both find each other while both still claim originality, both may yield
-//! (two duplicates of each other, no original; under `skip_insert_if_duplicate` neither is
-//! stored). Admissions that do not overlap in time behave exactly as on a single node.
+//! replica) before it re-checks, so at least one of the two re-checks finds the other.
+//! The finder stays an original only if the other has a larger gid and was seen to give
+//! up its claim, so the other is not an original either way. Liveness is weaker: when the
+//! larger gid's admission is slower to yield than the polls last, both end as duplicates
+//! (no original; under `skip_insert_if_duplicate` neither is stored). Admissions that do
+//! not overlap in time behave exactly as on a single node. (The contract's rule alone,
+//! "yield to a new near-duplicate with a smaller gid", lets both be originals when only the
+//! smaller gid's re-check finds the other; the test
+//! `concurrent_admissions_of_near_duplicates_never_both_become_originals` catches that.)
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
@@ -76,6 +83,10 @@ use crate::shard::{ShardApi, ShardHealth};
 
 /// Gids asked from the id source at a time (more when one write needs more).
 pub const ID_BLOCK: u64 = 1024;
+
+/// Times an admission looks again at a concurrent admission with a larger gid that claims
+/// to be an original, waiting for it to yield (5 ms, doubling: 315 ms in all at most).
+pub const SETTLE_POLLS: usize = 6;
 
 /// Longest wait for the local map to reach the epoch a node reported, before the retry.
 pub const EPOCH_WAIT: Duration = Duration::from_secs(2);
@@ -845,12 +856,17 @@ impl ClusterRouter {
             let again = self.find(ctx, &query, DEFAULT_BUDGET.0, deadline);
             let (found, cut2) = again.await?.into_iter().next().unwrap_or_default();
             let now = check(found);
-            let rivals: Vec<Found> = now
+            let fresh: Vec<Found> = now
                 .iter()
                 .filter(|f| !seen.contains(&f.doc.gid) && f.doc.gid != me.gid)
                 .filter(|f| f.doc.gid < me.gid || f.doc.cluster == f.doc.gid)
                 .cloned()
                 .collect();
+            let rivals = if fresh.iter().any(|f| f.doc.gid < me.gid) {
+                fresh
+            } else {
+                self.still_claiming(ctx, fresh, deadline).await?
+            };
             if !rivals.is_empty() {
                 original = self.original_of(ctx, &rivals, &doc.id, deadline).await?;
                 duplicate = true;
@@ -881,6 +897,30 @@ impl ClusterRouter {
             replaced: inserted && old.is_some(),
             fingerprint: doc.fingerprint,
         })
+    }
+
+    /// Of concurrent admissions with larger gids that claim to be originals, those that
+    /// still do after they had time to re-check: each one either found this admission
+    /// (and yields, rewriting or removing its document) or did not (and stays an
+    /// original). Polled [`SETTLE_POLLS`] times with growing pauses.
+    async fn still_claiming(
+        &self,
+        ctx: &Ctx,
+        mut rivals: Vec<Found>,
+        deadline: Option<Instant>,
+    ) -> DataResult<Vec<Found>> {
+        let mut pause = Duration::from_millis(5);
+        for _ in 0..SETTLE_POLLS {
+            if rivals.is_empty() {
+                break;
+            }
+            tokio::time::sleep(pause).await;
+            pause *= 2;
+            let gids: HashSet<u64> = rivals.iter().map(|f| f.doc.gid).collect();
+            let now = self.resolve(ctx, &gids, deadline).await?;
+            rivals.retain(|f| now.get(&f.doc.gid).is_some_and(|d| d.cluster == d.gid));
+        }
+        Ok(rivals)
     }
 
     /// Applies `ops` to every writer of partition `p`.

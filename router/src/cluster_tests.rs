@@ -628,8 +628,9 @@ async fn concurrent_admissions_of_near_duplicates_never_both_become_originals() 
             assert_eq!(stored.contains(&b), db.inserted);
         }
     }
-    // Both yielding is allowed (see the module docs) but must be the exception.
-    assert!(both_dup < 40, "every round ended with two duplicates");
+    // Both yielding is allowed (see the module docs) but must be the exception: a rival
+    // with a larger gid is given time to yield (measured: 0 to 2 of 40 rounds).
+    assert!(both_dup <= 10, "{both_dup} of 40 rounds ended with two duplicates");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
