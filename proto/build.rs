@@ -10,6 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "neardup/v1/neardup.proto",
         "neardup/internal/v1/shard.proto",
+        "neardup/internal/v1/data.proto",
         "neardup/admin/v1/admin.proto",
     ];
     for f in files {

@@ -33,7 +33,7 @@ pub mod neardup {
     }
     /// Internal packages.
     pub mod internal {
-        /// Package `neardup.internal.v1` (see `proto/neardup/internal/v1/shard.proto`).
+        /// Package `neardup.internal.v1` (see `proto/neardup/internal/v1/shard.proto` and `data.proto`).
         pub mod v1 {
             tonic::include_proto!("neardup.internal.v1");
         }
@@ -51,6 +51,8 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("near
 pub const PUBLIC_SERVICE: &str = "neardup.v1.Neardup";
 /// Name of the internal shard service.
 pub const SHARD_SERVICE: &str = "neardup.internal.v1.Shard";
+/// Name of the internal data service (tablets and document partitions of cluster nodes).
+pub const DATA_SERVICE: &str = "neardup.internal.v1.Data";
 /// Name of the internal Raft transport service.
 pub const RAFT_SERVICE: &str = "neardup.internal.v1.Raft";
 /// Name of the administration service.

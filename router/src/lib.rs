@@ -22,6 +22,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod cluster;
 pub mod error;
 pub mod limits;
 pub mod metrics;
@@ -31,6 +32,7 @@ pub mod shard;
 pub mod text;
 pub mod verify;
 
+pub use cluster::{ClusterRouter, GrpcNode, GrpcNodes, IdSource, NodeResolver};
 pub use error::{Result, RouterError};
 pub use limits::Limits;
 pub use metrics::RpcMetrics;

@@ -32,6 +32,7 @@
 
 pub mod cluster_rpc;
 pub mod commit;
+pub mod data_api;
 pub mod data_types;
 pub mod doc_table;
 pub mod error;
@@ -47,6 +48,7 @@ pub mod shard;
 pub mod storage;
 pub mod transport;
 
+pub use data_api::{DataError, DataResult, DataService, NodeApi};
 pub use data_types::{DocInfo, DocOp, TabletHit, TabletOp};
 pub use error::{Error, ErrorClass, Result};
 pub use metrics::ShardMetrics;

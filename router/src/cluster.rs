@@ -1,0 +1,1372 @@
+//! The router of a cluster: [`ClusterRouter`] implements [`ShardApi`] over the nodes that
+//! hold tablets (fingerprint entries) and document partitions, so the public service
+//! ([`crate::service::Router`]) runs over a cluster unchanged.
+//!
+//! It reads the cluster map from a `watch` channel, reaches nodes through a
+//! [`NodeResolver`] (in-process for the node itself, [`GrpcNodes`] for the others) and takes
+//! document ids (gids) from an [`IdSource`] (blocks granted through the map).
+//!
+//! # Reads
+//! For each query and each table the query's k needs (`Design::tables_for_k`), the tablet
+//! holding the query's permuted value; one serving replica per tablet (the local node
+//! first, then spread); **one `TabletProbe` call per node**. Hits are merged by gid,
+//! resolved with **one `DocResolve` call per node** (by the gid's partition), entries whose
+//! document is absent are dropped, and the rest are ordered like the single node (distance,
+//! timestamp, then gid, the cluster's "first stored"), cut to `limit` and the response's
+//! budgets (`max_matches`, `max_bytes`). Verification by sketches is the single node's.
+//!
+//! # Writes
+//! `DocLookup` (old gids) -> new gids -> `TabletWrite` of the new entries to every writer
+//! of each tablet (one call per node) -> `DocWrite` (removal of the replaced document,
+//! then the new one) to every writer of each partition -> `TabletWrite` removing the old
+//! entries. Deletes: `DocLookup` -> `DocWrite` removal -> `TabletWrite` removal. A write is
+//! acknowledged only when every writer (replicas not marked Down) acknowledged durably; a
+//! writer that fails makes the call fail (UNAVAILABLE) and the write may be half applied,
+//! which readers never see: a document is present only once its partition holds it, and
+//! entries without their document are dropped. `wait_durable` is a no-op.
+//!
+//! A node answering "epoch moved" makes the router wait (at most [`EPOCH_WAIT`]) for its
+//! map to reach that epoch and retry the whole operation once (every step is idempotent).
+//!
+//! # Admission (CheckAndInsert)
+//! Check, insert, re-check. The check finds the near-duplicates stored; the document joins
+//! the cluster of the earliest (timestamp, then gid) or founds its own. When it would be an
+//! original, it is inserted and the check is run again: a near-duplicate found now and not
+//! before was admitted concurrently (a "rival"). Rivals that are duplicates already do not
+//! matter. The document yields (becomes a duplicate of the earliest rival, and is removed
+//! again under `skip_insert_if_duplicate`) at once when a rival has a smaller gid. When
+//! every rival has a larger gid and claims to be an original, it looks at them again a few
+//! times ([`SETTLE_POLLS`]): a rival that found this document yields (rewrites its cluster
+//! or removes itself); one that still claims to be an original after that did not, and the
+//! document yields to it.
+//!
+//! **Guarantee**: two near-identical documents admitted concurrently, with every write
+//! acknowledged, are never both reported originals. Each inserts (durably, on every serving
+//! replica) before it re-checks, so at least one of the two re-checks finds the other.
+//! The finder stays an original only if the other has a larger gid and was seen to give
+//! up its claim, so the other is not an original either way. Liveness is weaker: when the
+//! larger gid's admission is slower to yield than the polls last, both end as duplicates
+//! (no original; under `skip_insert_if_duplicate` neither is stored). Admissions that do
+//! not overlap in time behave exactly as on a single node. (The contract's rule alone,
+//! "yield to a new near-duplicate with a smaller gid", lets both be originals when only the
+//! smaller gid's re-check finds the other; the test
+//! `concurrent_admissions_of_near_duplicates_never_both_become_originals` catches that.)
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use neardup_cluster::map::ClusterMap;
+use neardup_cluster::{NodeId, Unit};
+use neardup_core::Design;
+use neardup_core::sketch::Sketch;
+use neardup_proto::internal::data_client::DataClient;
+use neardup_proto::internal::{
+    AdmitRequest, AdmitResponse, DocLookupRequest, DocResolveRequest, DocWriteRequest,
+    NodeStatsRequest, PartitionScanRequest, ProbeRequest, ProbeResponse, TabletProbeRequest,
+    TabletProbeTarget, TabletScanRequest, TabletWriteRequest, WriteRequest, WriteResponse,
+};
+use neardup_proto::v1::{CheckAndInsertResponse, Match, QueryResult, StatsResponse};
+use neardup_server::data_api::{
+    doc_from_wire, doc_op_to_wire, docs_from_wire, probe_results_from_wire, tablet_op_to_wire,
+};
+use neardup_server::data_types::{gid_partition, make_gid};
+use neardup_server::{DataError, DataResult, DocInfo, DocOp, NodeApi, TabletHit, TabletOp};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tonic::transport::Channel;
+use tonic::{Request, Status};
+
+use crate::shard::{ShardApi, ShardHealth};
+
+/// Gids asked from the id source at a time (more when one write needs more).
+pub const ID_BLOCK: u64 = 1024;
+
+/// Times an admission looks again at a concurrent admission with a larger gid that claims
+/// to be an original, waiting for it to yield (5 ms, doubling: 315 ms in all at most).
+pub const SETTLE_POLLS: usize = 6;
+
+/// Longest wait for the local map to reach the epoch a node reported, before the retry.
+pub const EPOCH_WAIT: Duration = Duration::from_secs(2);
+
+/// Most matches and bytes of matches in one answer when a request leaves them unset (the
+/// single node's bound).
+const DEFAULT_BUDGET: (usize, usize) = (100_000, 3 << 20);
+
+/// Bytes a match counts for in the response budget: its id plus 40 (as the single node).
+fn wire_bytes(id: &str) -> usize {
+    id.len() + 40
+}
+
+/// Where gids come from: blocks of sequence numbers granted through the map
+/// (`ClusterNode::grant_ids`), never granted twice.
+#[tonic::async_trait]
+pub trait IdSource: Send + Sync + 'static {
+    /// A block of at least one sequence number, `count` asked.
+    async fn grant(&self, count: u64) -> Result<Range<u64>, Status>;
+}
+
+/// How the router reaches a node.
+pub type NodeResolver = Arc<dyn Fn(NodeId) -> Arc<dyn NodeApi> + Send + Sync>;
+
+/// One attempt's view: the map and its design.
+struct Ctx {
+    map: Arc<ClusterMap>,
+    design: Arc<Design>,
+}
+
+/// A stored document found near a query.
+#[derive(Debug, Clone)]
+struct Found {
+    doc: DocInfo,
+    distance: u32,
+    /// Sketch agreements when it was verified.
+    agreements: Option<u32>,
+}
+
+/// The router of a cluster; see the module documentation.
+pub struct ClusterRouter {
+    map: watch::Receiver<Arc<ClusterMap>>,
+    nodes: NodeResolver,
+    ids: Arc<dyn IdSource>,
+    local: Option<NodeId>,
+    health: watch::Receiver<ShardHealth>,
+    block: tokio::sync::Mutex<Range<u64>>,
+    spread: AtomicUsize,
+    design: Mutex<Option<(String, Arc<Design>)>>,
+}
+
+impl ClusterRouter {
+    /// A router over the map in `map`, reaching nodes with `nodes`, taking gids from `ids`.
+    /// `local` is this process's node, preferred for reads. Its health follows the map:
+    /// serving once the cluster is bootstrapped with a design and partitions. Needs a tokio
+    /// runtime.
+    pub fn new(
+        map: watch::Receiver<Arc<ClusterMap>>,
+        nodes: NodeResolver,
+        ids: Arc<dyn IdSource>,
+        local: Option<NodeId>,
+    ) -> Self {
+        let (tx, health) = watch::channel(ShardHealth::NotServing("no cluster map yet".into()));
+        let mut watch_map = map.clone();
+        tokio::spawn(async move {
+            loop {
+                let h = {
+                    let m = watch_map.borrow_and_update();
+                    match (&m.design, m.partitions.is_empty()) {
+                        (Some(_), false) => ShardHealth::Serving,
+                        (None, _) => {
+                            ShardHealth::NotServing("the cluster is not bootstrapped".into())
+                        }
+                        (Some(_), true) => {
+                            ShardHealth::NotServing("the cluster map has no partitions".into())
+                        }
+                    }
+                };
+                tx.send_if_modified(|cur| {
+                    let changed = *cur != h;
+                    *cur = h;
+                    changed
+                });
+                if watch_map.changed().await.is_err() || tx.is_closed() {
+                    return;
+                }
+            }
+        });
+        ClusterRouter {
+            map,
+            nodes,
+            ids,
+            local,
+            health,
+            block: tokio::sync::Mutex::new(0..0),
+            spread: AtomicUsize::new(0),
+            design: Mutex::new(None),
+        }
+    }
+
+    /// The current map and its design; UNAVAILABLE before bootstrap.
+    fn ctx(&self) -> DataResult<Ctx> {
+        let map = self.map.borrow().clone();
+        let info = map
+            .design
+            .as_ref()
+            .ok_or_else(|| DataError::Unavailable("the cluster is not bootstrapped".into()))?;
+        if map.partitions.is_empty() {
+            return Err(DataError::Unavailable("the cluster map has no partitions".into()));
+        }
+        let mut cached = self.design.lock().unwrap_or_else(|p| p.into_inner());
+        let design = match &*cached {
+            Some((name, d)) if *name == info.name => d.clone(),
+            _ => {
+                let d = Arc::new(Design::parse(&info.name).map_err(|e| {
+                    DataError::Internal(format!("the map's design {}: {e}", info.name))
+                })?);
+                *cached = Some((info.name.clone(), d.clone()));
+                d
+            }
+        };
+        Ok(Ctx { map, design })
+    }
+
+    /// Waits (at most [`EPOCH_WAIT`], and not past `deadline`) for the map to reach `epoch`.
+    async fn wait_epoch(&self, epoch: u64, deadline: Option<Instant>) {
+        let mut until = Instant::now() + EPOCH_WAIT;
+        if let Some(d) = deadline {
+            until = until.min(d);
+        }
+        let mut rx = self.map.clone();
+        let _ = tokio::time::timeout_at(until.into(), rx.wait_for(|m| m.epoch >= epoch)).await;
+    }
+
+    /// One serving replica of a unit: the local node if it serves, else one spread by `salt`.
+    fn pick(&self, ctx: &Ctx, unit: Unit, salt: usize) -> DataResult<NodeId> {
+        let serving = ctx.map.serving(unit);
+        if serving.is_empty() {
+            return Err(DataError::Unavailable(format!("no serving replica of {unit:?}")));
+        }
+        if let Some(l) = self.local.filter(|l| serving.contains(l)) {
+            return Ok(l);
+        }
+        Ok(serving[salt % serving.len()])
+    }
+
+    /// The writers of a unit; UNAVAILABLE when it has none.
+    fn writers(ctx: &Ctx, unit: Unit) -> DataResult<Vec<NodeId>> {
+        let w = ctx.map.writers(unit);
+        if w.is_empty() {
+            return Err(DataError::Unavailable(format!("no replica of {unit:?} takes writes")));
+        }
+        Ok(w)
+    }
+
+    /// The tablet unit of table `t` holding fingerprint `fp`.
+    fn tablet_unit(ctx: &Ctx, t: usize, fp: u64) -> DataResult<Unit> {
+        let spec = ctx.design.tables().get(t).ok_or_else(|| {
+            DataError::Internal(format!("table {t} is not in design {}", ctx.design))
+        })?;
+        let permuted = spec.perm.apply(fp);
+        let tablet = ctx.map.tablet_for(t as u32, permuted).ok_or_else(|| {
+            DataError::Unavailable(format!("no tablet of table {t} holds {permuted:#x}"))
+        })?;
+        Ok(Unit::Tablet { table: tablet.table, start: tablet.start })
+    }
+
+    /// The partition unit of a name.
+    fn partition_unit(ctx: &Ctx, name: &str) -> DataResult<u32> {
+        ctx.map
+            .partition_of(name)
+            .ok_or_else(|| DataError::Unavailable("the cluster map has no partitions".into()))
+    }
+
+    /// `n` fresh gid sequence numbers (never 0).
+    async fn next_seqs(&self, n: usize) -> DataResult<Vec<u64>> {
+        let mut block = self.block.lock().await;
+        let mut out = Vec::with_capacity(n);
+        // Bounded: each grant yields at least one number, or fails.
+        while out.len() < n {
+            if block.is_empty() {
+                let want = ID_BLOCK.max((n - out.len()) as u64);
+                let got = self.ids.grant(want).await.map_err(|s| DataError::from_status(&s))?;
+                if got.is_empty() {
+                    return Err(DataError::Unavailable("the id source granted no ids".into()));
+                }
+                *block = got;
+            }
+            if let Some(seq) = block.next()
+                && seq != 0
+            {
+                out.push(seq);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Runs one call per node at once; the first failure (if any) is the answer.
+    async fn fan_out<T: Send + 'static, F>(
+        &self,
+        calls: BTreeMap<NodeId, F>,
+    ) -> DataResult<HashMap<NodeId, T>>
+    where
+        F: std::future::Future<Output = DataResult<T>> + Send + 'static,
+    {
+        let mut set = JoinSet::new();
+        for (node, call) in calls {
+            set.spawn(async move { (node, call.await) });
+        }
+        let mut out = HashMap::new();
+        let mut first_err = None;
+        while let Some(r) = set.join_next().await {
+            match r {
+                Ok((node, Ok(v))) => {
+                    out.insert(node, v);
+                }
+                Ok((node, Err(e))) => {
+                    let e = match e {
+                        DataError::EpochMoved { .. } | DataError::InvalidArgument(_) => e,
+                        DataError::DeadlineExceeded(m) => DataError::DeadlineExceeded(m),
+                        other => DataError::Unavailable(format!("node {node}: {other}")),
+                    };
+                    // An epoch move wins: it is the one failure a retry fixes.
+                    if first_err.is_none() || matches!(e, DataError::EpochMoved { .. }) {
+                        first_err = Some(e);
+                    }
+                }
+                Err(e) => first_err = Some(DataError::Internal(format!("a node call failed: {e}"))),
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
+    /// Documents by name, from serving replicas of their partitions.
+    async fn lookup(
+        &self,
+        ctx: &Ctx,
+        names: &[String],
+        deadline: Option<Instant>,
+    ) -> DataResult<HashMap<String, DocInfo>> {
+        let mut by_node: BTreeMap<NodeId, Vec<String>> = BTreeMap::new();
+        let salt = self.spread.fetch_add(1, Ordering::Relaxed);
+        for name in names.iter().collect::<HashSet<_>>() {
+            let p = Self::partition_unit(ctx, name)?;
+            let node = self.pick(ctx, Unit::Partition(p), salt + p as usize)?;
+            by_node.entry(node).or_default().push(name.clone());
+        }
+        let epoch = ctx.map.epoch;
+        let calls = by_node
+            .into_iter()
+            .map(|(node, names)| {
+                let api = (self.nodes)(node);
+                (node, async move {
+                    let n = names.len();
+                    let docs = api.doc_lookup(epoch, names.clone(), deadline).await?;
+                    if docs.len() != n {
+                        return Err(DataError::Internal(format!(
+                            "{} answers to {n} names",
+                            docs.len()
+                        )));
+                    }
+                    Ok(names.into_iter().zip(docs).collect::<Vec<_>>())
+                })
+            })
+            .collect();
+        let mut out = HashMap::new();
+        for (_, answers) in self.fan_out(calls).await? {
+            for (name, doc) in answers {
+                if let Some(d) = doc.filter(|d| d.name == name) {
+                    out.insert(name, d);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Documents by gid, from serving replicas of the gids' partitions.
+    async fn resolve(
+        &self,
+        ctx: &Ctx,
+        gids: &HashSet<u64>,
+        deadline: Option<Instant>,
+    ) -> DataResult<HashMap<u64, DocInfo>> {
+        let mut by_node: BTreeMap<NodeId, Vec<u64>> = BTreeMap::new();
+        let salt = self.spread.fetch_add(1, Ordering::Relaxed);
+        for &gid in gids {
+            let p = gid_partition(gid);
+            if ctx.map.partition(p).is_none() {
+                continue; // names no partition of this map: not a document.
+            }
+            let node = self.pick(ctx, Unit::Partition(p), salt + p as usize)?;
+            by_node.entry(node).or_default().push(gid);
+        }
+        let epoch = ctx.map.epoch;
+        let calls = by_node
+            .into_iter()
+            .map(|(node, gids)| {
+                let api = (self.nodes)(node);
+                (node, async move {
+                    let n = gids.len();
+                    let docs = api.doc_resolve(epoch, gids.clone(), deadline).await?;
+                    if docs.len() != n {
+                        return Err(DataError::Internal(format!(
+                            "{} answers to {n} gids",
+                            docs.len()
+                        )));
+                    }
+                    Ok(gids.into_iter().zip(docs).collect::<Vec<_>>())
+                })
+            })
+            .collect();
+        let mut out = HashMap::new();
+        for (_, answers) in self.fan_out(calls).await? {
+            for (gid, doc) in answers {
+                if let Some(d) = doc.filter(|d| d.gid == gid) {
+                    out.insert(gid, d);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// For each query `(fp, search_k)`, the present documents within `search_k`, unordered,
+    /// and whether a tablet cut its hits at `cap`.
+    async fn find(
+        &self,
+        ctx: &Ctx,
+        queries: &[(u64, u32)],
+        cap: usize,
+        deadline: Option<Instant>,
+    ) -> DataResult<Vec<(Vec<(DocInfo, u32)>, bool)>> {
+        // Probes, grouped by node: (query index, table, fp).
+        let mut by_node: BTreeMap<NodeId, Vec<(usize, u32, u64)>> = BTreeMap::new();
+        let salt = self.spread.fetch_add(1, Ordering::Relaxed);
+        let mut call_k = 0;
+        for (qi, &(fp, k)) in queries.iter().enumerate() {
+            call_k = call_k.max(k);
+            for t in ctx.design.tables_for_k(k) {
+                let unit = Self::tablet_unit(ctx, t, fp)?;
+                let node = self.pick(ctx, unit, salt + qi + t)?;
+                by_node.entry(node).or_default().push((qi, t as u32, fp));
+            }
+        }
+        let epoch = ctx.map.epoch;
+        let calls = by_node
+            .into_iter()
+            .map(|(node, probes)| {
+                let api = (self.nodes)(node);
+                (node, async move {
+                    let asked: Vec<(u32, u64)> = probes.iter().map(|&(_, t, fp)| (t, fp)).collect();
+                    let n = asked.len();
+                    let r = api.tablet_probe(epoch, asked, call_k, cap, deadline).await?;
+                    if r.len() != n {
+                        return Err(DataError::Internal(format!(
+                            "{} answers to {n} probes",
+                            r.len()
+                        )));
+                    }
+                    Ok(probes.into_iter().map(|(qi, _, _)| qi).zip(r).collect::<Vec<_>>())
+                })
+            })
+            .collect();
+        let mut hits: Vec<(HashMap<u64, TabletHit>, bool)> =
+            queries.iter().map(|_| (HashMap::new(), false)).collect();
+        for (_, answers) in self.fan_out(calls).await? {
+            for (qi, (found, truncated)) in answers {
+                let (merged, cut) = &mut hits[qi];
+                *cut |= truncated;
+                for h in found {
+                    if h.distance <= queries[qi].1
+                        && h.distance == (h.fp ^ queries[qi].0).count_ones()
+                    {
+                        merged.insert(h.gid, h);
+                    }
+                }
+            }
+        }
+        let gids: HashSet<u64> = hits.iter().flat_map(|(m, _)| m.keys().copied()).collect();
+        let docs = self.resolve(ctx, &gids, deadline).await?;
+        Ok(hits
+            .into_iter()
+            .map(|(merged, cut)| {
+                let found = merged
+                    .into_values()
+                    .filter_map(|h| {
+                        docs.get(&h.gid).filter(|d| d.fp == h.fp).map(|d| (d.clone(), h.distance))
+                    })
+                    .collect();
+                (found, cut)
+            })
+            .collect())
+    }
+
+    /// Verification as the single node does it, then the single node's order.
+    fn verified(
+        found: Vec<(DocInfo, u32)>,
+        sketch: Option<&Sketch>,
+        k: u32,
+        jaccard: f64,
+        candidate_k: u32,
+    ) -> Vec<Found> {
+        let mut out: Vec<Found> = found
+            .into_iter()
+            .filter_map(|(doc, distance)| {
+                let stored = match sketch {
+                    Some(_) if jaccard > 0.0 => doc.sketch.as_deref().and_then(|b| {
+                        Sketch::from_bytes(b)
+                            .map_err(|e| {
+                                tracing::warn!(gid = doc.gid, error = %e, "stored sketch does not decode; unverified");
+                            })
+                            .ok()
+                    }),
+                    _ => None,
+                };
+                match (sketch, stored) {
+                    (Some(q), Some(s)) => {
+                        let a = q.agreements(&s);
+                        let est = neardup_core::sketch::estimate(
+                            a,
+                            neardup_core::sketch::BINS,
+                            neardup_core::sketch::BITS,
+                        );
+                        (distance <= candidate_k && est >= jaccard)
+                            .then_some(Found { doc, distance, agreements: Some(a as u32) })
+                    }
+                    _ => (distance <= k).then_some(Found { doc, distance, agreements: None }),
+                }
+            })
+            .collect();
+        out.sort_by_key(|f| (f.distance, f.doc.ts_ms, f.doc.gid));
+        out
+    }
+
+    /// Matches within `limit` and the budget left (which they spend); `true` when cut.
+    fn cut(found: &[Found], limit: usize, left: &mut (usize, usize)) -> (Vec<Match>, bool) {
+        let mut out = Vec::new();
+        for f in found {
+            if out.len() == limit || left.0 == 0 {
+                return (out, true);
+            }
+            let bytes = wire_bytes(&f.doc.name);
+            if bytes > left.1 {
+                left.0 = 0;
+                return (out, true);
+            }
+            left.0 -= 1;
+            left.1 -= bytes;
+            let jaccard = f.agreements.map_or(0.0, |a| {
+                neardup_core::sketch::estimate(
+                    a as usize,
+                    neardup_core::sketch::BINS,
+                    neardup_core::sketch::BITS,
+                )
+            });
+            out.push(Match {
+                id: f.doc.name.clone(),
+                fingerprint: f.doc.fp,
+                distance: f.distance,
+                timestamp_ms: f.doc.ts_ms,
+                cluster_id: f.doc.cluster,
+                verified: f.agreements.is_some(),
+                jaccard,
+            });
+        }
+        (out, false)
+    }
+
+    fn check_k(ctx: &Ctx, name: &str, k: u32) -> DataResult<()> {
+        let max = ctx.design.max_k();
+        if k > max {
+            return Err(DataError::InvalidArgument(format!(
+                "{name} = {k} is out of range: this index answers exactly for k <= {max}"
+            )));
+        }
+        Ok(())
+    }
+
+    fn verify_of(jaccard: f64, candidate_k: u32) -> DataResult<(f64, u32)> {
+        if !(0.0..=1.0).contains(&jaccard) {
+            return Err(DataError::InvalidArgument(format!(
+                "verify_jaccard is {jaccard}; it must be between 0 and 1"
+            )));
+        }
+        Ok(if jaccard > 0.0 { (jaccard, candidate_k) } else { (0.0, 0) })
+    }
+
+    fn sketch_of(bytes: &[u8]) -> DataResult<Option<Sketch>> {
+        if bytes.is_empty() {
+            return Ok(None);
+        }
+        Sketch::from_bytes(bytes).map(Some).map_err(|e| DataError::InvalidArgument(e.to_string()))
+    }
+
+    async fn probe_once(
+        &self,
+        ctx: &Ctx,
+        req: &ProbeRequest,
+        deadline: Option<Instant>,
+    ) -> DataResult<ProbeResponse> {
+        let (jaccard, candidate_k) = Self::verify_of(req.verify_jaccard, req.candidate_k)?;
+        Self::check_k(ctx, "k", req.k)?;
+        Self::check_k(ctx, "candidate_k", candidate_k)?;
+        let sketches: Vec<Option<Sketch>> = if jaccard > 0.0 && !req.sketches.is_empty() {
+            if req.sketches.len() != req.fingerprints.len() {
+                return Err(DataError::InvalidArgument(format!(
+                    "{} sketches for {} queries",
+                    req.sketches.len(),
+                    req.fingerprints.len()
+                )));
+            }
+            req.sketches.iter().map(|b| Self::sketch_of(b)).collect::<DataResult<_>>()?
+        } else {
+            req.fingerprints.iter().map(|_| None).collect()
+        };
+        let pick = |asked: u64, default: usize| {
+            let asked = usize::try_from(asked).unwrap_or(usize::MAX);
+            if asked == 0 { default } else { asked.min(default) }
+        };
+        let mut left =
+            (pick(req.max_matches, DEFAULT_BUDGET.0), pick(req.max_bytes, DEFAULT_BUDGET.1));
+        let queries: Vec<(u64, u32)> = req
+            .fingerprints
+            .iter()
+            .zip(&sketches)
+            .map(|(&fp, s)| (fp, if s.is_some() { req.k.max(candidate_k) } else { req.k }))
+            .collect();
+        let found = self.find(ctx, &queries, DEFAULT_BUDGET.0, deadline).await?;
+        let limit = (req.limit as usize).max(1);
+        let results = found
+            .into_iter()
+            .zip(&sketches)
+            .zip(&req.fingerprints)
+            .map(|(((found, cut), sketch), &fp)| {
+                let kept = Self::verified(found, sketch.as_ref(), req.k, jaccard, candidate_k);
+                let (matches, truncated) = Self::cut(&kept, limit, &mut left);
+                QueryResult { matches, truncated: truncated || cut, fingerprint: fp }
+            })
+            .collect();
+        Ok(ProbeResponse { results })
+    }
+
+    /// Stores `puts` (new documents) and removes `olds` (stored documents they replace or
+    /// that are deleted): tablets first, then partitions, then the old entries.
+    async fn apply(
+        &self,
+        ctx: &Ctx,
+        puts: &[DocInfo],
+        olds: &[DocInfo],
+        deadline: Option<Instant>,
+    ) -> DataResult<()> {
+        let epoch = ctx.map.epoch;
+        let tablet_ops = |docs: &[DocInfo], remove: bool| -> DataResult<_> {
+            let mut by_node: BTreeMap<NodeId, Vec<(u32, TabletOp)>> = BTreeMap::new();
+            for d in docs {
+                for t in 0..ctx.design.tables().len() {
+                    let unit = Self::tablet_unit(ctx, t, d.fp)?;
+                    let op = if remove {
+                        TabletOp::Remove { gid: d.gid, fp: d.fp }
+                    } else {
+                        TabletOp::Put { gid: d.gid, fp: d.fp }
+                    };
+                    for node in Self::writers(ctx, unit)? {
+                        by_node.entry(node).or_default().push((t as u32, op));
+                    }
+                }
+            }
+            Ok(by_node
+                .into_iter()
+                .map(|(node, ops)| {
+                    let api = (self.nodes)(node);
+                    (node, async move { api.tablet_write(epoch, ops, deadline).await })
+                })
+                .collect::<BTreeMap<_, _>>())
+        };
+        if !puts.is_empty() {
+            self.fan_out(tablet_ops(puts, false)?).await?;
+        }
+        // Partitions: removals of the old documents, then the new ones.
+        let mut by_node: BTreeMap<NodeId, Vec<DocOp>> = BTreeMap::new();
+        let ops = olds
+            .iter()
+            .map(|d| DocOp::Remove { gid: d.gid, name: d.name.clone() })
+            .chain(puts.iter().cloned().map(DocOp::Put));
+        for op in ops {
+            let name = match &op {
+                DocOp::Put(d) => &d.name,
+                DocOp::Remove { name, .. } => name,
+            };
+            let p = Self::partition_unit(ctx, name)?;
+            for node in Self::writers(ctx, Unit::Partition(p))? {
+                by_node.entry(node).or_default().push(op.clone());
+            }
+        }
+        let calls = by_node
+            .into_iter()
+            .map(|(node, ops)| {
+                let api = (self.nodes)(node);
+                (node, async move { api.doc_write(epoch, ops, deadline).await })
+            })
+            .collect();
+        self.fan_out(calls).await?;
+        if !olds.is_empty() {
+            self.fan_out(tablet_ops(olds, true)?).await?;
+        }
+        Ok(())
+    }
+
+    async fn write_once(
+        &self,
+        ctx: &Ctx,
+        req: &WriteRequest,
+        deadline: Option<Instant>,
+    ) -> DataResult<WriteResponse> {
+        let names: Vec<String> =
+            req.documents.iter().map(|d| d.id.clone()).chain(req.deletes.iter().cloned()).collect();
+        for n in &names {
+            if n.is_empty() {
+                return Err(DataError::InvalidArgument("a document id is empty".into()));
+            }
+        }
+        let stored = self.lookup(ctx, &names, deadline).await?;
+        // The batch in order: documents, then deletes (as the single node's one record).
+        // `current`: what each name holds after the steps so far (Some(None): deleted).
+        let mut current: HashMap<&str, Option<usize>> = HashMap::new();
+        let (mut inserted, mut replaced, mut deleted) = (0, 0, 0);
+        let mut missing = Vec::new();
+        for (i, d) in req.documents.iter().enumerate() {
+            let held = match current.get(d.id.as_str()) {
+                Some(c) => c.is_some(),
+                None => stored.contains_key(&d.id),
+            };
+            inserted += 1;
+            replaced += u64::from(held);
+            current.insert(&d.id, Some(i));
+        }
+        for name in &req.deletes {
+            let held = match current.get(name.as_str()) {
+                Some(c) => c.is_some(),
+                None => stored.contains_key(name),
+            };
+            if held {
+                deleted += 1;
+                current.insert(name, None);
+            } else {
+                missing.push(name.clone());
+            }
+        }
+        if req.deletes_must_exist && !missing.is_empty() {
+            return Err(DataError::NotFound(format!(
+                "{} of the ids to delete are not stored, for example {:?}; nothing was deleted",
+                missing.len(),
+                missing[0]
+            )));
+        }
+        let winners: Vec<usize> = {
+            let mut w: Vec<usize> = current.values().filter_map(|c| *c).collect();
+            w.sort_unstable();
+            w
+        };
+        let seqs = self.next_seqs(winners.len()).await?;
+        let mut puts = Vec::with_capacity(winners.len());
+        for (i, seq) in winners.into_iter().zip(seqs) {
+            let d = &req.documents[i];
+            let gid = make_gid(seq, Self::partition_unit(ctx, &d.id)?);
+            let sketch = (!d.sketch.is_empty()).then(|| d.sketch.clone());
+            puts.push(DocInfo {
+                gid,
+                name: d.id.clone(),
+                fp: d.fingerprint,
+                ts_ms: d.timestamp_ms,
+                cluster: gid,
+                sketch,
+            });
+        }
+        let olds: Vec<DocInfo> =
+            current.keys().filter_map(|name| stored.get(*name).cloned()).collect();
+        self.apply(ctx, &puts, &olds, deadline).await?;
+        Ok(WriteResponse { inserted, replaced, deleted, missing, seq: 0 })
+    }
+
+    /// The cluster a document joins from its near-duplicates (the earliest's) and that
+    /// cluster's original: its founder's name, empty when no longer stored or `own`.
+    async fn original_of(
+        &self,
+        ctx: &Ctx,
+        near: &[Found],
+        own: &str,
+        deadline: Option<Instant>,
+    ) -> DataResult<Option<(u64, String)>> {
+        let Some(joined) = near.iter().min_by_key(|f| (f.doc.ts_ms, f.doc.gid)) else {
+            return Ok(None);
+        };
+        let cluster = joined.doc.cluster;
+        let founder = if joined.doc.gid == cluster {
+            Some(joined.doc.clone())
+        } else {
+            self.resolve(ctx, &HashSet::from([cluster]), deadline).await?.remove(&cluster)
+        };
+        let name = founder
+            .filter(|f| f.cluster == cluster && f.name != own)
+            .map(|f| f.name)
+            .unwrap_or_default();
+        Ok(Some((cluster, name)))
+    }
+
+    async fn admit_once(
+        &self,
+        ctx: &Ctx,
+        req: &AdmitRequest,
+        deadline: Option<Instant>,
+    ) -> DataResult<CheckAndInsertResponse> {
+        let doc = req
+            .document
+            .as_ref()
+            .ok_or_else(|| DataError::InvalidArgument("an admission needs a document".into()))?;
+        if doc.id.is_empty() {
+            return Err(DataError::InvalidArgument("a document id is empty".into()));
+        }
+        let (jaccard, candidate_k) = Self::verify_of(req.verify_jaccard, req.candidate_k)?;
+        Self::check_k(ctx, "k", req.k)?;
+        Self::check_k(ctx, "candidate_k", candidate_k)?;
+        let sketch = Self::sketch_of(&doc.sketch)?;
+        let search_k =
+            if jaccard > 0.0 && sketch.is_some() { req.k.max(candidate_k) } else { req.k };
+        let limit = (req.limit as usize).max(1);
+        let check = |found: Vec<(DocInfo, u32)>| {
+            let mut kept = Self::verified(found, sketch.as_ref(), req.k, jaccard, candidate_k);
+            kept.retain(|f| f.doc.name != doc.id);
+            kept
+        };
+        let names = [doc.id.clone()];
+        let query = [(doc.fingerprint, search_k)];
+        let (own, first) = tokio::try_join!(
+            self.lookup(ctx, &names, deadline),
+            self.find(ctx, &query, DEFAULT_BUDGET.0, deadline)
+        )?;
+        let old = own.get(&doc.id).cloned();
+        let (found, mut cut) = first.into_iter().next().unwrap_or_default();
+        let mut near = check(found);
+        let mut original = self.original_of(ctx, &near, &doc.id, deadline).await?;
+        let mut duplicate = original.is_some();
+        let insert = !(duplicate && req.skip_insert_if_duplicate);
+        let p = Self::partition_unit(ctx, &doc.id)?;
+        let mut me = DocInfo {
+            gid: 0,
+            name: doc.id.clone(),
+            fp: doc.fingerprint,
+            ts_ms: doc.timestamp_ms,
+            cluster: 0,
+            sketch: (!doc.sketch.is_empty()).then(|| doc.sketch.clone()),
+        };
+        let mut inserted = false;
+        if insert {
+            let seq = self.next_seqs(1).await?.pop().unwrap_or_default();
+            me.gid = make_gid(seq, p);
+            me.cluster = original.as_ref().map_or(me.gid, |(c, _)| *c);
+            let olds: Vec<DocInfo> = old.iter().cloned().collect();
+            self.apply(ctx, std::slice::from_ref(&me), &olds, deadline).await?;
+            inserted = true;
+        }
+        if inserted && !duplicate {
+            // Re-check: near-duplicates admitted at the same time.
+            let seen: HashSet<u64> = near.iter().map(|f| f.doc.gid).collect();
+            let again = self.find(ctx, &query, DEFAULT_BUDGET.0, deadline);
+            let (found, cut2) = again.await?.into_iter().next().unwrap_or_default();
+            let now = check(found);
+            let fresh: Vec<Found> = now
+                .iter()
+                .filter(|f| !seen.contains(&f.doc.gid) && f.doc.gid != me.gid)
+                .filter(|f| f.doc.gid < me.gid || f.doc.cluster == f.doc.gid)
+                .cloned()
+                .collect();
+            let rivals = if fresh.iter().any(|f| f.doc.gid < me.gid) {
+                fresh
+            } else {
+                self.still_claiming(ctx, fresh, deadline).await?
+            };
+            if !rivals.is_empty() {
+                original = self.original_of(ctx, &rivals, &doc.id, deadline).await?;
+                duplicate = true;
+                near = now.into_iter().filter(|f| f.doc.gid != me.gid).collect();
+                cut = cut2;
+                let removal = DocOp::Remove { gid: me.gid, name: me.name.clone() };
+                if req.skip_insert_if_duplicate {
+                    // Taken back: the partition first, then the entries.
+                    self.remove_own(ctx, &me, removal, deadline).await?;
+                    inserted = false;
+                } else if let Some((cluster, _)) = &original {
+                    me.cluster = *cluster;
+                    let ops = vec![removal, DocOp::Put(me.clone())];
+                    self.doc_write_all(ctx, p, ops, deadline).await?;
+                }
+            }
+        }
+        let (cluster_id, original_id) = original.unwrap_or((me.gid, doc.id.clone()));
+        let mut left = DEFAULT_BUDGET;
+        let (matches, truncated) = Self::cut(&near, limit, &mut left);
+        Ok(CheckAndInsertResponse {
+            duplicate,
+            matches,
+            truncated: truncated || cut,
+            cluster_id,
+            original_id,
+            inserted,
+            replaced: inserted && old.is_some(),
+            fingerprint: doc.fingerprint,
+        })
+    }
+
+    /// Of concurrent admissions with larger gids that claim to be originals, those that
+    /// still do after they had time to re-check: each one either found this admission
+    /// (and yields, rewriting or removing its document) or did not (and stays an
+    /// original). Polled [`SETTLE_POLLS`] times with growing pauses.
+    async fn still_claiming(
+        &self,
+        ctx: &Ctx,
+        mut rivals: Vec<Found>,
+        deadline: Option<Instant>,
+    ) -> DataResult<Vec<Found>> {
+        let mut pause = Duration::from_millis(5);
+        for _ in 0..SETTLE_POLLS {
+            if rivals.is_empty() {
+                break;
+            }
+            tokio::time::sleep(pause).await;
+            pause *= 2;
+            let gids: HashSet<u64> = rivals.iter().map(|f| f.doc.gid).collect();
+            let now = self.resolve(ctx, &gids, deadline).await?;
+            rivals.retain(|f| now.get(&f.doc.gid).is_some_and(|d| d.cluster == d.gid));
+        }
+        Ok(rivals)
+    }
+
+    /// Applies `ops` to every writer of partition `p`.
+    async fn doc_write_all(
+        &self,
+        ctx: &Ctx,
+        p: u32,
+        ops: Vec<DocOp>,
+        deadline: Option<Instant>,
+    ) -> DataResult<()> {
+        let epoch = ctx.map.epoch;
+        let calls = Self::writers(ctx, Unit::Partition(p))?
+            .into_iter()
+            .map(|node| {
+                let (api, ops) = ((self.nodes)(node), ops.clone());
+                (node, async move { api.doc_write(epoch, ops, deadline).await })
+            })
+            .collect();
+        self.fan_out(calls).await.map(drop)
+    }
+
+    /// Removes a document this admission stored: partition, then entries.
+    async fn remove_own(
+        &self,
+        ctx: &Ctx,
+        me: &DocInfo,
+        removal: DocOp,
+        deadline: Option<Instant>,
+    ) -> DataResult<()> {
+        let p = Self::partition_unit(ctx, &me.name)?;
+        self.doc_write_all(ctx, p, vec![removal], deadline).await?;
+        let epoch = ctx.map.epoch;
+        let mut by_node: BTreeMap<NodeId, Vec<(u32, TabletOp)>> = BTreeMap::new();
+        for t in 0..ctx.design.tables().len() {
+            let unit = Self::tablet_unit(ctx, t, me.fp)?;
+            for node in Self::writers(ctx, unit)? {
+                by_node
+                    .entry(node)
+                    .or_default()
+                    .push((t as u32, TabletOp::Remove { gid: me.gid, fp: me.fp }));
+            }
+        }
+        let calls = by_node
+            .into_iter()
+            .map(|(node, ops)| {
+                let api = (self.nodes)(node);
+                (node, async move { api.tablet_write(epoch, ops, deadline).await })
+            })
+            .collect();
+        self.fan_out(calls).await.map(drop)
+    }
+
+    async fn stats_once(&self, ctx: &Ctx, deadline: Option<Instant>) -> DataResult<StatsResponse> {
+        let epoch = ctx.map.epoch;
+        let up: Vec<NodeId> = ctx
+            .map
+            .nodes
+            .values()
+            .filter(|n| n.state != neardup_cluster::map::NodeState::Down)
+            .map(|n| n.id)
+            .collect();
+        let calls = up
+            .into_iter()
+            .map(|node| {
+                let api = (self.nodes)(node);
+                (node, async move { api.stats(epoch, deadline).await })
+            })
+            .collect();
+        let all = self.fan_out(calls).await?;
+        let mut s = StatsResponse {
+            design: ctx.design.to_string(),
+            max_k: ctx.design.max_k(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            ..Default::default()
+        };
+        let mut docs = 0;
+        for n in all.into_values() {
+            docs += n.documents;
+            s.index_bytes += n.index_bytes;
+            s.buffered += n.buffered;
+            s.runs += n.runs;
+            s.deleted_pending += n.deleted_pending;
+            s.merges += n.merges;
+            s.wal_bytes += n.wal_bytes;
+            s.disk_bytes += n.disk_bytes;
+            s.checkpoint_pending |= n.checkpoint_pending;
+            s.merging |= n.merging;
+        }
+        // Each document is held by every replica of its partition.
+        let copies = (ctx.map.replicas.max(1) as usize).min(ctx.map.nodes.len().max(1)) as u64;
+        s.documents = docs / copies;
+        Ok(s)
+    }
+}
+
+/// The status of a failure after the retry: a second epoch move is UNAVAILABLE (the map
+/// keeps changing; retry may work).
+fn final_status(e: DataError) -> Status {
+    match e {
+        DataError::EpochMoved { epoch, why } => Status::unavailable(format!(
+            "the cluster map moved twice during the request (a node is at epoch {epoch}: \
+             {why}); retry"
+        )),
+        other => Status::from(other),
+    }
+}
+
+/// Runs an attempt; on "epoch moved", waits for the map and runs it once more.
+macro_rules! with_retry {
+    ($self:ident, $deadline:expr, |$ctx:ident| $body:expr) => {{
+        let first = match $self.ctx() {
+            Ok($ctx) => $body.await,
+            Err(e) => Err(e),
+        };
+        let r = match first {
+            Err(DataError::EpochMoved { epoch, .. }) => {
+                $self.wait_epoch(epoch, $deadline).await;
+                match $self.ctx() {
+                    Ok($ctx) => $body.await,
+                    Err(e) => Err(e),
+                }
+            }
+            r => r,
+        };
+        r.map_err(final_status)
+    }};
+}
+
+/// `work`, given up at `deadline` (DEADLINE_EXCEEDED), so a slow node never holds a caller
+/// past its deadline whatever the node does with it.
+async fn within<T>(
+    deadline: Option<Instant>,
+    work: impl std::future::Future<Output = Result<T, Status>>,
+) -> Result<T, Status> {
+    match deadline {
+        None => work.await,
+        Some(d) => tokio::time::timeout_at(d.into(), work).await.unwrap_or_else(|_| {
+            Err(Status::deadline_exceeded("the deadline passed before the nodes answered"))
+        }),
+    }
+}
+
+#[tonic::async_trait]
+impl ShardApi for ClusterRouter {
+    async fn write(
+        &self,
+        req: WriteRequest,
+        deadline: Option<Instant>,
+    ) -> Result<WriteResponse, Status> {
+        within(deadline, async {
+            with_retry!(self, deadline, |ctx| self.write_once(&ctx, &req, deadline))
+        })
+        .await
+    }
+
+    async fn wait_durable(&self, _seq: u64, _deadline: Option<Instant>) -> Result<(), Status> {
+        Ok(()) // Writes return durable.
+    }
+
+    async fn probe(
+        &self,
+        req: ProbeRequest,
+        deadline: Option<Instant>,
+    ) -> Result<ProbeResponse, Status> {
+        within(deadline, async {
+            with_retry!(self, deadline, |ctx| self.probe_once(&ctx, &req, deadline))
+        })
+        .await
+    }
+
+    async fn admit(
+        &self,
+        req: AdmitRequest,
+        deadline: Option<Instant>,
+    ) -> Result<AdmitResponse, Status> {
+        let decision = within(deadline, async {
+            with_retry!(self, deadline, |ctx| self.admit_once(&ctx, &req, deadline))
+        })
+        .await?;
+        Ok(AdmitResponse { decision: Some(decision) })
+    }
+
+    async fn stats(&self, deadline: Option<Instant>) -> Result<StatsResponse, Status> {
+        within(deadline, async {
+            with_retry!(self, deadline, |ctx| self.stats_once(&ctx, deadline))
+        })
+        .await
+    }
+
+    fn health(&self) -> watch::Receiver<ShardHealth> {
+        self.health.clone()
+    }
+}
+
+/// A node's client, with the address it was made for.
+type CachedNode = (String, Arc<dyn NodeApi>);
+
+/// Reaches nodes over gRPC `Data`, by the internal address the map gives them: one lazily
+/// connected channel per node, cached while its address stays the same.
+pub struct GrpcNodes {
+    map: watch::Receiver<Arc<ClusterMap>>,
+    cache: Mutex<HashMap<NodeId, CachedNode>>,
+    max_message_bytes: usize,
+}
+
+impl GrpcNodes {
+    /// Nodes as `map` lists them; `max_message_bytes` bounds messages both ways.
+    pub fn new(map: watch::Receiver<Arc<ClusterMap>>, max_message_bytes: usize) -> Arc<Self> {
+        Arc::new(GrpcNodes { map, cache: Mutex::new(HashMap::new()), max_message_bytes })
+    }
+
+    /// The node `id`: a client of its address, or one that answers UNAVAILABLE when the
+    /// map does not know it or its address is unusable.
+    pub fn node(&self, id: NodeId) -> Arc<dyn NodeApi> {
+        let addr = self.map.borrow().nodes.get(&id).map(|n| n.internal_addr.clone());
+        let Some(addr) = addr else {
+            return Arc::new(Unreachable(format!("node {id} is not in the cluster map")));
+        };
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((a, api)) = cache.get(&id)
+            && *a == addr
+        {
+            return api.clone();
+        }
+        let api: Arc<dyn NodeApi> = match GrpcNode::connect(&addr, self.max_message_bytes) {
+            Ok(n) => Arc::new(n),
+            Err(e) => Arc::new(Unreachable(format!("node {id}: {e}"))),
+        };
+        cache.insert(id, (addr, api.clone()));
+        api
+    }
+
+    /// As a [`NodeResolver`] (nodes other than `local`; `local` answered by `local_api`).
+    pub fn resolver(self: &Arc<Self>, local: Option<(NodeId, Arc<dyn NodeApi>)>) -> NodeResolver {
+        let me = self.clone();
+        Arc::new(move |id| match &local {
+            Some((l, api)) if *l == id => api.clone(),
+            _ => me.node(id),
+        })
+    }
+}
+
+/// A node that cannot be reached: every call is UNAVAILABLE.
+struct Unreachable(String);
+
+#[tonic::async_trait]
+impl NodeApi for Unreachable {
+    async fn tablet_write(
+        &self,
+        _: u64,
+        _: Vec<(u32, TabletOp)>,
+        _: Option<Instant>,
+    ) -> DataResult<()> {
+        Err(DataError::Unavailable(self.0.clone()))
+    }
+    async fn tablet_probe(
+        &self,
+        _: u64,
+        _: Vec<(u32, u64)>,
+        _: u32,
+        _: usize,
+        _: Option<Instant>,
+    ) -> DataResult<Vec<(Vec<TabletHit>, bool)>> {
+        Err(DataError::Unavailable(self.0.clone()))
+    }
+    async fn doc_write(&self, _: u64, _: Vec<DocOp>, _: Option<Instant>) -> DataResult<()> {
+        Err(DataError::Unavailable(self.0.clone()))
+    }
+    async fn doc_lookup(
+        &self,
+        _: u64,
+        _: Vec<String>,
+        _: Option<Instant>,
+    ) -> DataResult<Vec<Option<DocInfo>>> {
+        Err(DataError::Unavailable(self.0.clone()))
+    }
+    async fn doc_resolve(
+        &self,
+        _: u64,
+        _: Vec<u64>,
+        _: Option<Instant>,
+    ) -> DataResult<Vec<Option<DocInfo>>> {
+        Err(DataError::Unavailable(self.0.clone()))
+    }
+    async fn tablet_scan(
+        &self,
+        _: u64,
+        _: u32,
+        _: u64,
+        _: u64,
+        _: Option<Instant>,
+    ) -> DataResult<Vec<(u64, u64)>> {
+        Err(DataError::Unavailable(self.0.clone()))
+    }
+    async fn partition_scan(&self, _: u64, _: u32, _: Option<Instant>) -> DataResult<Vec<DocInfo>> {
+        Err(DataError::Unavailable(self.0.clone()))
+    }
+    async fn stats(&self, _: u64, _: Option<Instant>) -> DataResult<StatsResponse> {
+        Err(DataError::Unavailable(self.0.clone()))
+    }
+}
+
+/// A node over gRPC `Data`.
+pub struct GrpcNode {
+    client: DataClient<Channel>,
+}
+
+fn request<T>(msg: T, deadline: Option<Instant>) -> Request<T> {
+    let mut r = Request::new(msg);
+    if let Some(d) = deadline {
+        r.set_timeout(d.saturating_duration_since(Instant::now()));
+    }
+    r
+}
+
+fn status_error(s: Status) -> DataError {
+    DataError::from_status(&s)
+}
+
+impl GrpcNode {
+    /// A client of the node at `addr` (`HOST:PORT` or `http://HOST:PORT`), connected lazily.
+    pub fn connect(addr: &str, max_message_bytes: usize) -> Result<GrpcNode, DataError> {
+        let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+        let channel = tonic::transport::Endpoint::from_shared(uri)
+            .map_err(|e| DataError::InvalidArgument(format!("bad node address {addr}: {e}")))?
+            .connect_timeout(Duration::from_secs(2))
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(20))
+            .connect_lazy();
+        let client = DataClient::new(channel)
+            .max_decoding_message_size(max_message_bytes)
+            .max_encoding_message_size(max_message_bytes);
+        Ok(GrpcNode { client })
+    }
+}
+
+#[tonic::async_trait]
+impl NodeApi for GrpcNode {
+    async fn tablet_write(
+        &self,
+        epoch: u64,
+        ops: Vec<(u32, TabletOp)>,
+        deadline: Option<Instant>,
+    ) -> DataResult<()> {
+        let ops = ops.into_iter().map(|(t, op)| tablet_op_to_wire(t, op)).collect();
+        let req = request(TabletWriteRequest { epoch, ops }, deadline);
+        self.client.clone().tablet_write(req).await.map_err(status_error)?;
+        Ok(())
+    }
+
+    async fn tablet_probe(
+        &self,
+        epoch: u64,
+        probes: Vec<(u32, u64)>,
+        k: u32,
+        max_matches: usize,
+        deadline: Option<Instant>,
+    ) -> DataResult<Vec<(Vec<TabletHit>, bool)>> {
+        let n = probes.len();
+        let probes =
+            probes.into_iter().map(|(table, fp)| TabletProbeTarget { table, fp }).collect();
+        let req = request(
+            TabletProbeRequest { epoch, probes, k, max_matches: max_matches as u64 },
+            deadline,
+        );
+        let r = self.client.clone().tablet_probe(req).await.map_err(status_error)?;
+        probe_results_from_wire(r.into_inner().results, n)
+    }
+
+    async fn doc_write(
+        &self,
+        epoch: u64,
+        ops: Vec<DocOp>,
+        deadline: Option<Instant>,
+    ) -> DataResult<()> {
+        let ops = ops.into_iter().map(doc_op_to_wire).collect();
+        let req = request(DocWriteRequest { epoch, ops }, deadline);
+        self.client.clone().doc_write(req).await.map_err(status_error)?;
+        Ok(())
+    }
+
+    async fn doc_lookup(
+        &self,
+        epoch: u64,
+        names: Vec<String>,
+        deadline: Option<Instant>,
+    ) -> DataResult<Vec<Option<DocInfo>>> {
+        let n = names.len();
+        let req = request(DocLookupRequest { epoch, names }, deadline);
+        let r = self.client.clone().doc_lookup(req).await.map_err(status_error)?;
+        docs_from_wire(r.into_inner().docs, n)
+    }
+
+    async fn doc_resolve(
+        &self,
+        epoch: u64,
+        gids: Vec<u64>,
+        deadline: Option<Instant>,
+    ) -> DataResult<Vec<Option<DocInfo>>> {
+        let n = gids.len();
+        let req = request(DocResolveRequest { epoch, gids }, deadline);
+        let r = self.client.clone().doc_resolve(req).await.map_err(status_error)?;
+        docs_from_wire(r.into_inner().docs, n)
+    }
+
+    async fn tablet_scan(
+        &self,
+        epoch: u64,
+        table: u32,
+        start: u64,
+        end: u64,
+        deadline: Option<Instant>,
+    ) -> DataResult<Vec<(u64, u64)>> {
+        let req = request(TabletScanRequest { epoch, table, start, end }, deadline);
+        let mut stream =
+            self.client.clone().tablet_scan(req).await.map_err(status_error)?.into_inner();
+        let mut out = Vec::new();
+        while let Some(chunk) = stream.message().await.map_err(status_error)? {
+            out.extend(chunk.entries.into_iter().map(|e| (e.gid, e.fp)));
+        }
+        Ok(out)
+    }
+
+    async fn partition_scan(
+        &self,
+        epoch: u64,
+        partition: u32,
+        deadline: Option<Instant>,
+    ) -> DataResult<Vec<DocInfo>> {
+        let req = request(PartitionScanRequest { epoch, partition }, deadline);
+        let mut stream =
+            self.client.clone().partition_scan(req).await.map_err(status_error)?.into_inner();
+        let mut out = Vec::new();
+        while let Some(chunk) = stream.message().await.map_err(status_error)? {
+            out.extend(chunk.docs.into_iter().map(doc_from_wire));
+        }
+        Ok(out)
+    }
+
+    async fn stats(&self, epoch: u64, deadline: Option<Instant>) -> DataResult<StatsResponse> {
+        let req = request(NodeStatsRequest { epoch }, deadline);
+        let r = self.client.clone().node_stats(req).await.map_err(status_error)?;
+        r.into_inner().stats.ok_or_else(|| DataError::Internal("a node sent no statistics".into()))
+    }
+}
+
+#[cfg(test)]
+#[path = "cluster_tests.rs"]
+mod tests;

@@ -1,0 +1,500 @@
+//! A cluster node's data operations as routers call them: the trait [`NodeApi`], its errors
+//! ([`DataError`], mapped to gRPC statuses in one place), and the gRPC service `Data`
+//! ([`DataService`]) over any `Arc<dyn NodeApi>`, so the service never knows the store.
+//!
+//! Every call carries the caller's map epoch and deadline. A node that does not hold the
+//! unit asked for in the role asked (serving for reads, writer for writes) under its own map
+//! answers [`DataError::EpochMoved`]: FAILED_PRECONDITION with its epoch in the
+//! `neardup-epoch` metadata ([`crate::cluster_rpc::EPOCH_METADATA`]), which the caller's
+//! side turns back into [`DataError::EpochMoved`] ([`DataError::from_status`]).
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Instant;
+
+use neardup_proto::internal::data_server::Data;
+use neardup_proto::internal::{
+    DocChange, DocLookupRequest, DocLookupResponse, DocRecord, DocRemoval, DocResolveRequest,
+    DocResolveResponse, DocWriteRequest, DocWriteResponse, MaybeDoc, NodeStatsRequest,
+    PartitionScanChunk, PartitionScanRequest, ShardStatsResponse, TabletEntry, TabletEntryOp,
+    TabletProbeRequest, TabletProbeResponse, TabletProbeResult, TabletProbeTarget, TabletScanChunk,
+    TabletScanRequest, TabletWriteRequest, TabletWriteResponse, doc_change,
+};
+use tokio_stream::Stream;
+use tonic::{Code, Request, Response, Status};
+
+use crate::cluster_rpc::EPOCH_METADATA;
+use crate::data_types::{DocInfo, DocOp, TabletHit, TabletOp};
+
+/// Entries or documents per message of a scan stream.
+pub const SCAN_CHUNK: usize = 4096;
+
+/// Why a data operation failed. Mapped to a gRPC status once, by `From<DataError> for
+/// Status`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DataError {
+    /// The request is malformed (INVALID_ARGUMENT).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// No such unit or document (NOT_FOUND).
+    #[error("{0}")]
+    NotFound(String),
+    /// The node does not hold the unit in the role asked under its map at `epoch`: the
+    /// caller's map is behind or ahead (FAILED_PRECONDITION with `neardup-epoch`).
+    #[error("epoch moved: this node's map is at epoch {epoch}: {why}")]
+    EpochMoved {
+        /// The answering node's epoch.
+        epoch: u64,
+        /// What it does not hold.
+        why: String,
+    },
+    /// The node is in the wrong state for the request (FAILED_PRECONDITION, no epoch).
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// Retry may work: storage recovering, node unreachable or cut off (UNAVAILABLE).
+    #[error("unavailable: {0}")]
+    Unavailable(String),
+    /// The caller's deadline passed (DEADLINE_EXCEEDED).
+    #[error("the deadline passed: {0}")]
+    DeadlineExceeded(String),
+    /// Stored data is damaged (DATA_LOSS).
+    #[error("data loss: {0}")]
+    DataLoss(String),
+    /// A bug (INTERNAL).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl From<DataError> for Status {
+    fn from(e: DataError) -> Status {
+        let code = match &e {
+            DataError::InvalidArgument(_) => Code::InvalidArgument,
+            DataError::NotFound(_) => Code::NotFound,
+            DataError::EpochMoved { .. } | DataError::FailedPrecondition(_) => {
+                Code::FailedPrecondition
+            }
+            DataError::Unavailable(_) => Code::Unavailable,
+            DataError::DeadlineExceeded(_) => Code::DeadlineExceeded,
+            DataError::DataLoss(_) => Code::DataLoss,
+            DataError::Internal(_) => Code::Internal,
+        };
+        let mut status = Status::new(code, e.to_string());
+        if let DataError::EpochMoved { epoch, .. } = &e
+            && let Ok(v) = epoch.to_string().parse()
+        {
+            status.metadata_mut().insert(EPOCH_METADATA, v);
+        }
+        status
+    }
+}
+
+impl DataError {
+    /// The error a status received from a node stands for (the inverse of the mapping):
+    /// FAILED_PRECONDITION with `neardup-epoch` is [`DataError::EpochMoved`]; transport
+    /// failures and unknown codes are UNAVAILABLE (the node may be back on retry).
+    pub fn from_status(s: &Status) -> DataError {
+        let m = s.message().to_string();
+        match s.code() {
+            Code::InvalidArgument | Code::OutOfRange => DataError::InvalidArgument(m),
+            Code::NotFound => DataError::NotFound(m),
+            Code::FailedPrecondition => {
+                match s
+                    .metadata()
+                    .get(EPOCH_METADATA)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse().ok())
+                {
+                    Some(epoch) => DataError::EpochMoved { epoch, why: m },
+                    None => DataError::FailedPrecondition(m),
+                }
+            }
+            Code::DeadlineExceeded | Code::Cancelled => DataError::DeadlineExceeded(m),
+            Code::DataLoss => DataError::DataLoss(m),
+            Code::Internal => DataError::Internal(m),
+            _ => DataError::Unavailable(m),
+        }
+    }
+}
+
+/// Result of a data operation.
+pub type DataResult<T> = std::result::Result<T, DataError>;
+
+/// A node's data operations, as a router calls them (in-process over the node's store, or
+/// over gRPC `Data`).
+///
+/// # Contract
+/// Every method takes the caller's map `epoch` (answer [`DataError::EpochMoved`] when the
+/// unit is not held in the role asked under the node's own map) and `deadline` (give up
+/// with [`DataError::DeadlineExceeded`] past it). Writes return once durable and are
+/// idempotent; results come one per input, in input order.
+#[tonic::async_trait]
+pub trait NodeApi: Send + Sync + 'static {
+    /// Applies `(table, op)` changes to the node's tablets, durably.
+    async fn tablet_write(
+        &self,
+        epoch: u64,
+        ops: Vec<(u32, TabletOp)>,
+        deadline: Option<Instant>,
+    ) -> DataResult<()>;
+    /// For each `(table, fp)` probe, the entries within `k`, at most `max_matches` (then
+    /// `true`: truncated).
+    async fn tablet_probe(
+        &self,
+        epoch: u64,
+        probes: Vec<(u32, u64)>,
+        k: u32,
+        max_matches: usize,
+        deadline: Option<Instant>,
+    ) -> DataResult<Vec<(Vec<TabletHit>, bool)>>;
+    /// Applies document changes in order, durably.
+    async fn doc_write(
+        &self,
+        epoch: u64,
+        ops: Vec<DocOp>,
+        deadline: Option<Instant>,
+    ) -> DataResult<()>;
+    /// Documents by name.
+    async fn doc_lookup(
+        &self,
+        epoch: u64,
+        names: Vec<String>,
+        deadline: Option<Instant>,
+    ) -> DataResult<Vec<Option<DocInfo>>>;
+    /// Documents by gid.
+    async fn doc_resolve(
+        &self,
+        epoch: u64,
+        gids: Vec<u64>,
+        deadline: Option<Instant>,
+    ) -> DataResult<Vec<Option<DocInfo>>>;
+    /// Entries `(gid, fp)` of `table` with permuted value in `[start, end]`, in permuted
+    /// order.
+    async fn tablet_scan(
+        &self,
+        epoch: u64,
+        table: u32,
+        start: u64,
+        end: u64,
+        deadline: Option<Instant>,
+    ) -> DataResult<Vec<(u64, u64)>>;
+    /// Every document of partition `partition`.
+    async fn partition_scan(
+        &self,
+        epoch: u64,
+        partition: u32,
+        deadline: Option<Instant>,
+    ) -> DataResult<Vec<DocInfo>>;
+    /// The node's own statistics (each of its replicas counted once; routers sum them).
+    async fn stats(
+        &self,
+        epoch: u64,
+        deadline: Option<Instant>,
+    ) -> DataResult<neardup_proto::v1::StatsResponse>;
+}
+
+// Wire conversions, shared by the service and the router's client. Structs are
+// destructured whole, so a new field fails to compile here until it is carried over.
+
+/// A tablet change on the wire.
+pub fn tablet_op_to_wire(table: u32, op: TabletOp) -> TabletEntryOp {
+    match op {
+        TabletOp::Put { gid, fp } => TabletEntryOp { table, gid, fp, remove: false },
+        TabletOp::Remove { gid, fp } => TabletEntryOp { table, gid, fp, remove: true },
+    }
+}
+
+/// A tablet change from the wire.
+pub fn tablet_op_from_wire(op: TabletEntryOp) -> (u32, TabletOp) {
+    let TabletEntryOp { table, gid, fp, remove } = op;
+    (table, if remove { TabletOp::Remove { gid, fp } } else { TabletOp::Put { gid, fp } })
+}
+
+/// A document on the wire.
+pub fn doc_to_wire(d: DocInfo) -> DocRecord {
+    let DocInfo { gid, name, fp, ts_ms, cluster, sketch } = d;
+    DocRecord { gid, name, fp, ts_ms, cluster, sketch }
+}
+
+/// A document from the wire.
+pub fn doc_from_wire(d: DocRecord) -> DocInfo {
+    let DocRecord { gid, name, fp, ts_ms, cluster, sketch } = d;
+    DocInfo { gid, name, fp, ts_ms, cluster, sketch }
+}
+
+/// A document change on the wire.
+pub fn doc_op_to_wire(op: DocOp) -> DocChange {
+    DocChange {
+        change: Some(match op {
+            DocOp::Put(d) => doc_change::Change::Put(doc_to_wire(d)),
+            DocOp::Remove { gid, name } => doc_change::Change::Remove(DocRemoval { gid, name }),
+        }),
+    }
+}
+
+/// A document change from the wire; INVALID_ARGUMENT when empty.
+pub fn doc_op_from_wire(op: DocChange) -> DataResult<DocOp> {
+    match op.change {
+        Some(doc_change::Change::Put(d)) => Ok(DocOp::Put(doc_from_wire(d))),
+        Some(doc_change::Change::Remove(DocRemoval { gid, name })) => {
+            Ok(DocOp::Remove { gid, name })
+        }
+        None => Err(DataError::InvalidArgument("a document change with no change".into())),
+    }
+}
+
+/// Optional documents on the wire.
+pub fn docs_to_wire(docs: Vec<Option<DocInfo>>) -> Vec<MaybeDoc> {
+    docs.into_iter().map(|d| MaybeDoc { doc: d.map(doc_to_wire) }).collect()
+}
+
+/// Optional documents from the wire, checked to be `expected` of them.
+pub fn docs_from_wire(docs: Vec<MaybeDoc>, expected: usize) -> DataResult<Vec<Option<DocInfo>>> {
+    if docs.len() != expected {
+        return Err(DataError::Internal(format!(
+            "a node answered {} documents for {expected} asked",
+            docs.len()
+        )));
+    }
+    Ok(docs.into_iter().map(|m| m.doc.map(doc_from_wire)).collect())
+}
+
+/// Probe results on the wire.
+pub fn probe_results_to_wire(results: Vec<(Vec<TabletHit>, bool)>) -> Vec<TabletProbeResult> {
+    results
+        .into_iter()
+        .map(|(hits, truncated)| TabletProbeResult {
+            hits: hits
+                .into_iter()
+                .map(|TabletHit { gid, fp, distance }| neardup_proto::internal::TabletHit {
+                    gid,
+                    fp,
+                    distance,
+                })
+                .collect(),
+            truncated,
+        })
+        .collect()
+}
+
+/// Probe results from the wire, checked to be `expected` of them.
+pub fn probe_results_from_wire(
+    results: Vec<TabletProbeResult>,
+    expected: usize,
+) -> DataResult<Vec<(Vec<TabletHit>, bool)>> {
+    if results.len() != expected {
+        return Err(DataError::Internal(format!(
+            "a node answered {} probes for {expected} asked",
+            results.len()
+        )));
+    }
+    Ok(results
+        .into_iter()
+        .map(|TabletProbeResult { hits, truncated }| {
+            let hits = hits
+                .into_iter()
+                .map(|neardup_proto::internal::TabletHit { gid, fp, distance }| TabletHit {
+                    gid,
+                    fp,
+                    distance,
+                })
+                .collect();
+            (hits, truncated)
+        })
+        .collect())
+}
+
+/// The gRPC service `neardup.internal.v1.Data` over a node's [`NodeApi`].
+#[derive(Clone)]
+pub struct DataService {
+    api: Arc<dyn NodeApi>,
+}
+
+impl DataService {
+    /// The service over `api`.
+    pub fn new(api: Arc<dyn NodeApi>) -> Self {
+        DataService { api }
+    }
+}
+
+/// The moment a request's `grpc-timeout` ends.
+fn deadline_of<T>(req: &Request<T>) -> Option<Instant> {
+    crate::transport::grpc_timeout(req.metadata()).and_then(|t| Instant::now().checked_add(t))
+}
+
+type ScanStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+/// Items as a stream of chunks of [`SCAN_CHUNK`].
+fn chunked<I: Send + 'static, T: Send + 'static>(
+    items: Vec<I>,
+    wrap: impl Fn(Vec<I>) -> T + Send + 'static,
+) -> ScanStream<T> {
+    let mut chunks = Vec::new();
+    let mut rest = items.into_iter().peekable();
+    while rest.peek().is_some() {
+        chunks.push(Ok(wrap(rest.by_ref().take(SCAN_CHUNK).collect())));
+    }
+    Box::pin(tokio_stream::iter(chunks))
+}
+
+#[tonic::async_trait]
+impl Data for DataService {
+    async fn tablet_write(
+        &self,
+        req: Request<TabletWriteRequest>,
+    ) -> Result<Response<TabletWriteResponse>, Status> {
+        let deadline = deadline_of(&req);
+        let TabletWriteRequest { epoch, ops } = req.into_inner();
+        let ops = ops.into_iter().map(tablet_op_from_wire).collect();
+        self.api.tablet_write(epoch, ops, deadline).await?;
+        Ok(Response::new(TabletWriteResponse {}))
+    }
+
+    async fn tablet_probe(
+        &self,
+        req: Request<TabletProbeRequest>,
+    ) -> Result<Response<TabletProbeResponse>, Status> {
+        let deadline = deadline_of(&req);
+        let TabletProbeRequest { epoch, probes, k, max_matches } = req.into_inner();
+        let probes: Vec<(u32, u64)> =
+            probes.into_iter().map(|TabletProbeTarget { table, fp }| (table, fp)).collect();
+        let n = probes.len();
+        let max = usize::try_from(max_matches).unwrap_or(usize::MAX);
+        let results = self.api.tablet_probe(epoch, probes, k, max, deadline).await?;
+        if results.len() != n {
+            return Err(
+                DataError::Internal(format!("{} results for {n} probes", results.len())).into()
+            );
+        }
+        Ok(Response::new(TabletProbeResponse { results: probe_results_to_wire(results) }))
+    }
+
+    async fn doc_write(
+        &self,
+        req: Request<DocWriteRequest>,
+    ) -> Result<Response<DocWriteResponse>, Status> {
+        let deadline = deadline_of(&req);
+        let DocWriteRequest { epoch, ops } = req.into_inner();
+        let ops = ops.into_iter().map(doc_op_from_wire).collect::<DataResult<_>>()?;
+        self.api.doc_write(epoch, ops, deadline).await?;
+        Ok(Response::new(DocWriteResponse {}))
+    }
+
+    async fn doc_lookup(
+        &self,
+        req: Request<DocLookupRequest>,
+    ) -> Result<Response<DocLookupResponse>, Status> {
+        let deadline = deadline_of(&req);
+        let DocLookupRequest { epoch, names } = req.into_inner();
+        let docs = self.api.doc_lookup(epoch, names, deadline).await?;
+        Ok(Response::new(DocLookupResponse { docs: docs_to_wire(docs) }))
+    }
+
+    async fn doc_resolve(
+        &self,
+        req: Request<DocResolveRequest>,
+    ) -> Result<Response<DocResolveResponse>, Status> {
+        let deadline = deadline_of(&req);
+        let DocResolveRequest { epoch, gids } = req.into_inner();
+        let docs = self.api.doc_resolve(epoch, gids, deadline).await?;
+        Ok(Response::new(DocResolveResponse { docs: docs_to_wire(docs) }))
+    }
+
+    type TabletScanStream = ScanStream<TabletScanChunk>;
+
+    async fn tablet_scan(
+        &self,
+        req: Request<TabletScanRequest>,
+    ) -> Result<Response<Self::TabletScanStream>, Status> {
+        let deadline = deadline_of(&req);
+        let TabletScanRequest { epoch, table, start, end } = req.into_inner();
+        let entries = self.api.tablet_scan(epoch, table, start, end, deadline).await?;
+        Ok(Response::new(chunked(entries, |c| TabletScanChunk {
+            entries: c.into_iter().map(|(gid, fp)| TabletEntry { gid, fp }).collect(),
+        })))
+    }
+
+    async fn node_stats(
+        &self,
+        req: Request<NodeStatsRequest>,
+    ) -> Result<Response<ShardStatsResponse>, Status> {
+        let deadline = deadline_of(&req);
+        let NodeStatsRequest { epoch } = req.into_inner();
+        let stats = self.api.stats(epoch, deadline).await?;
+        Ok(Response::new(ShardStatsResponse { stats: Some(stats) }))
+    }
+
+    type PartitionScanStream = ScanStream<PartitionScanChunk>;
+
+    async fn partition_scan(
+        &self,
+        req: Request<PartitionScanRequest>,
+    ) -> Result<Response<Self::PartitionScanStream>, Status> {
+        let deadline = deadline_of(&req);
+        let PartitionScanRequest { epoch, partition } = req.into_inner();
+        let docs = self.api.partition_scan(epoch, partition, deadline).await?;
+        Ok(Response::new(chunked(docs, |c| PartitionScanChunk {
+            docs: c.into_iter().map(doc_to_wire).collect(),
+        })))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_has_its_code_and_epoch_moved_comes_back() {
+        let cases = [
+            (DataError::InvalidArgument("x".into()), Code::InvalidArgument),
+            (DataError::NotFound("x".into()), Code::NotFound),
+            (DataError::EpochMoved { epoch: 7, why: "x".into() }, Code::FailedPrecondition),
+            (DataError::FailedPrecondition("x".into()), Code::FailedPrecondition),
+            (DataError::Unavailable("x".into()), Code::Unavailable),
+            (DataError::DeadlineExceeded("x".into()), Code::DeadlineExceeded),
+            (DataError::DataLoss("x".into()), Code::DataLoss),
+            (DataError::Internal("x".into()), Code::Internal),
+        ];
+        for (e, code) in cases {
+            let s = Status::from(e.clone());
+            assert_eq!(s.code(), code, "{e:?}");
+            let back = DataError::from_status(&s);
+            assert_eq!(std::mem::discriminant(&back), std::mem::discriminant(&e), "{e:?}");
+        }
+        let s = Status::from(DataError::EpochMoved { epoch: 42, why: "not a writer".into() });
+        assert_eq!(s.metadata().get(EPOCH_METADATA).unwrap().to_str().unwrap(), "42");
+        assert!(matches!(DataError::from_status(&s), DataError::EpochMoved { epoch: 42, .. }));
+        assert!(matches!(
+            DataError::from_status(&Status::unknown("transport")),
+            DataError::Unavailable(_)
+        ));
+    }
+
+    #[test]
+    fn wire_conversions_round_trip() {
+        for op in [TabletOp::Put { gid: 5, fp: 9 }, TabletOp::Remove { gid: 1 << 40, fp: 0 }] {
+            assert_eq!(tablet_op_from_wire(tablet_op_to_wire(3, op)), (3, op));
+        }
+        let d = DocInfo {
+            gid: 257,
+            name: "a".into(),
+            fp: 7,
+            ts_ms: -3,
+            cluster: 257,
+            sketch: Some(vec![1, 2]),
+        };
+        let none = DocInfo { sketch: None, ..d.clone() };
+        for op in [
+            DocOp::Put(d.clone()),
+            DocOp::Put(none.clone()),
+            DocOp::Remove { gid: 3, name: "b".into() },
+        ] {
+            assert_eq!(doc_op_from_wire(doc_op_to_wire(op.clone())).unwrap(), op);
+        }
+        assert!(doc_op_from_wire(DocChange { change: None }).is_err());
+        let docs = vec![Some(d), None, Some(none)];
+        assert_eq!(docs_from_wire(docs_to_wire(docs.clone()), 3).unwrap(), docs);
+        assert!(docs_from_wire(docs_to_wire(docs), 2).is_err());
+        let hits = vec![(vec![TabletHit { gid: 1, fp: 2, distance: 3 }], true), (vec![], false)];
+        assert_eq!(probe_results_from_wire(probe_results_to_wire(hits.clone()), 2).unwrap(), hits);
+    }
+}
