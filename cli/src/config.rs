@@ -133,6 +133,14 @@ pub struct ClusterSection {
     pub max_voters: usize,
     /// Compact the Raft log into a snapshot of the map after this many applied entries.
     pub snapshot_every: u64,
+    /// Nodes holding each tablet and document partition (set at bootstrap).
+    pub replicas: u32,
+    /// Each table is cut into 2^split_bits tablets (set at bootstrap).
+    pub split_bits: u32,
+    /// Document partitions, 1 to 256 (set at bootstrap).
+    pub partitions: u32,
+    /// The leader marks a node down after this long without hearing from it, milliseconds.
+    pub failure_timeout_ms: u64,
 }
 
 impl Default for ClusterSection {
@@ -149,6 +157,10 @@ impl Default for ClusterSection {
             heartbeat_ticks: 2,
             max_voters: 5,
             snapshot_every: 1000,
+            replicas: 2,
+            split_bits: 2,
+            partitions: 16,
+            failure_timeout_ms: 2000,
         }
     }
 }

@@ -24,6 +24,7 @@
 
 pub mod cluster;
 pub mod error;
+pub mod fill;
 pub mod limits;
 pub mod metrics;
 pub mod server;

@@ -38,6 +38,7 @@ pub mod doc_table;
 pub mod error;
 pub mod expect;
 pub mod fault_store;
+pub mod local_node;
 pub mod metrics;
 pub mod node;
 pub mod node_store;

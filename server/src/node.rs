@@ -1,23 +1,27 @@
-//! A node's internal gRPC server: the internal `Shard` service, the `Raft` service and
-//! `grpc.health.v1`, whose status for `neardup.internal.v1.Shard` (and `""`) follows the
-//! shard: NOT_SERVING while it recovers, when a tablet is corrupt, and from shutdown on.
+//! A node's internal gRPC server and `grpc.health.v1`, whose status for
+//! `neardup.internal.v1.Shard` (and `""`) follows the node's storage: NOT_SERVING while it
+//! recovers, when a tablet is corrupt, and from shutdown on.
 //!
-//! Outside a cluster ([`serve`]) the `Raft` service refuses every message. A cluster node
-//! ([`serve_cluster`]) hands Raft messages to its [`ClusterNode`] and also serves the admin
-//! API (`neardup.admin.v1`); its health is SERVING only once the shard serves and the node
-//! has applied the committed cluster map.
+//! Outside a cluster ([`serve`]) it serves the internal `Shard` service over one [`Shard`],
+//! and the `Raft` service refuses every message. A cluster node ([`serve_cluster`]) serves
+//! the `Data` service over its [`NodeStore`], hands Raft messages to its [`ClusterNode`] and
+//! serves the admin API (`neardup.admin.v1`); its health is SERVING only once the store
+//! serves and the node has applied the committed cluster map.
 
 use std::future::Future;
 use std::sync::Arc;
 
 use neardup_cluster::ClusterNode;
 use neardup_proto::admin::admin_server::AdminServer;
+use neardup_proto::internal::data_server::DataServer;
 use neardup_proto::internal::raft_server::RaftServer;
 use neardup_proto::internal::shard_server::ShardServer;
 use tokio::net::TcpListener;
 use tonic_health::ServingStatus;
 
 use crate::cluster_rpc::{AdminService, RaftRpc};
+use crate::data_api::{DataService, NodeApi};
+use crate::node_store::NodeStore;
 use crate::service::{RaftService, ShardService};
 use crate::shard::{Shard, Status};
 use crate::transport::{Http2Limits, serve_http2};
@@ -31,36 +35,59 @@ pub async fn serve(
     http2: Http2Limits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_node(listener, shard, None, max_message_bytes, http2, shutdown).await
+    let (reporter, health) = tonic_health::server::health_reporter();
+    // Outside a cluster, nothing to wait for: a channel that stays `true`.
+    let (_always, ready) = tokio::sync::watch::channel(true);
+    let follow = follow_health(reporter, shard.watch_status(), ready);
+    let shard_service = ShardServer::new(ShardService::new(shard))
+        .max_decoding_message_size(max_message_bytes)
+        .max_encoding_message_size(max_message_bytes);
+    let routes = tonic::service::Routes::new(health)
+        .add_service(shard_service)
+        .add_service(RaftServer::new(RaftService));
+    let result = serve_http2(listener, routes, http2, shutdown).await;
+    follow.abort();
+    result
 }
 
-/// As [`serve`], for a node of a cluster: Raft messages go to `cluster`, the admin API is
-/// served beside the shard, and health waits for the applied map. Does not stop `cluster`.
+/// As [`serve`], for a node of a cluster: the `Data` service answers over `data` (the
+/// node's [`NodeStore`] under its map), Raft messages go to `cluster`, and the admin API is
+/// served beside them. Health is SERVING once the store serves and the node has applied the
+/// committed map. Does not stop `cluster` or the store.
 pub async fn serve_cluster(
     listener: TcpListener,
-    shard: Arc<Shard>,
+    store: Arc<NodeStore>,
+    data: Arc<dyn NodeApi>,
     cluster: ClusterNode,
     max_message_bytes: usize,
     http2: Http2Limits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_node(listener, shard, Some(cluster), max_message_bytes, http2, shutdown).await
+    let (reporter, health) = tonic_health::server::health_reporter();
+    let follow = follow_health(reporter, store.watch_status(), cluster.watch_ready());
+    let data = DataServer::new(DataService::new(data))
+        .max_decoding_message_size(max_message_bytes)
+        .max_encoding_message_size(max_message_bytes);
+    let routes = tonic::service::Routes::new(health)
+        .add_service(data)
+        .add_service(
+            RaftServer::new(RaftRpc::new(cluster.clone()))
+                .max_decoding_message_size(max_message_bytes),
+        )
+        .add_service(AdminServer::new(AdminService::new(cluster)));
+    let result = serve_http2(listener, routes, http2, shutdown).await;
+    follow.abort();
+    result
 }
 
-async fn serve_node(
-    listener: TcpListener,
-    shard: Arc<Shard>,
-    cluster: Option<ClusterNode>,
-    max_message_bytes: usize,
-    http2: Http2Limits,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    let (reporter, health) = tonic_health::server::health_reporter();
-    let mut status = shard.watch_status();
-    // Outside a cluster, nothing to wait for: a channel that stays `true`.
-    let (_always, always_ready) = tokio::sync::watch::channel(true);
-    let mut ready = cluster.as_ref().map_or(always_ready, ClusterNode::watch_ready);
-    let follow = tokio::spawn(async move {
+/// Keeps the health of `""` and the shard service at SERVING while `status` is serving and
+/// `ready` is true, NOT_SERVING otherwise.
+fn follow_health(
+    reporter: tonic_health::server::HealthReporter,
+    mut status: tokio::sync::watch::Receiver<Status>,
+    mut ready: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
         loop {
             let serving = matches!(*status.borrow_and_update(), Status::Serving);
             let s = if serving && *ready.borrow_and_update() {
@@ -75,23 +102,7 @@ async fn serve_node(
                 r = ready.changed() => if r.is_err() { return },
             }
         }
-    });
-    let shard_service = ShardServer::new(ShardService::new(shard))
-        .max_decoding_message_size(max_message_bytes)
-        .max_encoding_message_size(max_message_bytes);
-    let routes = tonic::service::Routes::new(health).add_service(shard_service);
-    let routes = match cluster {
-        None => routes.add_service(RaftServer::new(RaftService)),
-        Some(node) => routes
-            .add_service(
-                RaftServer::new(RaftRpc::new(node.clone()))
-                    .max_decoding_message_size(max_message_bytes),
-            )
-            .add_service(AdminServer::new(AdminService::new(node))),
-    };
-    let result = serve_http2(listener, routes, http2, shutdown).await;
-    follow.abort();
-    result
+    })
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use neardup_cluster::map::DesignInfo;
+use neardup_cluster::map::{DesignInfo, Layout};
 use neardup_cluster::{ClusterConfig, ClusterMetrics, ClusterNode, NodeId};
 use neardup_proto::admin::AddNodeRequest;
 use neardup_server::cluster_rpc::GrpcTransport;
@@ -128,6 +128,8 @@ pub async fn start(
         heartbeat_ticks: c.heartbeat_ticks,
         max_voters: c.max_voters,
         snapshot_every: c.snapshot_every,
+        layout: Layout { replicas: c.replicas, split_bits: c.split_bits, partitions: c.partitions },
+        failure_timeout: Duration::from_millis(c.failure_timeout_ms),
         ..ClusterConfig::new(id, public_addr.clone(), internal_addr.clone(), dir)
     };
     let metrics = ClusterMetrics::default();

@@ -3,6 +3,7 @@
 pub mod check;
 pub mod cluster;
 pub mod cluster_node;
+pub mod cluster_serve;
 pub mod common;
 pub mod delete;
 pub mod fingerprint;

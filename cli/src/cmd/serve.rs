@@ -2,18 +2,16 @@
 //! reaches the shard through the same trait as over the network, with no network between.
 //!
 //! In cluster mode (`--bootstrap`, `--join`, or a data directory holding cluster state) the
-//! process is also a node of a cluster: see [`crate::cmd::cluster_node`]. It still serves its
-//! own router and shard on the public listener.
+//! process is a node of a cluster instead: see [`crate::cmd::cluster_serve`].
 
 use std::sync::Arc;
 
-use neardup_router::shard::ShardHealth;
 use neardup_router::{InProcess, Router, RpcMetrics};
 use neardup_server::{Shard, ShardMetrics, ShardService};
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
-use crate::cmd::cluster_node;
+use crate::cmd::{cluster_node, cluster_serve};
 use crate::config::{ClusterFlags, Config, ConfigFlags};
 use crate::error::CliError;
 use crate::ops;
@@ -65,20 +63,13 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
     let mut registry = Registry::default();
     shard_metrics.register(&mut registry);
     rpc_metrics.register(&mut registry);
-    // The cluster's state is opened before the shard: a wrong node id stops the start here.
-    let (cluster, internal_listener) = if cluster_node::cluster_mode(&config) {
-        let (c, l) = cluster_node::start(&config, address, &mut registry).await?;
-        (Some(c), Some(l))
-    } else {
-        (None, None)
-    };
+    if cluster_node::cluster_mode(&config) {
+        return cluster_serve::run(config, listener, address, shard_metrics, rpc_metrics, registry)
+            .await;
+    }
     let shard = open_and_recover(&config, shard_metrics.clone())?;
     ops::serve_metrics(&config.metrics_listen, registry).await?;
-    let shard_health = neardup_router::shard::health_of(&shard);
-    let health = match &cluster {
-        Some(c) => with_map_applied(shard_health, c.node.watch_ready()),
-        None => shard_health,
-    };
+    let health = neardup_router::shard::health_of(&shard);
     let api = InProcess::new(ShardService::new(shard.clone()), health);
     let router = Router::with_verify(
         Arc::new(api),
@@ -94,75 +85,17 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
         "neardup serving (embedded router and shard)"
     );
     let (stop, stopped) = watch::channel(false);
-    let stop = Arc::new(stop);
-    let signal = stop.clone();
     tokio::spawn(async move {
         ops::shutdown_signal().await;
-        signal.send_replace(true);
-    });
-    let internal = match (&cluster, internal_listener) {
-        (Some(c), Some(l)) => Some(tokio::spawn(neardup_server::node::serve_cluster(
-            l,
-            shard.clone(),
-            c.node.clone(),
-            config.limits.max_message_bytes,
-            config.limits.http2(),
-            stop_signal(stopped.clone()),
-        ))),
-        _ => None,
-    };
-    // A joining node asks a member to add it once its internal listener serves (the leader
-    // then replicates the map to it); a refused join stops the process.
-    let joined = match &cluster {
-        Some(c) => c.join().await,
-        None => Ok(()),
-    };
-    if joined.is_err() {
         stop.send_replace(true);
-    }
+    });
     let served = neardup_router::server::serve(listener, router, stop_signal(stopped)).await;
-    if let Some(task) = internal {
-        match task.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::error!(error = %e, "the internal listener failed"),
-            Err(e) => tracing::error!(error = %e, "the internal listener's task failed"),
-        }
-    }
-    if let Some(c) = cluster {
-        c.shutdown().await;
-    }
     let down = shut_down(shard).await;
-    joined?;
     served.map_err(|e| CliError::Serve(e.to_string()))?;
     down
 }
 
 /// Completes once `stopped` turns true (or its sender is gone).
-async fn stop_signal(mut stopped: watch::Receiver<bool>) {
+pub async fn stop_signal(mut stopped: watch::Receiver<bool>) {
     let _ = stopped.wait_for(|s| *s).await;
-}
-
-/// The shard's health, held at NOT_SERVING until the node has applied the committed map.
-fn with_map_applied(
-    mut shard: watch::Receiver<ShardHealth>,
-    mut ready: watch::Receiver<bool>,
-) -> watch::Receiver<ShardHealth> {
-    let (tx, rx) = watch::channel(ShardHealth::NotServing("starting".into()));
-    tokio::spawn(async move {
-        loop {
-            let h = match (shard.borrow_and_update().clone(), *ready.borrow_and_update()) {
-                (ShardHealth::Serving, true) => ShardHealth::Serving,
-                (ShardHealth::Serving, false) => {
-                    ShardHealth::NotServing("the cluster map is not applied yet".into())
-                }
-                (not, _) => not,
-            };
-            tx.send_replace(h);
-            tokio::select! {
-                r = shard.changed() => if r.is_err() { return },
-                r = ready.changed() => if r.is_err() { return },
-            }
-        }
-    });
-    rx
 }

@@ -1,0 +1,156 @@
+//! `neardup serve` as a node of a cluster: the node's data ([`NodeStore`] in `<data>/node`),
+//! its Raft node ([`crate::cmd::cluster_node`]), the internal listener (`Data`, `Raft`,
+//! admin, health), the public API over a [`ClusterRouter`] (any node answers for the whole
+//! cluster), and the filler that brings this node's new and returning replicas level
+//! before they serve ([`neardup_router::fill`]).
+
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::sync::Arc;
+
+use neardup_cluster::ClusterNode;
+use neardup_router::cluster::{ClusterRouter, GrpcNodes, IdSource};
+use neardup_router::{Router, RpcMetrics};
+use neardup_server::cluster_rpc::cluster_status;
+use neardup_server::local_node::LocalNode;
+use neardup_server::node_store::{NodeStore, NodeStoreConfig};
+use neardup_server::{NodeApi, ShardMetrics};
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tonic::Status;
+
+use crate::cmd::cluster_node;
+use crate::cmd::serve::stop_signal;
+use crate::config::Config;
+use crate::error::CliError;
+use crate::ops;
+
+/// Gids come from blocks the map grants this node.
+struct GrantedIds(ClusterNode);
+
+#[tonic::async_trait]
+impl IdSource for GrantedIds {
+    async fn grant(&self, count: u64) -> Result<Range<u64>, Status> {
+        let count = count.clamp(1, neardup_cluster::map::MAX_GRANT);
+        let epoch = self.0.watch_map().borrow().epoch;
+        self.0.grant_ids(count).await.map_err(|e| cluster_status(&e, epoch))
+    }
+}
+
+/// Runs a cluster node until a shutdown signal.
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    address: SocketAddr,
+    shard_metrics: ShardMetrics,
+    rpc_metrics: RpcMetrics,
+    mut registry: Registry,
+) -> Result<(), CliError> {
+    // The cluster's state is opened first: a wrong node id stops the start here.
+    let (cluster, internal_listener) =
+        cluster_node::start(&config, address, &mut registry).await?;
+    let design = config.index_config()?.design;
+    let shard = config.shard_config()?;
+    let store_config = NodeStoreConfig {
+        cache_bytes: shard.cache_bytes,
+        min_free_bytes: shard.min_free_bytes,
+        shard,
+    };
+    let dir = config.data.join("node");
+    let d = design.clone();
+    let metrics = shard_metrics.clone();
+    let store = tokio::task::spawn_blocking(move || NodeStore::open(&dir, &d, store_config, metrics))
+        .await
+        .map_err(|e| CliError::Start(neardup_server::Error::Internal(e.to_string())))?
+        .map_err(CliError::Start)?;
+    ops::serve_metrics(&config.metrics_listen, registry).await?;
+    let node = cluster.node.clone();
+    let id = node.id();
+    let contact = {
+        let n = node.clone();
+        Arc::new(move || n.in_contact())
+    };
+    let local = Arc::new(LocalNode::new(id, store.clone(), node.watch_map(), contact));
+    let grpc = GrpcNodes::new(node.watch_map(), config.limits.max_message_bytes);
+    let local_api: Arc<dyn NodeApi> = local.clone();
+    let nodes = grpc.resolver(Some((id, local_api.clone())));
+    let cluster_router = ClusterRouter::new(
+        node.watch_map(),
+        nodes.clone(),
+        Arc::new(GrantedIds(node.clone())),
+        Some(id),
+    );
+    let router = Router::with_verify(
+        Arc::new(cluster_router),
+        design.max_k(),
+        config.limits.clone(),
+        config.verify.clone(),
+        rpc_metrics,
+    );
+    tracing::info!(
+        address = %address,
+        data = %config.data.display(),
+        design = %design,
+        node_id = id,
+        "neardup serving as a cluster node"
+    );
+    let (stop, stopped) = watch::channel(false);
+    let stop = Arc::new(stop);
+    let signal = stop.clone();
+    tokio::spawn(async move {
+        ops::shutdown_signal().await;
+        signal.send_replace(true);
+    });
+    tokio::spawn(check_design(node.clone(), design.to_string(), stop.clone()));
+    let internal = tokio::spawn(neardup_server::node::serve_cluster(
+        internal_listener,
+        store.clone(),
+        local_api,
+        node.clone(),
+        config.limits.max_message_bytes,
+        config.limits.http2(),
+        stop_signal(stopped.clone()),
+    ));
+    let filler =
+        tokio::spawn(neardup_router::fill::run(local, node.clone(), nodes, stopped.clone()));
+    // A joining node asks a member to add it once its internal listener serves (the leader
+    // then replicates the map to it); a refused join stops the process.
+    let joined = cluster.join().await;
+    if joined.is_err() {
+        stop.send_replace(true);
+    }
+    let served = neardup_router::server::serve(listener, router, stop_signal(stopped)).await;
+    match internal.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "the internal listener failed"),
+        Err(e) => tracing::error!(error = %e, "the internal listener's task failed"),
+    }
+    let _ = filler.await;
+    cluster.shutdown().await;
+    let down = tokio::task::spawn_blocking(move || store.shutdown())
+        .await
+        .map_err(|e| CliError::Shutdown(e.to_string()))?
+        .map_err(|e| CliError::Shutdown(e.to_string()));
+    joined?;
+    served.map_err(|e| CliError::Serve(e.to_string()))?;
+    down
+}
+
+/// Stops the node when the cluster's design is not the one its data was opened with: every
+/// node must hold the same tables.
+async fn check_design(node: ClusterNode, ours: String, stop: Arc<watch::Sender<bool>>) {
+    let mut map = node.watch_map();
+    let Ok(m) = map.wait_for(|m| m.design.is_some()).await else { return };
+    let theirs = m.design.as_ref().map(|d| d.name.clone()).unwrap_or_default();
+    drop(m);
+    let same = neardup_core::Design::parse(&theirs).is_ok_and(|d| d.to_string() == ours);
+    if !same {
+        tracing::error!(
+            cluster = %theirs,
+            configured = %ours,
+            "the cluster's design is not this node's [index] design; stopping"
+        );
+        stop.send_replace(true);
+    }
+}

@@ -1,0 +1,468 @@
+//! A cluster node's own data, as routers call it: [`LocalNode`] answers the [`NodeApi`] over
+//! the node's [`NodeStore`], under the node's own copy of the cluster map.
+//!
+//! # What a node accepts
+//! Every operation names units implicitly: a tablet op by its table and the permuted
+//! fingerprint, a document op by its name's partition, a resolve by the gid's partition.
+//! The node checks each against its own map:
+//! - writes (tablet and document writes, lookups made for writes) need the node among the
+//!   unit's writers (serving or filling, not marked down);
+//! - reads (probes, resolves, scans) need it among the unit's serving replicas, and the node
+//!   in contact with the Raft leader ([`ClusterNode::in_contact`](neardup_cluster::ClusterNode)):
+//!   a node cut off may hold stale replicas, since the others stop writing to it once it is
+//!   marked down.
+//!
+//! A refusal is [`DataError::EpochMoved`] with the node's epoch. When the caller's map is
+//! ahead of the node's, the node first waits (briefly) for its own map to catch up.
+//!
+//! # Filling
+//! A replica in a unit's `filling` list takes writes but serves no reads. The node records
+//! which gids it put and removed in each filling unit from the moment its map lists it
+//! there. [`LocalNode::reconcile`] then brings the unit level with a serving replica's copy:
+//! what the source holds is put, unless removed here since; what this node holds and the
+//! source does not is removed (deleted while this node was down), unless put here since.
+//! Gids are never reused, so those two sets decide every case.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use neardup_cluster::map::{ClusterMap, Unit};
+use neardup_cluster::NodeId;
+use neardup_core::Design;
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+use crate::data_api::{DataError, DataResult, NodeApi};
+use crate::data_types::{DocInfo, DocOp, TabletHit, TabletOp, gid_partition};
+use crate::error::Error;
+use crate::node_store::NodeStore;
+
+/// The longest a node waits for its map to reach the caller's epoch.
+const EPOCH_WAIT: Duration = Duration::from_millis(500);
+
+/// What a filling replica did to a unit since it started filling.
+#[derive(Debug, Default)]
+struct FillLog {
+    put: HashSet<u64>,
+    removed: HashSet<u64>,
+}
+
+/// A node's data behind the [`NodeApi`]: see the module docs.
+pub struct LocalNode {
+    id: NodeId,
+    store: Arc<NodeStore>,
+    design: Design,
+    map: watch::Receiver<Arc<ClusterMap>>,
+    in_contact: Arc<dyn Fn() -> bool + Send + Sync>,
+    fills: Mutex<HashMap<Unit, FillLog>>,
+}
+
+impl std::fmt::Debug for LocalNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalNode").field("id", &self.id).finish()
+    }
+}
+
+/// A storage error as the data API reports it.
+fn data_error(e: Error) -> DataError {
+    use crate::error::ErrorClass;
+    let m = e.to_string();
+    match e.class() {
+        ErrorClass::InvalidInput => DataError::InvalidArgument(m),
+        ErrorClass::NotFound => DataError::NotFound(m),
+        ErrorClass::Unavailable => DataError::Unavailable(m),
+        ErrorClass::FailedPrecondition => DataError::FailedPrecondition(m),
+        ErrorClass::DataLoss => DataError::DataLoss(m),
+        ErrorClass::Internal => DataError::Internal(m),
+    }
+}
+
+impl LocalNode {
+    /// The node `id`'s data in `store`, checked against `map`; `in_contact` says whether the
+    /// node is in touch with the Raft leader.
+    pub fn new(
+        id: NodeId,
+        store: Arc<NodeStore>,
+        map: watch::Receiver<Arc<ClusterMap>>,
+        in_contact: Arc<dyn Fn() -> bool + Send + Sync>,
+    ) -> LocalNode {
+        let design = store.design().clone();
+        LocalNode { id, store, design, map, in_contact, fills: Mutex::new(HashMap::new()) }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<NodeStore> {
+        &self.store
+    }
+
+    /// The node's map, once it has reached `epoch` (or after a short wait, as it is).
+    async fn map_at(&self, epoch: u64, deadline: Option<Instant>) -> Arc<ClusterMap> {
+        let mut rx = self.map.clone();
+        if rx.borrow().epoch < epoch {
+            let mut wait = EPOCH_WAIT;
+            if let Some(d) = deadline {
+                wait = wait.min(d.saturating_duration_since(Instant::now()));
+            }
+            let _ = tokio::time::timeout(wait, rx.wait_for(|m| m.epoch >= epoch)).await;
+        }
+        rx.borrow().clone()
+    }
+
+    fn tablet_unit(&self, map: &ClusterMap, table: u32, fp: u64) -> DataResult<Unit> {
+        let spec = self.design.tables().get(table as usize).ok_or_else(|| {
+            DataError::InvalidArgument(format!("no table {table} in design {}", self.design))
+        })?;
+        let permuted = spec.perm.apply(fp);
+        map.tablet_for(table, permuted)
+            .map(|t| Unit::Tablet { table, start: t.start })
+            .ok_or_else(|| moved(map, format!("no tablet of table {table} holds {permuted:#x}")))
+    }
+
+    fn partition_unit(map: &ClusterMap, p: u32) -> DataResult<Unit> {
+        map.partition(p).map(|_| Unit::Partition(p)).ok_or_else(|| {
+            DataError::InvalidArgument(format!("no document partition {p} in the map"))
+        })
+    }
+
+    fn name_unit(map: &ClusterMap, name: &str) -> DataResult<Unit> {
+        let p = map.partition_of(name).ok_or_else(|| moved(map, "no partitions yet".into()))?;
+        Self::partition_unit(map, p)
+    }
+
+    /// Checks that this node writes `unit`; true when it is filling it (record the write).
+    fn check_writer(&self, map: &ClusterMap, unit: Unit) -> DataResult<bool> {
+        if !map.writers(unit).contains(&self.id) {
+            return Err(moved(map, format!("node {} does not take writes for {unit:?}", self.id)));
+        }
+        Ok(!map.serving(unit).contains(&self.id))
+    }
+
+    fn check_reader(&self, map: &ClusterMap, unit: Unit) -> DataResult<()> {
+        if !map.serving(unit).contains(&self.id) {
+            return Err(moved(map, format!("node {} does not serve {unit:?}", self.id)));
+        }
+        Ok(())
+    }
+
+    fn check_contact(&self) -> DataResult<()> {
+        if (self.in_contact)() {
+            Ok(())
+        } else {
+            Err(DataError::Unavailable(format!(
+                "node {} is out of contact with the cluster's leader; its replicas may be stale",
+                self.id
+            )))
+        }
+    }
+
+    fn record(&self, unit: Unit, put: Option<u64>, removed: Option<u64>) {
+        let mut fills = self.fills.lock();
+        let log = fills.entry(unit).or_default();
+        log.put.extend(put);
+        log.removed.extend(removed);
+    }
+
+    /// Brings this node's replica of `unit` level with `source` (a serving replica's copy:
+    /// `(gid, fp)` entries for a tablet, documents for a partition), as the module docs say.
+    /// The caller then reports the replica ready.
+    pub async fn reconcile(&self, unit: Unit, source: Source) -> DataResult<()> {
+        let store = self.store.clone();
+        match (unit, source) {
+            (Unit::Tablet { table, start }, Source::Entries(theirs)) => {
+                let map = self.map.borrow().clone();
+                let end = map
+                    .tablets
+                    .iter()
+                    .find(|t| t.table == table && t.start == start)
+                    .map(|t| t.end)
+                    .ok_or_else(|| moved(&map, format!("no tablet {table}/{start:#x}")))?;
+                let ours = blocking(move || store.scan_tablet(table, start, end)).await?;
+                let (puts, removes) = {
+                    let fills = self.fills.lock();
+                    let empty = FillLog::default();
+                    let log = fills.get(&unit).unwrap_or(&empty);
+                    let have: HashSet<u64> = theirs.iter().map(|e| e.0).collect();
+                    let removes: Vec<(u32, TabletOp)> = ours
+                        .iter()
+                        .filter(|(gid, _)| !have.contains(gid) && !log.put.contains(gid))
+                        .map(|&(gid, fp)| (table, TabletOp::Remove { gid, fp }))
+                        .collect();
+                    let puts: Vec<(u32, TabletOp)> = theirs
+                        .iter()
+                        .filter(|(gid, _)| !log.removed.contains(gid))
+                        .map(|&(gid, fp)| (table, TabletOp::Put { gid, fp }))
+                        .collect();
+                    (puts, removes)
+                };
+                self.store.write_tablets(removes).await.map_err(data_error)?;
+                self.store.write_tablets(puts.clone()).await.map_err(data_error)?;
+                // A removal that arrived while the copy was being put may have been undone by
+                // it: apply again every removal recorded for what was put.
+                let again: Vec<(u32, TabletOp)> = {
+                    let fills = self.fills.lock();
+                    let removed = fills.get(&unit).map(|l| &l.removed);
+                    puts.into_iter()
+                        .filter_map(|(t, op)| match op {
+                            TabletOp::Put { gid, fp } if removed.is_some_and(|r| r.contains(&gid)) => {
+                                Some((t, TabletOp::Remove { gid, fp }))
+                            }
+                            _ => None,
+                        })
+                        .collect()
+                };
+                self.store.write_tablets(again).await.map_err(data_error)?;
+            }
+            (Unit::Partition(p), Source::Docs(theirs)) => {
+                let ours = blocking(move || store.scan_partition(p)).await?;
+                let (puts, removes) = {
+                    let fills = self.fills.lock();
+                    let empty = FillLog::default();
+                    let log = fills.get(&unit).unwrap_or(&empty);
+                    let have: HashSet<u64> = theirs.iter().map(|d| d.gid).collect();
+                    let removes: Vec<DocOp> = ours
+                        .into_iter()
+                        .filter(|d| !have.contains(&d.gid) && !log.put.contains(&d.gid))
+                        .map(|d| DocOp::Remove { gid: d.gid, name: d.name })
+                        .collect();
+                    let puts: Vec<DocOp> = theirs
+                        .into_iter()
+                        .filter(|d| !log.removed.contains(&d.gid))
+                        .map(DocOp::Put)
+                        .collect();
+                    (puts, removes)
+                };
+                self.store.write_docs(removes).await.map_err(data_error)?;
+                self.store.write_docs(puts.clone()).await.map_err(data_error)?;
+                // As for tablets: removals that raced with the copy are applied again.
+                let again: Vec<DocOp> = {
+                    let fills = self.fills.lock();
+                    let removed = fills.get(&unit).map(|l| &l.removed);
+                    puts.into_iter()
+                        .filter_map(|op| match op {
+                            DocOp::Put(d) if removed.is_some_and(|r| r.contains(&d.gid)) => {
+                                Some(DocOp::Remove { gid: d.gid, name: d.name })
+                            }
+                            _ => None,
+                        })
+                        .collect()
+                };
+                self.store.write_docs(again).await.map_err(data_error)?;
+            }
+            (unit, _) => {
+                return Err(DataError::Internal(format!("a copy of another kind for {unit:?}")));
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets what was recorded for units this node now serves or no longer holds.
+    pub fn prune_fill_logs(&self) {
+        let map = self.map.borrow().clone();
+        self.fills.lock().retain(|unit, _| {
+            map.writers(*unit).contains(&self.id) && !map.serving(*unit).contains(&self.id)
+        });
+    }
+}
+
+/// A serving replica's copy of a unit, for [`LocalNode::reconcile`].
+#[derive(Debug)]
+pub enum Source {
+    /// A tablet's entries `(gid, fp)`.
+    Entries(Vec<(u64, u64)>),
+    /// A partition's documents.
+    Docs(Vec<DocInfo>),
+}
+
+fn moved(map: &ClusterMap, why: String) -> DataError {
+    DataError::EpochMoved { epoch: map.epoch, why }
+}
+
+/// Runs CPU or storage work off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> crate::error::Result<T> + Send + 'static,
+) -> DataResult<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| DataError::Internal(format!("a storage task failed: {e}")))?
+        .map_err(data_error)
+}
+
+fn check_deadline(deadline: Option<Instant>) -> DataResult<()> {
+    match deadline {
+        Some(d) if Instant::now() >= d => {
+            Err(DataError::DeadlineExceeded("before the node started on it".into()))
+        }
+        _ => Ok(()),
+    }
+}
+
+#[tonic::async_trait]
+impl NodeApi for LocalNode {
+    async fn tablet_write(
+        &self,
+        epoch: u64,
+        ops: Vec<(u32, TabletOp)>,
+        deadline: Option<Instant>,
+    ) -> DataResult<()> {
+        check_deadline(deadline)?;
+        let map = self.map_at(epoch, deadline).await;
+        for &(table, op) in &ops {
+            let (TabletOp::Put { fp, .. } | TabletOp::Remove { fp, .. }) = op;
+            let unit = self.tablet_unit(&map, table, fp)?;
+            if self.check_writer(&map, unit)? {
+                match op {
+                    TabletOp::Put { gid, .. } => self.record(unit, Some(gid), None),
+                    TabletOp::Remove { gid, .. } => self.record(unit, None, Some(gid)),
+                }
+            }
+        }
+        self.store.write_tablets(ops).await.map_err(data_error)
+    }
+
+    async fn tablet_probe(
+        &self,
+        epoch: u64,
+        probes: Vec<(u32, u64)>,
+        k: u32,
+        max_matches: usize,
+        deadline: Option<Instant>,
+    ) -> DataResult<Vec<(Vec<TabletHit>, bool)>> {
+        check_deadline(deadline)?;
+        let map = self.map_at(epoch, deadline).await;
+        self.check_contact()?;
+        for &(table, fp) in &probes {
+            let unit = self.tablet_unit(&map, table, fp)?;
+            self.check_reader(&map, unit)?;
+        }
+        let store = self.store.clone();
+        blocking(move || store.probe_tablets(&probes, k, max_matches)).await
+    }
+
+    async fn doc_write(
+        &self,
+        epoch: u64,
+        ops: Vec<DocOp>,
+        deadline: Option<Instant>,
+    ) -> DataResult<()> {
+        check_deadline(deadline)?;
+        let map = self.map_at(epoch, deadline).await;
+        for op in &ops {
+            let (unit, put, removed) = match op {
+                DocOp::Put(d) => {
+                    let unit = Self::name_unit(&map, &d.name)?;
+                    if gid_partition(d.gid) != unit_partition(unit) {
+                        return Err(DataError::InvalidArgument(format!(
+                            "gid {} is not of the partition of {:?}",
+                            d.gid, d.name
+                        )));
+                    }
+                    (unit, Some(d.gid), None)
+                }
+                DocOp::Remove { gid, .. } => {
+                    (Self::partition_unit(&map, gid_partition(*gid))?, None, Some(*gid))
+                }
+            };
+            if self.check_writer(&map, unit)? {
+                self.record(unit, put, removed);
+            }
+        }
+        self.store.write_docs(ops).await.map_err(data_error)
+    }
+
+    async fn doc_lookup(
+        &self,
+        epoch: u64,
+        names: Vec<String>,
+        deadline: Option<Instant>,
+    ) -> DataResult<Vec<Option<DocInfo>>> {
+        check_deadline(deadline)?;
+        let map = self.map_at(epoch, deadline).await;
+        for name in &names {
+            let unit = Self::name_unit(&map, name)?;
+            self.check_writer(&map, unit)?;
+        }
+        let store = self.store.clone();
+        blocking(move || {
+            let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+            store.lookup_names(&refs)
+        })
+        .await
+    }
+
+    async fn doc_resolve(
+        &self,
+        epoch: u64,
+        gids: Vec<u64>,
+        deadline: Option<Instant>,
+    ) -> DataResult<Vec<Option<DocInfo>>> {
+        check_deadline(deadline)?;
+        let map = self.map_at(epoch, deadline).await;
+        self.check_contact()?;
+        for &gid in &gids {
+            let unit = Self::partition_unit(&map, gid_partition(gid))?;
+            self.check_reader(&map, unit)?;
+        }
+        let store = self.store.clone();
+        blocking(move || store.resolve(&gids)).await
+    }
+
+    async fn tablet_scan(
+        &self,
+        epoch: u64,
+        table: u32,
+        start: u64,
+        end: u64,
+        deadline: Option<Instant>,
+    ) -> DataResult<Vec<(u64, u64)>> {
+        check_deadline(deadline)?;
+        let map = self.map_at(epoch, deadline).await;
+        self.check_contact()?;
+        let tablet = map
+            .tablets
+            .iter()
+            .find(|t| t.table == table && t.start == start && t.end == end)
+            .ok_or_else(|| moved(&map, format!("no tablet {table} [{start:#x}, {end:#x}]")))?;
+        self.check_reader(&map, Unit::Tablet { table, start: tablet.start })?;
+        let store = self.store.clone();
+        blocking(move || store.scan_tablet(table, start, end)).await
+    }
+
+    async fn partition_scan(
+        &self,
+        epoch: u64,
+        partition: u32,
+        deadline: Option<Instant>,
+    ) -> DataResult<Vec<DocInfo>> {
+        check_deadline(deadline)?;
+        let map = self.map_at(epoch, deadline).await;
+        self.check_contact()?;
+        self.check_reader(&map, Self::partition_unit(&map, partition)?)?;
+        let store = self.store.clone();
+        blocking(move || store.scan_partition(partition)).await
+    }
+
+    async fn stats(
+        &self,
+        _epoch: u64,
+        _deadline: Option<Instant>,
+    ) -> DataResult<neardup_proto::v1::StatsResponse> {
+        let s = self.store.stats();
+        Ok(neardup_proto::v1::StatsResponse {
+            documents: s.documents,
+            design: self.design.to_string(),
+            max_k: self.design.max_k(),
+            index_bytes: s.memory_bytes,
+            disk_bytes: s.disk_bytes,
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            ..Default::default()
+        })
+    }
+}
+
+fn unit_partition(unit: Unit) -> u32 {
+    match unit {
+        Unit::Partition(p) => p,
+        Unit::Tablet { .. } => u32::MAX,
+    }
+}
