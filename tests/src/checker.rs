@@ -121,14 +121,19 @@ impl fmt::Display for Violation {
                 write!(f, "missing: {id} (distance {distance}) is certainly present")
             }
             Violation::Extra { id, fp, ts_ms } => {
-                write!(f, "extra: {id} with fingerprint {fp:#018x}, timestamp {ts_ms} was not possible")
+                write!(
+                    f,
+                    "extra: {id} with fingerprint {fp:#018x}, timestamp {ts_ms} was not possible"
+                )
             }
             Violation::WrongDistance { id, got, want } => {
                 write!(f, "wrong distance for {id}: {got}, want {want}")
             }
             Violation::DuplicateId(id) => write!(f, "{id} answered twice"),
             Violation::Order(i) => write!(f, "match {i} is out of order"),
-            Violation::OverLimit { got, limit } => write!(f, "{got} matches over the limit {limit}"),
+            Violation::OverLimit { got, limit } => {
+                write!(f, "{got} matches over the limit {limit}")
+            }
             Violation::Admission(why) => write!(f, "admission: {why}"),
         }
     }
@@ -276,7 +281,10 @@ impl Model {
         r: &CheckAndInsertResponse,
     ) -> Result<Checked, Violation> {
         if r.fingerprint != fp {
-            return Err(Violation::Admission(format!("fingerprint {:#x} for {fp:#x}", r.fingerprint)));
+            return Err(Violation::Admission(format!(
+                "fingerprint {:#x} for {fp:#x}",
+                r.fingerprint
+            )));
         }
         if r.matches.iter().any(|m| m.id == id) {
             return Err(Violation::Admission(format!("{id} is its own near-duplicate")));
@@ -341,10 +349,8 @@ impl Model {
             }
             let possible = self.possible(id, begin, end);
             // Within k in every possible state, or not certainly present.
-            let within: Option<Vec<Version>> = possible
-                .iter()
-                .map(|p| p.filter(|v| (v.fp ^ q).count_ones() <= k))
-                .collect();
+            let within: Option<Vec<Version>> =
+                possible.iter().map(|p| p.filter(|v| (v.fp ^ q).count_ones() <= k)).collect();
             let Some(within) = within else { continue };
             // Past a truncation, only those that sort before the last match (in every
             // state) must be there.
@@ -497,13 +503,12 @@ mod tests {
         let p = model.begin_put("a", Version { fp: !Q ^ 3, ts_ms: 12 });
         model.ack(p);
         let r = model.begin_read();
-        let e = model
-            .check_query(r, Q, 3, 10, &result(vec![m("a", Q ^ 1, 10, Q)]))
-            .unwrap_err();
+        let e = model.check_query(r, Q, 3, 10, &result(vec![m("a", Q ^ 1, 10, Q)])).unwrap_err();
         assert!(matches!(e, Violation::Extra { .. }), "{e}");
-        assert_eq!(model.certain().iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(), [
-            "a", "c"
-        ]);
+        assert_eq!(
+            model.certain().iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>(),
+            ["a", "c"]
+        );
     }
 
     #[test]
