@@ -289,7 +289,7 @@ impl Model {
         if r.matches.iter().any(|m| m.id == id) {
             return Err(Violation::Admission(format!("{id} is its own near-duplicate")));
         }
-        if r.duplicate != !r.matches.is_empty() {
+        if r.duplicate == r.matches.is_empty() {
             return Err(Violation::Admission(format!(
                 "duplicate {} with {} matches",
                 r.duplicate,

@@ -81,8 +81,11 @@ impl Shared {
     }
 
     fn violation(&self, what: String) {
-        eprintln!("VIOLATION: {what}");
-        self.violations.lock().unwrap().push(what);
+        let mut v = self.violations.lock().unwrap();
+        if v.len() < 20 {
+            eprintln!("VIOLATION: {what}");
+        }
+        v.push(what);
     }
 
     fn report(&self) -> String {
@@ -273,6 +276,10 @@ fn record(shared: &Shared, ok: bool, writes: usize) -> bool {
     ok
 }
 
+/// How long a killed or cut-off node stays away at least: past the cluster's failure
+/// timeout (2 s by default).
+const DOWN_FOR: Duration = Duration::from_secs(3);
+
 /// After a failed call the task waits a little, so a dead node is not hammered.
 const BACKOFF: Duration = Duration::from_millis(50);
 
@@ -350,6 +357,11 @@ fn verdict(shared: &Shared) {
     let report = shared.report();
     eprintln!("{report}");
     let v = shared.violations.lock().unwrap();
+    let kinds: Vec<String> = ["missing", "extra", "wrong distance", "out of order", "admission"]
+        .iter()
+        .map(|k| format!("{k}: {}", v.iter().filter(|x| x.contains(&format!(": {k}"))).count()))
+        .collect();
+    eprintln!("violations by kind: {}", kinds.join(", "));
     assert!(
         v.is_empty(),
         "{} violations (first 20):\n{}\n{report}",
@@ -450,8 +462,10 @@ async fn three_nodes_kill9_torture() {
         let_run(&shared, 1500).await;
         let victim = rng.below(3) as usize;
         members[victim].kill9();
-        // Writes go on through the other two while it is down.
+        // Writes go on through the other two while it is down, past the cluster's failure
+        // timeout (2 s by default), so the node is marked Down and comes back as filling.
         let_run(&shared, 800).await;
+        tokio::time::sleep(DOWN_FOR).await;
         members[victim].start(&[]);
         wait_public_serving(&members[victim]).await;
         eprintln!("round {round}: killed node {}; {}", victim + 1, shared.report());
@@ -497,6 +511,7 @@ async fn three_nodes_partition_torture() {
         let victim = round % 3;
         net.cut(victim).unwrap();
         let_run(&shared, 1500).await;
+        tokio::time::sleep(DOWN_FOR).await;
         net.heal(victim).unwrap();
         eprintln!("round {round}: cut node {} off and healed; {}", victim + 1, shared.report());
     }
