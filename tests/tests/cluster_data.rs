@@ -421,10 +421,9 @@ async fn form_members(members: &mut [Member]) {
         members[0].wait_status("a leader", |s| s.leader == 1).await;
     }
     let via = members[0].internal.clone();
-    for i in 1..members.len() {
-        members[i].start(&["--join", &via]);
-        if members[i].netns.is_none() {
-            let m = &members[i];
+    for m in members.iter_mut().skip(1) {
+        m.start(&["--join", &via]);
+        if m.netns.is_none() {
             let limit = Instant::now() + Duration::from_secs(120);
             while add_node(&via, m).await.is_err() {
                 assert!(Instant::now() < limit, "node {} not added:\n{}", m.id, m.log_text());
