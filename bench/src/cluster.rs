@@ -251,6 +251,7 @@ async fn measure(
     .await?;
     let secs = t.elapsed().as_secs_f64();
     eprintln!("  {:.0} documents/s durable", inserted as f64 / secs);
+    out.insert("documents_inserted".into(), json!(inserted));
     out.insert("insert_docs_per_second".into(), json!(inserted as f64 / secs));
     let mut stats = Vec::new();
     for addr in nodes {
@@ -307,6 +308,7 @@ async fn measure(
     }
     let qps = answered as f64 / t.elapsed().as_secs_f64();
     eprintln!("  QueryBatch {qps:.0} queries/s");
+    out.insert("query_batch_queries".into(), json!(answered));
     out.insert("query_batch_qps".into(), json!(qps));
     Ok(out)
 }
