@@ -436,6 +436,31 @@ async fn form_members(members: &mut [Member]) {
     }
 }
 
+/// Waits (up to 30 s, a safety net) until node 1's map places every tablet and every
+/// document partition on 2 distinct serving nodes (R = 2); says what it saw otherwise.
+async fn placed_twice(members: &[Member]) -> Result<(), String> {
+    let limit = Instant::now() + Duration::from_secs(30);
+    let mut last = String::from("no status");
+    while Instant::now() < limit {
+        if let Ok(s) = members[0].status().await {
+            let two = |nodes: &[u64]| nodes.len() == 2 && nodes[0] != nodes[1];
+            let tablets_ok = s.tablets.iter().all(|t| two(&t.nodes));
+            let parts_ok = !s.partitions.is_empty() && s.partitions.iter().all(|p| two(&p.nodes));
+            if s.replicas == 2 && tablets_ok && parts_ok {
+                return Ok(());
+            }
+            last = format!(
+                "replicas {}, tablet nodes {:?}, partition nodes {:?}",
+                s.replicas,
+                s.tablets.iter().map(|t| t.nodes.clone()).collect::<Vec<_>>(),
+                s.partitions.iter().map(|p| p.nodes.clone()).collect::<Vec<_>>()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!("placement: not every unit on 2 serving nodes after 30 s: {last}"))
+}
+
 /// Waits (up to two minutes, a safety net) until the member's public API says SERVING.
 async fn wait_public_serving(m: &Member) {
     let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
@@ -455,6 +480,9 @@ async fn three_nodes_kill9_torture() {
     let mut members = form(dir.path(), 3).await;
     let addrs: Vec<String> = members.iter().map(|m| m.public.clone()).collect();
     let shared = Shared::new();
+    if let Err(e) = placed_twice(&members).await {
+        shared.violation(e);
+    }
     let tasks = start_clients(&addrs, &shared);
     let mut rng = SplitMix64::new(7);
     for round in 0..faults() {
