@@ -12,7 +12,7 @@
 //!   from its own local data, so these are gated on `NEARDUP_CLUSTER_DATA=1` (run with it
 //!   today they report the inexact answers).
 //!
-//! Kills and partitions per test: `NEARDUP_TORTURE_FAULTS` (default 4). Every loop is
+//! Kills and partitions per test: `NEARDUP_TORTURE_FAULTS` (default 6). Every loop is
 //! bounded in count and time; nothing asserts on time.
 
 use std::path::{Path, PathBuf};
@@ -23,16 +23,16 @@ use std::time::{Duration, Instant};
 use neardup_client::{Client, ClientOptions, Target};
 use neardup_core::util::SplitMix64;
 use neardup_proto::v1::{
-    CheckAndInsertRequest, DeleteRequest, Document, InsertRequest, QueryRequest, QueryTarget,
-    document, query_target,
+    CheckAndInsertRequest, DeleteRequest, Document, InsertRequest, QueryBatchRequest, QueryRequest,
+    QueryTarget, document, query_target,
 };
 use neardup_tests::checker::{Model, Version};
 use neardup_tests::cluster::{Member, Netns, add_node};
 use neardup_tests::{Node, skip_without};
 
-/// Faults (kills or partitions) per test: `NEARDUP_TORTURE_FAULTS`, default 4.
+/// Faults (kills or partitions) per test: `NEARDUP_TORTURE_FAULTS`, default 6.
 fn faults() -> usize {
-    std::env::var("NEARDUP_TORTURE_FAULTS").ok().and_then(|v| v.parse().ok()).unwrap_or(4)
+    std::env::var("NEARDUP_TORTURE_FAULTS").ok().and_then(|v| v.parse().ok()).unwrap_or(6)
 }
 
 /// Whether the 3-node data tests run (the cluster data path is wired in).
@@ -195,7 +195,7 @@ async fn client_task(addrs: Vec<String>, shared: Arc<Shared>, task: usize) {
                 record(&shared, ok, ids.len())
             }
             // Query near a document of this task, or anywhere.
-            50..85 => {
+            50..75 => {
                 let q = if rng.below(4) < 3 { near(&mut rng, &last_fp) } else { rng.next_u64() };
                 let limit = if rng.below(4) == 0 { 2 } else { 100 };
                 let start = shared.model.lock().unwrap().begin_read();
@@ -218,6 +218,50 @@ async fn client_task(addrs: Vec<String>, shared: Arc<Shared>, task: usize) {
                         checked(&shared, c.map(|_| ()), || {
                             format!("query {q:#x} (limit {limit}) through {via}")
                         });
+                        true
+                    }
+                    Err(_) => record(&shared, false, 0),
+                }
+            }
+            // QueryBatch: one message of a few queries, each answer checked.
+            75..85 => {
+                let qs: Vec<u64> =
+                    (0..1 + rng.below(8))
+                        .map(|_| {
+                            if rng.below(4) < 3 { near(&mut rng, &last_fp) } else { rng.next_u64() }
+                        })
+                        .collect();
+                let msg = QueryBatchRequest {
+                    queries: qs.iter().map(|&q| target(q)).collect(),
+                    k: Some(K),
+                    limit: 100,
+                };
+                let start = shared.model.lock().unwrap().begin_read();
+                let answer = async {
+                    let mut stream =
+                        rpc.query_batch(timed(tokio_stream::iter([msg]))).await?.into_inner();
+                    let mut results = Vec::new();
+                    while let Some(m) = stream.message().await? {
+                        results.extend(m.results);
+                    }
+                    Ok::<_, tonic::Status>(results)
+                };
+                match answer.await {
+                    Ok(results) if results.len() == qs.len() => {
+                        for (q, r) in qs.iter().zip(&results) {
+                            let c = shared.model.lock().unwrap().check_query(start, *q, K, 100, r);
+                            checked(&shared, c.map(|_| ()), || {
+                                format!("QueryBatch query {q:#x} through {via}")
+                            });
+                        }
+                        true
+                    }
+                    Ok(results) => {
+                        shared.violation(format!(
+                            "QueryBatch through {via}: {} answers for {} queries",
+                            results.len(),
+                            qs.len()
+                        ));
                         true
                     }
                     Err(_) => record(&shared, false, 0),
@@ -356,6 +400,7 @@ async fn final_check(addrs: &[String], shared: &Shared) {
 fn verdict(shared: &Shared) {
     let report = shared.report();
     eprintln!("{report}");
+    assert!(shared.checked.load(Ordering::Relaxed) > 0, "no answer was checked: {report}");
     let v = shared.violations.lock().unwrap();
     let kinds: Vec<String> = ["missing", "extra", "wrong distance", "out of order", "admission"]
         .iter()
