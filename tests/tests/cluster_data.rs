@@ -384,7 +384,17 @@ async fn final_check(addrs: &[String], shared: &Shared) {
         {
             let targets: Vec<Target> = queries.iter().map(|&q| Target::Fingerprint(q)).collect();
             let start = shared.model.lock().unwrap().begin_read();
-            let answers = c.query_all(&targets, Some(k), 1000, 500).await.unwrap();
+            // A node just restarted or healed may refuse for a moment (bounded: 40 tries).
+            let mut answers = Err(String::new());
+            for _ in 0..40 {
+                answers =
+                    c.query_all(&targets, Some(k), 1000, 500).await.map_err(|e| e.to_string());
+                if answers.is_ok() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            let answers = answers.unwrap_or_else(|e| panic!("final queries through {addr}: {e}"));
             let mut model = shared.model.lock().unwrap();
             for (q, r) in queries.iter().zip(&answers) {
                 shared.checked.fetch_add(1, Ordering::Relaxed);
