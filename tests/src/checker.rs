@@ -213,12 +213,15 @@ impl Model {
         let h = self.ids.get(id).unwrap_or(&empty);
         // The initial "absent", acknowledged at tick 0.
         let initial = WriteRec { begin: 0, end: Some(0), outcome: Outcome::Acked, value: None };
-        let superseded = |w: &WriteRec| {
-            let Some(w_end) = w.end else { return false };
-            h.iter().any(|a| {
-                a.outcome == Outcome::Acked && a.begin > w_end && a.end.is_some_and(|e| e < begin)
-            })
-        };
+        // w is superseded iff some acknowledged write acknowledged before the read began
+        // began after w ended: iff the latest such begin is after w's end.
+        let latest = h
+            .iter()
+            .filter(|a| a.outcome == Outcome::Acked && a.end.is_some_and(|e| e < begin))
+            .map(|a| a.begin)
+            .max()
+            .unwrap_or(0);
+        let superseded = |w: &WriteRec| w.end.is_some_and(|e| e < latest);
         std::iter::once(&initial)
             .chain(h.iter())
             .filter(|w| w.begin < end && !superseded(w))
@@ -528,6 +531,28 @@ mod tests {
         let r = model.begin_read();
         let e = model.check_query(r, Q, 3, 10, &result(base)).unwrap_err();
         assert_eq!(e, Violation::Missing { id: "d".into(), distance: 0 });
+    }
+
+    #[test]
+    fn two_overlapping_acknowledged_writes_leave_either_state() {
+        let mut model = Model::new();
+        let far = Version { fp: !Q, ts_ms: 1 };
+        let near = Version { fp: Q, ts_ms: 2 };
+        let (p1, p2) = (model.begin_put("x", far), model.begin_put("x", near));
+        model.ack(p2);
+        model.ack(p1);
+        // Either write may have landed last: x may be near Q or not.
+        for answer in [vec![], vec![m("x", Q, 2, Q)]] {
+            let r = model.begin_read();
+            model.check_query(r, Q, 3, 10, &result(answer)).unwrap();
+        }
+        // A later acknowledged delete settles it.
+        let p = model.begin_delete("x");
+        model.ack(p);
+        let r = model.begin_read();
+        let e = model.check_query(r, Q, 3, 10, &result(vec![m("x", Q, 2, Q)])).unwrap_err();
+        assert!(matches!(e, Violation::Extra { .. }), "{e}");
+        assert!(model.certain().is_empty() && model.uncertain().is_empty());
     }
 
     #[test]
