@@ -10,6 +10,7 @@
 #![recursion_limit = "256"]
 
 mod bruteforce;
+mod cluster;
 mod cluster_map;
 mod decode;
 mod designs;
@@ -48,6 +49,10 @@ enum Command {
     /// The gRPC service on loopback: latency at fixed rates, batch throughput, durable
     /// inserts, mixed load, restart time, and the in-process index as the baseline.
     Service(service::ServiceArgs),
+    /// The cluster's data path on real processes: 3 nodes on loopback measured through a
+    /// router (latency at fixed rates, QueryBatch throughput, durable inserts, queries while
+    /// a node is killed, bytes per document), and one node in the same run.
+    Cluster(cluster::ClusterArgs),
     /// The cluster map on real processes (3 and 5 nodes on loopback): time to a new leader
     /// after kill -9, to commit a membership change, and until every node sees it.
     ClusterMap(cluster_map::ClusterMapArgs),
@@ -81,6 +86,7 @@ pub fn main() -> i32 {
             Ok(())
         }
         Command::Service(args) => service::main(args),
+        Command::Cluster(args) => cluster::main(args),
         Command::ClusterMap(args) => cluster_map::main(args),
         Command::Corpus(args) => corpus(args),
         Command::Eval(args) => eval::run(args).map_err(|e| e.to_string()),

@@ -123,12 +123,12 @@ pub(crate) fn neardup_binary(explicit: Option<&std::path::Path>) -> PathBuf {
 }
 
 /// The generated workload: stored fingerprints (id = position) and queries.
-struct Workload {
-    stored: Vec<u64>,
-    queries: Vec<u64>,
+pub(crate) struct Workload {
+    pub(crate) stored: Vec<u64>,
+    pub(crate) queries: Vec<u64>,
 }
 
-fn workload(n: usize, q: usize, seed: u64) -> Workload {
+pub(crate) fn workload(n: usize, q: usize, seed: u64) -> Workload {
     let mut r = SplitMix64::new(seed);
     let mut stored: Vec<u64> = (0..n).map(|_| r.next_u64()).collect();
     for _ in 0..n / 100 {
@@ -267,7 +267,7 @@ impl Drop for ServerProcess {
 
 /// Streams documents `range` over `streams` concurrent InsertStream calls at most `rate`
 /// documents/s (0: as fast as possible); returns documents acknowledged.
-async fn insert_range(
+pub(crate) async fn insert_range(
     client: &Client,
     fps: Arc<Vec<u64>>,
     range: std::ops::Range<usize>,
@@ -330,7 +330,7 @@ async fn insert_range(
 
 /// Waits until the index is one run (the server compacts once writes stop; the benchmark
 /// starts it with a short idle time) or at least steady; the seconds it took.
-async fn settle(client: &Client, limit: Duration) -> Result<(f64, u64), String> {
+pub(crate) async fn settle(client: &Client, limit: Duration) -> Result<(f64, u64), String> {
     let t = Instant::now();
     let mut last = (u64::MAX, u64::MAX);
     let mut steady = 0;
@@ -671,14 +671,14 @@ pub(crate) fn on_own_runtime(
 }
 
 /// The 1-minute load average: other work on the machine skews every figure.
-fn load_average() -> f64 {
+pub(crate) fn load_average() -> f64 {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
         .and_then(|s| s.split_whitespace().next().and_then(|x| x.parse().ok()))
         .unwrap_or(-1.0)
 }
 
-fn tempfile_dir() -> Result<PathBuf, String> {
+pub(crate) fn tempfile_dir() -> Result<PathBuf, String> {
     let base = std::env::temp_dir().join(format!("neardup-bench-{}", std::process::id()));
     std::fs::create_dir_all(&base).map_err(|e| e.to_string())?;
     Ok(base)

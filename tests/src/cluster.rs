@@ -335,6 +335,27 @@ impl Netns {
         Ok(ns)
     }
 
+    /// As [`create`](Self::create), and the test's own namespace reaches each node
+    /// directly (a veth pair of its own per node, 10.202.i.1 here and 10.202.i.2 there, and a
+    /// route to the node's address through it), so clients of the test still reach a node
+    /// that [`cut`](Self::cut) cut off from the others.
+    pub fn create_with_clients(n: usize) -> Result<Netns, String> {
+        let ns = Netns::create(n)?;
+        let tag = format!("nd{}", std::process::id() % 100_000);
+        for (i, name) in ns.nodes.iter().enumerate() {
+            // The host end lives in the test's namespace; it goes with the node's namespace.
+            let host_end = format!("{tag}c{i}");
+            ip(&["link", "add", &host_end, "type", "veth", "peer", "name", "c0", "netns", name])?;
+            ip(&["addr", "add", &format!("10.202.{i}.1/30"), "dev", &host_end])?;
+            ip(&["link", "set", &host_end, "up"])?;
+            ip(&["-n", name, "addr", "add", &format!("10.202.{i}.2/30"), "dev", "c0"])?;
+            ip(&["-n", name, "link", "set", "c0", "up"])?;
+            let node = format!("{}/32", Netns::addr(i));
+            ip(&["route", "add", &node, "via", &format!("10.202.{i}.2")])?;
+        }
+        Ok(ns)
+    }
+
     /// The address of node `i`.
     pub fn addr(i: usize) -> String {
         format!("10.201.0.{}", 11 + i)

@@ -7,6 +7,7 @@
 //! namespaces that partition them.
 #![deny(missing_docs)]
 
+pub mod checker;
 pub mod cluster;
 
 use std::path::{Path, PathBuf};

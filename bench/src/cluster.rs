@@ -1,0 +1,495 @@
+//! `neardup-bench cluster`: the cluster's data path measured on real processes on loopback,
+//! with one node measured in the same run as the baseline.
+//!
+//! It starts 3 `neardup serve` nodes (the binary given with `--neardup`): node 1 with
+//! `--bootstrap`, nodes 2 and 3 with `--join`, and waits until each serves its public API.
+//! Every call goes **through a router**: the public listener of node 1, which routes to the
+//! nodes holding the data (until the cluster data path is wired into `neardup serve`, it
+//! answers from its own data alone, so today's 3-node figures are one node's behind a
+//! cluster's membership). Then, for the cluster and for a single `neardup serve` started
+//! after it (same design, same documents):
+//! 1. durable streaming inserts of `--docs` generated documents (the `InsertStream` path of
+//!    `neardup-bench service`, several streams at once), then background merges settle;
+//! 2. bytes per document: the sum over the nodes of `Stats.index_bytes` (memory) and
+//!    `Stats.disk_bytes` (disk), each divided by the documents loaded;
+//! 3. unary Query latency at each `--rates` value, open loop, with the same-run floors of
+//!    `neardup-bench service` (a gRPC Health check and a loopback TCP echo, interleaved
+//!    one-second slices);
+//! 4. QueryBatch throughput over several streams;
+//! 5. the cluster only: unary queries at `--kill-rate` for `--kill-seconds` while node 3 is
+//!    killed with `kill -9` one second in, and a writer sending one-document inserts every
+//!    10 ms: the time from the kill until writes succeed again (0 when none failed).
+//!
+//! Every phase is bounded in count and time. It prints a table; with `--json` the last line
+//! of stdout is one JSON object.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use neardup_client::{Client, ClientOptions, Target, doc};
+use neardup_proto::v1::InsertRequest;
+use serde_json::{Value, json};
+
+use crate::load::{Kind, Load, stall_probe};
+use crate::service::{free_port, insert_range, load_average, settle, tempfile_dir, workload};
+
+/// Options of `neardup-bench cluster`.
+#[derive(Debug, clap::Args)]
+pub struct ClusterArgs {
+    /// Documents loaded (into the cluster, and into the single node).
+    #[arg(long, default_value_t = 10_000_000)]
+    docs: usize,
+    /// Distinct queries generated (reused round-robin by every phase).
+    #[arg(long, default_value_t = 200_000)]
+    queries: usize,
+    /// Hamming distance.
+    #[arg(long, default_value_t = 3)]
+    k: u32,
+    /// Table design of the nodes.
+    #[arg(long, default_value = "paper-10")]
+    design: String,
+    /// Offered rates (queries/s) of the unary latency phase.
+    #[arg(long, value_delimiter = ',', default_value = "1000,5000")]
+    rates: Vec<u64>,
+    /// Seconds per rate.
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// Concurrent insert streams.
+    #[arg(long, default_value_t = 4)]
+    insert_streams: usize,
+    /// Documents per insert message.
+    #[arg(long, default_value_t = 2000)]
+    insert_batch: usize,
+    /// Queries per QueryBatch message.
+    #[arg(long, default_value_t = 1000)]
+    query_batch: usize,
+    /// Concurrent QueryBatch streams.
+    #[arg(long, default_value_t = 2)]
+    batch_streams: usize,
+    /// Queries sent through QueryBatch in all.
+    #[arg(long, default_value_t = 1_000_000)]
+    batch_queries: usize,
+    /// Unary rate while a node is killed.
+    #[arg(long, default_value_t = 1000)]
+    kill_rate: u64,
+    /// Seconds of the kill phase (the kill comes one second in).
+    #[arg(long, default_value_t = 10)]
+    kill_seconds: u64,
+    /// Raft tick of the nodes, ms (the service's default is 100).
+    #[arg(long, default_value_t = 100)]
+    tick_ms: u64,
+    /// Skip the single-node baseline.
+    #[arg(long)]
+    no_single: bool,
+    /// Print the figures as one JSON object on the last line too.
+    #[arg(long)]
+    json: bool,
+    /// Seed of the generated workload.
+    #[arg(long, default_value_t = 20070508)]
+    seed: u64,
+    /// Extra `--set key=value` settings for every node (repeatable).
+    #[arg(long = "server-set")]
+    server_set: Vec<String>,
+    /// The `neardup` binary to start [default: `neardup` next to this program, else the one
+    /// on PATH].
+    #[arg(long, value_name = "FILE")]
+    neardup: Option<PathBuf>,
+}
+
+/// One node process: a cluster member (with an internal listener) or a single server.
+struct Proc {
+    public: String,
+    internal: Option<String>,
+    id: u64,
+    data: PathBuf,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Proc {
+    fn new(id: u64, base: &Path, cluster: bool) -> Result<Proc, String> {
+        let public = format!("127.0.0.1:{}", free_port()?);
+        let internal = if cluster { Some(format!("127.0.0.1:{}", free_port()?)) } else { None };
+        let name = if cluster { format!("node-{id}") } else { "single".into() };
+        Ok(Proc {
+            public,
+            internal,
+            id,
+            data: base.join(&name),
+            log: base.join(format!("{name}.log")),
+            child: None,
+        })
+    }
+
+    fn start(&mut self, args: &ClusterArgs, extra: &[&str]) -> Result<(), String> {
+        let exe = crate::service::neardup_binary(args.neardup.as_deref());
+        let mut cmd = Command::new(&exe);
+        cmd.args(["serve", "--data"]).arg(&self.data);
+        cmd.args(["--listen", &self.public, "--metrics-listen", "", "--design", &args.design]);
+        if let Some(internal) = &self.internal {
+            cmd.args(["--internal-listen", internal, "--node-id", &self.id.to_string()]);
+            cmd.args(["--set", &format!("cluster.tick_ms={}", args.tick_ms)]);
+        }
+        // Compact as soon as loading stops, as `neardup-bench service` does.
+        cmd.args(["--set", "storage.compact_idle_secs=1"]);
+        for s in &args.server_set {
+            cmd.args(["--set", s]);
+        }
+        cmd.args(extra);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .map_err(|e| format!("{}: {e}", self.log.display()))?;
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(log);
+        cmd.env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()));
+        let child = cmd.spawn().map_err(|e| format!("cannot start {}: {e}", exe.display()))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Waits until the public health says SERVING (up to `limit`).
+    async fn serving(&mut self, limit: Duration) -> Result<(), String> {
+        use tonic_health::pb::HealthCheckRequest;
+        use tonic_health::pb::health_check_response::ServingStatus;
+        use tonic_health::pb::health_client::HealthClient;
+        let end = Instant::now() + limit;
+        loop {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(|c| c.try_wait()) {
+                return Err(format!(
+                    "node {} exited ({status}); its log: {}",
+                    self.id,
+                    self.log.display()
+                ));
+            }
+            let endpoint =
+                tonic::transport::Endpoint::from_shared(format!("http://{}", self.public))
+                    .map_err(|e| e.to_string())?;
+            if let Ok(channel) = endpoint.connect().await
+                && let Ok(r) = HealthClient::new(channel)
+                    .check(HealthCheckRequest { service: String::new() })
+                    .await
+                && r.get_ref().status == ServingStatus::Serving as i32
+            {
+                return Ok(());
+            }
+            if Instant::now() > end {
+                return Err(format!("node {} not SERVING within {limit:?}", self.id));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
+            let _ = c.wait();
+        }
+    }
+
+    fn terminate(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Starts 3 nodes (bootstrap, 2 joins) and waits until each serves.
+async fn start_cluster(args: &ClusterArgs, base: &Path) -> Result<Vec<Proc>, String> {
+    let mut procs: Vec<Proc> =
+        (1..=3).map(|id| Proc::new(id, base, true)).collect::<Result<_, _>>()?;
+    procs[0].start(args, &["--bootstrap"])?;
+    procs[0].serving(Duration::from_secs(120)).await?;
+    let via = procs[0].internal.clone().expect("a cluster node");
+    for p in procs.iter_mut().skip(1) {
+        p.start(args, &["--join", &via])?;
+    }
+    for p in procs.iter_mut() {
+        p.serving(Duration::from_secs(120)).await?;
+    }
+    Ok(procs)
+}
+
+/// The shared inputs of the phases.
+struct Inputs {
+    fps: Arc<Vec<u64>>,
+    queries: Arc<Vec<u64>>,
+}
+
+/// Phases 1 to 4 through `router`, over the nodes `nodes` (public addresses).
+async fn measure(
+    args: &ClusterArgs,
+    inputs: &Inputs,
+    router: &str,
+    nodes: &[String],
+) -> Result<serde_json::Map<String, Value>, String> {
+    let options = ClientOptions { timeout: Duration::from_secs(600), ..ClientOptions::default() };
+    let client = Client::connect_with(router, options.clone()).await.map_err(|e| e.to_string())?;
+    let mut out = serde_json::Map::new();
+    // 1. Durable inserts, then merges settle on every node.
+    let t = Instant::now();
+    let inserted = insert_range(
+        &client,
+        inputs.fps.clone(),
+        0..args.docs,
+        args.insert_streams,
+        args.insert_batch,
+        0,
+        false,
+    )
+    .await?;
+    let secs = t.elapsed().as_secs_f64();
+    eprintln!("  {:.0} documents/s durable", inserted as f64 / secs);
+    out.insert("documents_inserted".into(), json!(inserted));
+    out.insert("insert_docs_per_second".into(), json!(inserted as f64 / secs));
+    let mut stats = Vec::new();
+    for addr in nodes {
+        let c = Client::connect_with(addr, options.clone()).await.map_err(|e| e.to_string())?;
+        settle(&c, Duration::from_secs(300)).await?;
+        stats.push(c.stats().await.map_err(|e| e.to_string())?);
+    }
+    // 2. Bytes per document, over every node.
+    let memory: u64 = stats.iter().map(|s| s.index_bytes).sum();
+    let disk: u64 = stats.iter().map(|s| s.disk_bytes).sum();
+    let held: Vec<u64> = stats.iter().map(|s| s.documents).collect();
+    let per = |b: u64| b as f64 / args.docs.max(1) as f64;
+    out.insert("documents_per_node".into(), json!(held));
+    out.insert("memory_bytes_per_doc".into(), json!(per(memory)));
+    out.insert("disk_bytes_per_doc".into(), json!(per(disk)));
+    // 3. Unary latency with the floors.
+    let mut unary = Vec::new();
+    for &rate in &args.rates {
+        eprintln!("  unary queries at {rate}/s for {} s (with Health and TCP echo)", args.seconds);
+        let load = Load {
+            addr: router.to_string(),
+            queries: inputs.queries.clone(),
+            k: args.k,
+            rate,
+            seconds: args.seconds,
+            kinds: vec![Kind::Query, Kind::Health, Kind::Echo],
+        };
+        let r = load.measure().await?;
+        unary.push(json!({
+            "rate": rate,
+            "query": r[Kind::Query.name()],
+            "grpc_health": r[Kind::Health.name()],
+            "tcp_echo": r[Kind::Echo.name()],
+        }));
+    }
+    out.insert("unary".into(), json!(unary));
+    // 4. QueryBatch throughput.
+    let streams = args.batch_streams.max(1);
+    let per_stream = args.batch_queries / streams;
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for s in 0..streams {
+        let c = Client::connect_with(router, options.clone()).await.map_err(|e| e.to_string())?;
+        let q = &inputs.queries;
+        let targets: Vec<Target> = (0..per_stream)
+            .map(|i| Target::Fingerprint(q[(s * per_stream + i) % q.len()]))
+            .collect();
+        let (k, b) = (args.k, args.query_batch);
+        tasks.push(tokio::spawn(async move { c.query_all(&targets, Some(k), 100, b).await }));
+    }
+    let mut answered = 0usize;
+    for task in tasks {
+        answered += task.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?.len();
+    }
+    let qps = answered as f64 / t.elapsed().as_secs_f64();
+    eprintln!("  QueryBatch {qps:.0} queries/s");
+    out.insert("query_batch_queries".into(), json!(answered));
+    out.insert("query_batch_qps".into(), json!(qps));
+    Ok(out)
+}
+
+/// Phase 5: queries through `router` while `victim` is killed; writes retried until they
+/// succeed again.
+async fn kill_phase(
+    args: &ClusterArgs,
+    inputs: &Inputs,
+    router: &str,
+    victim: &mut Proc,
+) -> Result<Value, String> {
+    let load = Load {
+        addr: router.to_string(),
+        queries: inputs.queries.clone(),
+        k: args.k,
+        rate: args.kill_rate,
+        seconds: args.kill_seconds.max(2),
+        kinds: vec![Kind::Query],
+    };
+    let reads = tokio::spawn(load.measure());
+    let options =
+        ClientOptions { timeout: Duration::from_secs(1), attempts: 1, ..ClientOptions::default() };
+    let writer = Client::connect_with(router, options).await.map_err(|e| e.to_string())?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let killed = Instant::now();
+    victim.kill9();
+    // One-document inserts every 10 ms until one succeeds after the first failure, or the
+    // phase ends with none failed (bounded by the phase's length plus 60 s).
+    let mut failed = 0u64;
+    let mut back_after = None;
+    let end = killed + Duration::from_secs(args.kill_seconds + 60);
+    for i in 0u64.. {
+        if Instant::now() > end {
+            break;
+        }
+        let d = doc(
+            format!("https://bench.example/kill/{i}"),
+            inputs.fps[i as usize % inputs.fps.len()],
+            i as i64,
+        );
+        let ok = writer.raw().insert(InsertRequest { documents: vec![d] }).await.is_ok();
+        if ok && failed > 0 {
+            back_after = Some(killed.elapsed().as_secs_f64());
+            break;
+        }
+        if !ok {
+            failed += 1;
+        }
+        if ok && killed.elapsed() > Duration::from_secs(args.kill_seconds.max(2)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let reads = reads.await.map_err(|e| e.to_string())??;
+    // Back in the cluster for the rest of the run.
+    victim.start(args, &[])?;
+    victim.serving(Duration::from_secs(120)).await?;
+    Ok(json!({
+        "query": reads[Kind::Query.name()],
+        "writes_failed": failed,
+        "writes_back_after_seconds": back_after.unwrap_or(0.0),
+        "victim": victim.id,
+    }))
+}
+
+async fn run(args: ClusterArgs) -> Result<(), String> {
+    let base = tempfile_dir()?.join("cluster");
+    let _ = std::fs::remove_dir_all(&base);
+    std::fs::create_dir_all(&base).map_err(|e| e.to_string())?;
+    eprintln!("generating {} documents and {} queries", args.docs, args.queries);
+    let w = workload(args.docs, args.queries, args.seed);
+    let inputs = Inputs { fps: Arc::new(w.stored), queries: Arc::new(w.queries) };
+    let mut report = serde_json::Map::new();
+    report.insert("load_average_at_start".into(), json!(load_average()));
+    report.insert("docs".into(), json!(args.docs));
+    report.insert("k".into(), json!(args.k));
+    report.insert("design".into(), json!(args.design));
+    let probe =
+        tokio::task::spawn_blocking(|| stall_probe(2.0)).await.map_err(|e| e.to_string())?;
+    report.insert("machine_stalls".into(), probe);
+
+    eprintln!("3 nodes: starting (bootstrap + 2 joins)");
+    let mut procs = start_cluster(&args, &base).await?;
+    let nodes: Vec<String> = procs.iter().map(|p| p.public.clone()).collect();
+    let router = nodes[0].clone();
+    eprintln!("3 nodes: measuring through the router at {router}");
+    let mut cluster = measure(&args, &inputs, &router, &nodes).await?;
+    eprintln!("3 nodes: kill -9 of node 3 under {} queries/s", args.kill_rate);
+    let kill = kill_phase(&args, &inputs, &router, &mut procs[2]).await?;
+    cluster.insert("kill".into(), kill);
+    for p in procs.iter_mut() {
+        p.terminate();
+    }
+    drop(procs);
+    report.insert("cluster".into(), Value::Object(cluster));
+
+    if !args.no_single {
+        eprintln!("1 node: starting");
+        let mut single = Proc::new(0, &base, false)?;
+        single.start(&args, &[])?;
+        single.serving(Duration::from_secs(120)).await?;
+        let addr = single.public.clone();
+        let one = measure(&args, &inputs, &addr, std::slice::from_ref(&addr)).await?;
+        single.terminate();
+        report.insert("single".into(), Value::Object(one));
+    }
+    report.insert("load_average_at_end".into(), json!(load_average()));
+    let _ = std::fs::remove_dir_all(&base);
+    let report = Value::Object(report);
+    print_table(&args, &report);
+    if args.json {
+        println!("{report}");
+    }
+    Ok(())
+}
+
+/// The figures as a table: one column for the cluster, one for the single node.
+fn print_table(args: &ClusterArgs, r: &Value) {
+    let (c, s) = (&r["cluster"], &r["single"]);
+    let num = |v: &Value, digits: usize| match v.as_f64() {
+        Some(x) => format!("{x:.digits$}"),
+        None => "-".into(),
+    };
+    println!(
+        "neardup-bench cluster: {} documents, k = {}, design {}, 3 nodes on loopback through \
+         node 1's public listener; load average {} at start, {} at end",
+        args.docs, args.k, args.design, r["load_average_at_start"], r["load_average_at_end"]
+    );
+    println!("| figure | 3 nodes | 1 node |");
+    println!("|---|---:|---:|");
+    let row = |name: &str, key: &str, digits: usize| {
+        println!("| {name} | {} | {} |", num(&c[key], digits), num(&s[key], digits));
+    };
+    row("durable inserts, documents/s", "insert_docs_per_second", 0);
+    row("memory, bytes/document (sum over nodes)", "memory_bytes_per_doc", 1);
+    row("disk, bytes/document (sum over nodes)", "disk_bytes_per_doc", 1);
+    row("QueryBatch, queries/s", "query_batch_qps", 0);
+    for (i, &rate) in args.rates.iter().enumerate() {
+        for (what, kind) in [
+            ("Query", "query"),
+            ("floor: gRPC Health", "grpc_health"),
+            ("floor: TCP echo", "tcp_echo"),
+        ] {
+            let cell = |side: &Value| {
+                let x = &side["unary"][i][kind];
+                if x.is_null() {
+                    return "-".to_string();
+                }
+                format!(
+                    "{} / {} / {}",
+                    num(&x["p50_us"], 0),
+                    num(&x["p99_us"], 0),
+                    num(&x["p999_us"], 0)
+                )
+            };
+            println!("| {what} at {rate}/s, p50/p99/p999 us | {} | {} |", cell(c), cell(s));
+        }
+    }
+    let k = &c["kill"];
+    println!(
+        "| Query at {}/s during kill -9 of node {}, p50/p99/p999 us (errors) | {} / {} / {} ({}) | - |",
+        args.kill_rate,
+        k["victim"],
+        num(&k["query"]["p50_us"], 0),
+        num(&k["query"]["p99_us"], 0),
+        num(&k["query"]["p999_us"], 0),
+        k["query"]["errors"]
+    );
+    println!(
+        "| writes failed after the kill; succeeding again after, s | {}; {} | - |",
+        k["writes_failed"],
+        num(&k["writes_back_after_seconds"], 2)
+    );
+    println!("| documents per node | {} | {} |", c["documents_per_node"], s["documents_per_node"]);
+}
+
+/// Runs `neardup-bench cluster` on a tokio runtime of its own.
+pub fn main(args: ClusterArgs) -> Result<(), String> {
+    if args.docs == 0 || args.queries == 0 || args.rates.is_empty() {
+        return Err("--docs, --queries and --rates must not be empty or 0".into());
+    }
+    crate::service::on_own_runtime(run(args))
+}

@@ -1,0 +1,56 @@
+//! `neardup-bench cluster` end to end on a small load: 3 real nodes and one, every phase
+//! runs and reports what it did, the floors and the kill included.
+
+use neardup_tests::{binary, run_bench};
+
+#[test]
+fn the_cluster_benchmark_runs_every_phase_for_three_nodes_and_one() {
+    let neardup = binary();
+    let out = run_bench(&[
+        "cluster",
+        "--neardup",
+        neardup.to_str().unwrap(),
+        "--docs",
+        "3000",
+        "--queries",
+        "500",
+        "--rates",
+        "100",
+        "--seconds",
+        "1",
+        "--batch-queries",
+        "2000",
+        "--kill-rate",
+        "100",
+        "--kill-seconds",
+        "2",
+        "--tick-ms",
+        "20",
+        "--json",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed: {stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("| durable inserts, documents/s |"), "{stdout}");
+    let last = stdout.lines().last().expect("a JSON line");
+    let r: serde_json::Value = serde_json::from_str(last).expect("the last line is JSON");
+    assert_eq!(r["docs"], 3000);
+    for side in ["cluster", "single"] {
+        let s = &r[side];
+        assert_eq!(s["documents_inserted"], 3000, "{side}");
+        assert_eq!(s["query_batch_queries"], 2000, "{side}");
+        let held: u64 =
+            s["documents_per_node"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap()).sum();
+        assert!(held >= 3000, "{side}: every document is held by some node: {s}");
+        assert!(s["memory_bytes_per_doc"].as_f64().unwrap() > 0.0, "{side}");
+        let u = &s["unary"][0];
+        for kind in ["query", "grpc_health", "tcp_echo"] {
+            assert_eq!(u[kind]["sent"], 100, "{side} {kind}");
+            assert_eq!(u[kind]["errors"], 0, "{side} {kind}");
+        }
+    }
+    assert_eq!(r["cluster"]["documents_per_node"].as_array().unwrap().len(), 3);
+    let kill = &r["cluster"]["kill"];
+    assert_eq!(kill["query"]["sent"], 200, "two seconds at 100/s: {kill}");
+    assert!(kill["writes_back_after_seconds"].as_f64().unwrap() >= 0.0);
+}

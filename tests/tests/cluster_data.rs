@@ -1,0 +1,653 @@
+//! The data path's torture test: client tasks stream inserts, deletes, queries and
+//! CheckAndInsert through random nodes while nodes are killed with `kill -9` and restarted,
+//! or cut off from the others; every answer, also those taken during the faults, is checked
+//! against a model of the acknowledged set ([`neardup_tests::checker`]), and at the end every
+//! acknowledged document must be found through every node.
+//!
+//! - `single_node_kill9_torture`: one `neardup serve` (no cluster), killed and restarted;
+//!   always runs.
+//! - `three_nodes_kill9_torture`, `three_nodes_partition_torture`,
+//!   `python_client_through_each_of_three_nodes`: a cluster of 3 (bootstrap and 2 joins, R =
+//!   2 expected). Until the cluster data path is wired into `neardup serve` a node answers
+//!   from its own local data, so these are gated on `NEARDUP_CLUSTER_DATA=1` (run with it
+//!   today they report the inexact answers).
+//!
+//! Kills and partitions per test: `NEARDUP_TORTURE_FAULTS` (default 6). Every loop is
+//! bounded in count and time; nothing asserts on time.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use neardup_client::{Client, ClientOptions, Target};
+use neardup_core::util::SplitMix64;
+use neardup_proto::v1::{
+    CheckAndInsertRequest, DeleteRequest, Document, InsertRequest, QueryBatchRequest, QueryRequest,
+    QueryTarget, document, query_target,
+};
+use neardup_tests::checker::{Model, Version};
+use neardup_tests::cluster::{Member, Netns, add_node};
+use neardup_tests::{Node, skip_without};
+
+/// Faults (kills or partitions) per test: `NEARDUP_TORTURE_FAULTS`, default 6.
+fn faults() -> usize {
+    std::env::var("NEARDUP_TORTURE_FAULTS").ok().and_then(|v| v.parse().ok()).unwrap_or(6)
+}
+
+/// Whether the 3-node data tests run (the cluster data path is wired in).
+fn cluster_data() -> bool {
+    if std::env::var("NEARDUP_CLUSTER_DATA").is_ok_and(|v| v == "1") {
+        return true;
+    }
+    eprintln!("SKIPPED: NEARDUP_CLUSTER_DATA=1 is not set (the cluster data path is not wired in)");
+    false
+}
+
+/// Client tasks per test.
+const TASKS: usize = 4;
+/// Ids each task owns (only it writes them, so its writes to an id are sequential).
+const IDS_PER_TASK: u64 = 150;
+/// Operations per task at most (a safety net; the test stops them earlier).
+const MAX_OPS: usize = 20_000;
+/// Distance of every query and admission.
+const K: u32 = 3;
+/// Deadline of each call: a node that is down fails fast, one that hangs times out.
+const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// What the client tasks share.
+struct Shared {
+    model: Mutex<Model>,
+    violations: Mutex<Vec<String>>,
+    /// Timestamps: one increasing clock, so a later write to an id has the larger one.
+    clock: AtomicI64,
+    checked: AtomicU64,
+    failed_calls: AtomicU64,
+    acked_writes: AtomicU64,
+    stop: AtomicBool,
+}
+
+impl Shared {
+    fn new() -> Arc<Shared> {
+        Arc::new(Shared {
+            model: Mutex::new(Model::new()),
+            violations: Mutex::new(Vec::new()),
+            clock: AtomicI64::new(1),
+            checked: AtomicU64::new(0),
+            failed_calls: AtomicU64::new(0),
+            acked_writes: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+        })
+    }
+
+    fn violation(&self, what: String) {
+        let mut v = self.violations.lock().unwrap();
+        if v.len() < 20 {
+            eprintln!("VIOLATION: {what}");
+        }
+        v.push(what);
+    }
+
+    fn report(&self) -> String {
+        let model = self.model.lock().unwrap();
+        format!(
+            "{} answers checked, {} writes acknowledged, {} calls failed; {} ids, {} certainly \
+             present, {} uncertain",
+            self.checked.load(Ordering::Relaxed),
+            self.acked_writes.load(Ordering::Relaxed),
+            self.failed_calls.load(Ordering::Relaxed),
+            model.ids(),
+            model.certain().len(),
+            model.uncertain().len()
+        )
+    }
+}
+
+fn fp_doc(id: &str, v: Version) -> Document {
+    Document {
+        id: id.into(),
+        content: Some(document::Content::Fingerprint(v.fp)),
+        timestamp_ms: v.ts_ms,
+        sketch: Vec::new(),
+    }
+}
+
+fn target(fp: u64) -> QueryTarget {
+    QueryTarget { target: Some(query_target::Target::Fingerprint(fp)), sketch: Vec::new() }
+}
+
+fn timed<T>(msg: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(msg);
+    r.set_timeout(CALL_TIMEOUT);
+    r
+}
+
+/// One client task: random operations through random nodes until told to stop.
+async fn client_task(addrs: Vec<String>, shared: Arc<Shared>, task: usize) {
+    let options = ClientOptions { timeout: CALL_TIMEOUT, attempts: 1, ..Default::default() };
+    let mut clients = Vec::new();
+    for a in &addrs {
+        clients.push(Client::connect_with(a, options.clone()).await.unwrap().raw());
+    }
+    let mut rng = SplitMix64::new(0x5eed_0000 + task as u64);
+    // The fingerprint this task last wrote for each of its ids (to aim queries near them).
+    let mut last_fp: Vec<u64> = (0..IDS_PER_TASK).map(|_| rng.next_u64()).collect();
+    let id_of = |i: u64| format!("https://torture/{task}/{i}");
+    let end = Instant::now() + Duration::from_secs(300);
+    let mut failed = false;
+    for _ in 0..MAX_OPS {
+        if shared.stop.load(Ordering::Relaxed) || Instant::now() > end {
+            return;
+        }
+        if failed {
+            tokio::time::sleep(BACKOFF).await;
+        }
+        let node = rng.below(clients.len() as u64) as usize;
+        let (mut rpc, via) = (clients[node].clone(), &addrs[node]);
+        let near = |rng: &mut SplitMix64, last: &[u64]| {
+            let fp = last[rng.below(IDS_PER_TASK) as usize];
+            let flips = rng.below(K as u64 + 2) as u32;
+            rng.flip_bits(fp, flips)
+        };
+        failed = !match rng.below(100) {
+            // Insert: a stream of 1 or 2 messages of up to 10 documents.
+            0..40 => {
+                let mut docs = Vec::new();
+                let mut pending = Vec::new();
+                for _ in 0..1 + rng.below(20) {
+                    let i = rng.below(IDS_PER_TASK);
+                    if docs.iter().any(|d: &Document| d.id == id_of(i)) {
+                        continue;
+                    }
+                    // Near-duplicates of other documents half the time.
+                    let fp =
+                        if rng.below(2) == 0 { near(&mut rng, &last_fp) } else { rng.next_u64() };
+                    last_fp[i as usize] = fp;
+                    let v = Version { fp, ts_ms: shared.clock.fetch_add(1, Ordering::Relaxed) };
+                    docs.push(fp_doc(&id_of(i), v));
+                    pending.push(shared.model.lock().unwrap().begin_put(&id_of(i), v));
+                }
+                let msgs: Vec<InsertRequest> =
+                    docs.chunks(10).map(|c| InsertRequest { documents: c.to_vec() }).collect();
+                let ok = rpc.insert_stream(timed(tokio_stream::iter(msgs))).await.is_ok();
+                let mut model = shared.model.lock().unwrap();
+                for p in pending {
+                    if ok { model.ack(p) } else { model.fail(p) }
+                }
+                record(&shared, ok, docs.len())
+            }
+            // Delete a few.
+            40..50 => {
+                let mut ids: Vec<String> =
+                    (0..1 + rng.below(3)).map(|_| id_of(rng.below(IDS_PER_TASK))).collect();
+                ids.sort();
+                ids.dedup();
+                let pending: Vec<_> = {
+                    let mut model = shared.model.lock().unwrap();
+                    ids.iter().map(|id| model.begin_delete(id)).collect()
+                };
+                let req = DeleteRequest { ids: ids.clone(), must_exist: false };
+                let ok = rpc.delete(timed(req)).await.is_ok();
+                let mut model = shared.model.lock().unwrap();
+                for p in pending {
+                    if ok { model.ack(p) } else { model.fail(p) }
+                }
+                record(&shared, ok, ids.len())
+            }
+            // Query near a document of this task, or anywhere.
+            50..75 => {
+                let q = if rng.below(4) < 3 { near(&mut rng, &last_fp) } else { rng.next_u64() };
+                let limit = if rng.below(4) == 0 { 2 } else { 100 };
+                let start = shared.model.lock().unwrap().begin_read();
+                let req = QueryRequest {
+                    target: Some(target(q)),
+                    k: Some(K),
+                    limit,
+                    ..Default::default()
+                };
+                match rpc.query(timed(req)).await {
+                    Ok(r) => {
+                        let result = r.into_inner().result.unwrap_or_default();
+                        let c = shared.model.lock().unwrap().check_query(
+                            start,
+                            q,
+                            K,
+                            limit as usize,
+                            &result,
+                        );
+                        checked(&shared, c.map(|_| ()), || {
+                            format!("query {q:#x} (limit {limit}) through {via}")
+                        });
+                        true
+                    }
+                    Err(_) => record(&shared, false, 0),
+                }
+            }
+            // QueryBatch: one message of a few queries, each answer checked.
+            75..85 => {
+                let qs: Vec<u64> =
+                    (0..1 + rng.below(8))
+                        .map(|_| {
+                            if rng.below(4) < 3 { near(&mut rng, &last_fp) } else { rng.next_u64() }
+                        })
+                        .collect();
+                let msg = QueryBatchRequest {
+                    queries: qs.iter().map(|&q| target(q)).collect(),
+                    k: Some(K),
+                    limit: 100,
+                };
+                let start = shared.model.lock().unwrap().begin_read();
+                let answer = async {
+                    let mut stream =
+                        rpc.query_batch(timed(tokio_stream::iter([msg]))).await?.into_inner();
+                    let mut results = Vec::new();
+                    while let Some(m) = stream.message().await? {
+                        results.extend(m.results);
+                    }
+                    Ok::<_, tonic::Status>(results)
+                };
+                match answer.await {
+                    Ok(results) if results.len() == qs.len() => {
+                        for (q, r) in qs.iter().zip(&results) {
+                            let c = shared.model.lock().unwrap().check_query(start, *q, K, 100, r);
+                            checked(&shared, c.map(|_| ()), || {
+                                format!("QueryBatch query {q:#x} through {via}")
+                            });
+                        }
+                        true
+                    }
+                    Ok(results) => {
+                        shared.violation(format!(
+                            "QueryBatch through {via}: {} answers for {} queries",
+                            results.len(),
+                            qs.len()
+                        ));
+                        true
+                    }
+                    Err(_) => record(&shared, false, 0),
+                }
+            }
+            // CheckAndInsert, verification off.
+            _ => {
+                let i = rng.below(IDS_PER_TASK);
+                let fp = near(&mut rng, &last_fp);
+                last_fp[i as usize] = fp;
+                let id = id_of(i);
+                let v = Version { fp, ts_ms: shared.clock.fetch_add(1, Ordering::Relaxed) };
+                let (start, p) = {
+                    let mut model = shared.model.lock().unwrap();
+                    (model.begin_read(), model.begin_put(&id, v))
+                };
+                let req = CheckAndInsertRequest {
+                    document: Some(fp_doc(&id, v)),
+                    k: Some(K),
+                    limit: 100,
+                    verify_jaccard: Some(0.0),
+                    ..Default::default()
+                };
+                match rpc.check_and_insert(timed(req)).await {
+                    Ok(r) => {
+                        let r = r.into_inner();
+                        let mut model = shared.model.lock().unwrap();
+                        let c = model.check_admission(start, &id, fp, K, 100, &r);
+                        model.ack(p);
+                        drop(model);
+                        if !r.inserted {
+                            shared.violation(format!("admission of {id} not stored: {r:?}"));
+                        }
+                        checked(&shared, c.map(|_| ()), || {
+                            format!("admission of {id} ({fp:#x}) through {via}")
+                        });
+                        record(&shared, true, 1)
+                    }
+                    Err(_) => {
+                        shared.model.lock().unwrap().fail(p);
+                        record(&shared, false, 0)
+                    }
+                }
+            }
+        };
+    }
+}
+
+/// Counts a call's outcome; returns `ok`.
+fn record(shared: &Shared, ok: bool, writes: usize) -> bool {
+    if ok {
+        shared.acked_writes.fetch_add(writes as u64, Ordering::Relaxed);
+    } else {
+        shared.failed_calls.fetch_add(1, Ordering::Relaxed);
+    }
+    ok
+}
+
+/// How long a killed or cut-off node stays away at least: past the cluster's failure
+/// timeout (2 s by default).
+const DOWN_FOR: Duration = Duration::from_secs(3);
+
+/// After a failed call the task waits a little, so a dead node is not hammered.
+const BACKOFF: Duration = Duration::from_millis(50);
+
+fn checked(
+    shared: &Shared,
+    r: Result<(), neardup_tests::checker::Violation>,
+    what: impl FnOnce() -> String,
+) {
+    shared.checked.fetch_add(1, Ordering::Relaxed);
+    if let Err(v) = r {
+        shared.violation(format!("{}: {v}", what()));
+    }
+}
+
+/// Starts the client tasks.
+fn start_clients(addrs: &[String], shared: &Arc<Shared>) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..TASKS).map(|t| tokio::spawn(client_task(addrs.to_vec(), shared.clone(), t))).collect()
+}
+
+/// Stops the client tasks and waits for them.
+async fn stop_clients(shared: &Shared, tasks: Vec<tokio::task::JoinHandle<()>>) {
+    shared.stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+/// Lets the clients run until `more` further answers were checked or writes acknowledged
+/// (bounded: 20 s, a safety net).
+async fn let_run(shared: &Shared, more: u64) {
+    let progress =
+        || shared.checked.load(Ordering::Relaxed) + shared.acked_writes.load(Ordering::Relaxed);
+    let target = progress() + more;
+    let limit = Instant::now() + Duration::from_secs(20);
+    while progress() < target && Instant::now() < limit {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Through every address: every certainly-present document is found (a query of its
+/// fingerprint at k = 0), and near queries are exact; each answer checked.
+async fn final_check(addrs: &[String], shared: &Shared) {
+    let certain = shared.model.lock().unwrap().certain();
+    assert!(!certain.is_empty(), "nothing was acknowledged: {}", shared.report());
+    let options = ClientOptions { timeout: Duration::from_secs(30), ..Default::default() };
+    let mut rng = SplitMix64::new(certain.len() as u64);
+    let near: Vec<u64> = (0..300)
+        .map(|_| {
+            let fp = certain[rng.below(certain.len() as u64) as usize].1.fp;
+            let flips = rng.below(4) as u32;
+            rng.flip_bits(fp, flips)
+        })
+        .collect();
+    for addr in addrs {
+        let c = Client::connect_with(addr, options.clone()).await.unwrap();
+        for (queries, k) in
+            [(certain.iter().map(|(_, v)| v.fp).collect::<Vec<_>>(), 0), (near.clone(), K)]
+        {
+            let targets: Vec<Target> = queries.iter().map(|&q| Target::Fingerprint(q)).collect();
+            let start = shared.model.lock().unwrap().begin_read();
+            // A node just restarted or healed may refuse for a moment (bounded: 40 tries).
+            let mut answers = Err(String::new());
+            for _ in 0..40 {
+                answers =
+                    c.query_all(&targets, Some(k), 1000, 500).await.map_err(|e| e.to_string());
+                if answers.is_ok() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            let answers = answers.unwrap_or_else(|e| panic!("final queries through {addr}: {e}"));
+            let mut model = shared.model.lock().unwrap();
+            for (q, r) in queries.iter().zip(&answers) {
+                shared.checked.fetch_add(1, Ordering::Relaxed);
+                if let Err(v) = model.check_query(start, *q, k, 1000, r) {
+                    shared.violation(format!("final check through {addr}, {q:#x} at k={k}: {v}"));
+                }
+            }
+        }
+    }
+}
+
+/// Fails with the violations, if any.
+fn verdict(shared: &Shared) {
+    let report = shared.report();
+    eprintln!("{report}");
+    assert!(shared.checked.load(Ordering::Relaxed) > 0, "no answer was checked: {report}");
+    let v = shared.violations.lock().unwrap();
+    let kinds: Vec<String> = ["missing", "extra", "wrong distance", "out of order", "admission"]
+        .iter()
+        .map(|k| format!("{k}: {}", v.iter().filter(|x| x.contains(&format!(": {k}"))).count()))
+        .collect();
+    eprintln!("violations by kind: {}", kinds.join(", "));
+    assert!(
+        v.is_empty(),
+        "{} violations (first 20):\n{}\n{report}",
+        v.len(),
+        v[..v.len().min(20)].join("\n")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_node_kill9_torture() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let args = [
+        "serve",
+        "--data",
+        data.to_str().unwrap(),
+        "--set",
+        "index.buffer_docs=256",
+        "--set",
+        "storage.checkpoint_ops=2000",
+        "--set",
+        "storage.idle_flush_ms=50",
+    ];
+    let port = neardup_tests::free_port();
+    let mut node = Node::start_on(&args, port, dir.path());
+    node.serving().await;
+    let addrs = vec![node.addr.clone()];
+    let shared = Shared::new();
+    let tasks = start_clients(&addrs, &shared);
+    for round in 0..faults() {
+        let_run(&shared, 1500).await;
+        node.kill9();
+        // Clients meet the dead node for a moment (their calls fail: uncertain writes).
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        node = Node::start_on(&args, port, dir.path());
+        node.serving().await;
+        eprintln!("round {round}: {}", shared.report());
+    }
+    let_run(&shared, 1500).await;
+    stop_clients(&shared, tasks).await;
+    final_check(&addrs, &shared).await;
+    verdict(&shared);
+    node.terminate();
+}
+
+/// Starts node 1 with `--bootstrap` and nodes 2..=n with `--join` (and an AddNode of the
+/// test's own, idempotent); waits until each serves its public API.
+async fn form(dir: &Path, n: u64) -> Vec<Member> {
+    let mut members: Vec<Member> = (1..=n).map(|id| Member::on_loopback(id, dir)).collect();
+    form_members(&mut members).await;
+    members
+}
+
+async fn form_members(members: &mut [Member]) {
+    members[0].start(&["--bootstrap"]);
+    if members[0].netns.is_none() {
+        members[0].wait_status("a leader", |s| s.leader == 1).await;
+    }
+    let via = members[0].internal.clone();
+    for m in members.iter_mut().skip(1) {
+        m.start(&["--join", &via]);
+        if m.netns.is_none() {
+            let limit = Instant::now() + Duration::from_secs(120);
+            while add_node(&via, m).await.is_err() {
+                assert!(Instant::now() < limit, "node {} not added:\n{}", m.id, m.log_text());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    for m in members.iter() {
+        wait_public_serving(m).await;
+    }
+}
+
+/// Waits (up to 30 s, a safety net) until node 1's map places every tablet and every
+/// document partition on 2 distinct serving nodes (R = 2); says what it saw otherwise.
+async fn placed_twice(members: &[Member]) -> Result<(), String> {
+    let limit = Instant::now() + Duration::from_secs(30);
+    let mut last = String::from("no status");
+    while Instant::now() < limit {
+        if let Ok(s) = members[0].status().await {
+            let two = |nodes: &[u64]| nodes.len() == 2 && nodes[0] != nodes[1];
+            let tablets_ok = s.tablets.iter().all(|t| two(&t.nodes));
+            let parts_ok = !s.partitions.is_empty() && s.partitions.iter().all(|p| two(&p.nodes));
+            if s.replicas == 2 && tablets_ok && parts_ok {
+                return Ok(());
+            }
+            last = format!(
+                "replicas {}, tablet nodes {:?}, partition nodes {:?}",
+                s.replicas,
+                s.tablets.iter().map(|t| t.nodes.clone()).collect::<Vec<_>>(),
+                s.partitions.iter().map(|p| p.nodes.clone()).collect::<Vec<_>>()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!("placement: not every unit on 2 serving nodes after 30 s: {last}"))
+}
+
+/// Waits (up to two minutes, a safety net) until the member's public API says SERVING.
+async fn wait_public_serving(m: &Member) {
+    let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+    let limit = Instant::now() + Duration::from_secs(120);
+    while m.public_health().await != Some(serving) {
+        assert!(Instant::now() < limit, "node {} never SERVING:\n{}", m.id, m.log_text());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_kill9_torture() {
+    if !cluster_data() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut members = form(dir.path(), 3).await;
+    let addrs: Vec<String> = members.iter().map(|m| m.public.clone()).collect();
+    let shared = Shared::new();
+    if let Err(e) = placed_twice(&members).await {
+        shared.violation(e);
+    }
+    let tasks = start_clients(&addrs, &shared);
+    let mut rng = SplitMix64::new(7);
+    for round in 0..faults() {
+        let_run(&shared, 1500).await;
+        let victim = rng.below(3) as usize;
+        members[victim].kill9();
+        // Writes go on through the other two while it is down, past the cluster's failure
+        // timeout (2 s by default), so the node is marked Down and comes back as filling.
+        let_run(&shared, 800).await;
+        tokio::time::sleep(DOWN_FOR).await;
+        members[victim].start(&[]);
+        wait_public_serving(&members[victim]).await;
+        eprintln!("round {round}: killed node {}; {}", victim + 1, shared.report());
+    }
+    let_run(&shared, 1500).await;
+    stop_clients(&shared, tasks).await;
+    final_check(&addrs, &shared).await;
+    verdict(&shared);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_partition_torture() {
+    if !cluster_data() {
+        return;
+    }
+    let net = match Netns::create_with_clients(3) {
+        Ok(n) => n,
+        Err(why) => {
+            skip_without(&format!("network namespaces (ip netns): {why}"));
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut members: Vec<Member> = (0..3)
+        .map(|i| {
+            let host = Netns::addr(i);
+            Member::new(
+                i as u64 + 1,
+                dir.path(),
+                format!("{host}:7000"),
+                format!("{host}:7001"),
+                Some(net.nodes[i].clone()),
+            )
+        })
+        .collect();
+    form_members(&mut members).await;
+    let addrs: Vec<String> = members.iter().map(|m| m.public.clone()).collect();
+    let shared = Shared::new();
+    let tasks = start_clients(&addrs, &shared);
+    for round in 0..faults() {
+        let_run(&shared, 1500).await;
+        // The clients still reach the node cut off: it must not answer from stale data.
+        let victim = round % 3;
+        net.cut(victim).unwrap();
+        let_run(&shared, 1500).await;
+        tokio::time::sleep(DOWN_FOR).await;
+        net.heal(victim).unwrap();
+        eprintln!("round {round}: cut node {} off and healed; {}", victim + 1, shared.report());
+    }
+    let_run(&shared, 1500).await;
+    stop_clients(&shared, tasks).await;
+    final_check(&addrs, &shared).await;
+    verdict(&shared);
+    for m in members.iter_mut() {
+        m.kill9();
+    }
+    drop(members);
+    drop(net);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_client_through_each_of_three_nodes() {
+    if !cluster_data() {
+        return;
+    }
+    if !neardup_tests::has_python_grpc() {
+        skip_without("python3 with grpcio and grpcio-tools: the Python client is not checked");
+        return;
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
+    let dir = tempfile::tempdir().unwrap();
+    let stubs = dir.path().join("stubs");
+    std::fs::create_dir(&stubs).unwrap();
+    let generated = std::process::Command::new("python3")
+        .args(["-m", "grpc_tools.protoc", "-I"])
+        .arg(root.join("proto"))
+        .arg(format!("--python_out={}", stubs.display()))
+        .arg(format!("--grpc_python_out={}", stubs.display()))
+        .arg("neardup/v1/neardup.proto")
+        .output()
+        .unwrap();
+    assert!(generated.status.success(), "{}", String::from_utf8_lossy(&generated.stderr));
+    let members = form(dir.path(), 3).await;
+    let script = root.join("tests/python/cluster_client_test.py");
+    let addrs: Vec<String> = members.iter().map(|m| m.public.clone()).collect();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .arg(script)
+            .args(&addrs)
+            .env("PYTHONPATH", &stubs)
+            .output()
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("python cluster client: all checks passed"),
+        "python client failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(members);
+}
