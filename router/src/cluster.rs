@@ -265,9 +265,16 @@ impl ClusterRouter {
     async fn next_seqs(&self, n: usize) -> DataResult<Vec<u64>> {
         let mut block = self.block.lock().await;
         let mut out = Vec::with_capacity(n);
-        // Bounded: each grant yields at least one number, or fails.
+        // Bounded: each grant yields at least one number (0 is skipped, once at most).
+        let mut grants = 0;
         while out.len() < n {
             if block.is_empty() {
+                grants += 1;
+                if grants > n + 2 {
+                    return Err(DataError::Unavailable(
+                        "the id source grants no usable ids".into(),
+                    ));
+                }
                 let want = ID_BLOCK.max((n - out.len()) as u64);
                 let got = self.ids.grant(want).await.map_err(|s| DataError::from_status(&s))?;
                 if got.is_empty() {
