@@ -8,7 +8,7 @@ use neardup_cluster::map::{
     ClusterMap, DesignInfo, NodeInfo, NodeState, Partition, Role, Tablet, TabletState,
 };
 use neardup_proto::internal::ShardDocument;
-use tonic::Code;
+use tonic::{Code, Request};
 
 use super::*;
 

@@ -26,6 +26,7 @@ pub mod cluster;
 pub mod error;
 pub mod limits;
 pub mod metrics;
+pub mod node_client;
 pub mod server;
 pub mod service;
 pub mod shard;
