@@ -62,23 +62,19 @@ use neardup_cluster::map::ClusterMap;
 use neardup_cluster::{NodeId, Unit};
 use neardup_core::Design;
 use neardup_core::sketch::Sketch;
-use neardup_proto::internal::data_client::DataClient;
 use neardup_proto::internal::{
-    AdmitRequest, AdmitResponse, DocLookupRequest, DocResolveRequest, DocWriteRequest,
-    NodeStatsRequest, PartitionScanRequest, ProbeRequest, ProbeResponse, TabletProbeRequest,
-    TabletProbeTarget, TabletScanRequest, TabletWriteRequest, WriteRequest, WriteResponse,
+    AdmitRequest, AdmitResponse, ProbeRequest, ProbeResponse, WriteRequest, WriteResponse,
 };
 use neardup_proto::v1::{CheckAndInsertResponse, Match, QueryResult, StatsResponse};
-use neardup_server::data_api::{
-    doc_from_wire, doc_op_to_wire, docs_from_wire, probe_results_from_wire, tablet_op_to_wire,
-};
 use neardup_server::data_types::{gid_partition, make_gid};
 use neardup_server::{DataError, DataResult, DocInfo, DocOp, NodeApi, TabletHit, TabletOp};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
-use tonic::transport::Channel;
-use tonic::{Request, Status};
+use tonic::Status;
 
+#[cfg(test)]
+use crate::node_client::Unreachable;
+pub use crate::node_client::{GrpcNode, GrpcNodes};
 use crate::shard::{ShardApi, ShardHealth};
 
 /// Gids asked from the id source at a time (more when one write needs more).
@@ -265,9 +261,16 @@ impl ClusterRouter {
     async fn next_seqs(&self, n: usize) -> DataResult<Vec<u64>> {
         let mut block = self.block.lock().await;
         let mut out = Vec::with_capacity(n);
-        // Bounded: each grant yields at least one number, or fails.
+        // Bounded: each grant yields at least one number (0 is skipped, once at most).
+        let mut grants = 0;
         while out.len() < n {
             if block.is_empty() {
+                grants += 1;
+                if grants > n + 2 {
+                    return Err(DataError::Unavailable(
+                        "the id source grants no usable ids".into(),
+                    ));
+                }
                 let want = ID_BLOCK.max((n - out.len()) as u64);
                 let got = self.ids.grant(want).await.map_err(|s| DataError::from_status(&s))?;
                 if got.is_empty() {
@@ -1112,258 +1115,6 @@ impl ShardApi for ClusterRouter {
 
     fn health(&self) -> watch::Receiver<ShardHealth> {
         self.health.clone()
-    }
-}
-
-/// A node's client, with the address it was made for.
-type CachedNode = (String, Arc<dyn NodeApi>);
-
-/// Reaches nodes over gRPC `Data`, by the internal address the map gives them: one lazily
-/// connected channel per node, cached while its address stays the same.
-pub struct GrpcNodes {
-    map: watch::Receiver<Arc<ClusterMap>>,
-    cache: Mutex<HashMap<NodeId, CachedNode>>,
-    max_message_bytes: usize,
-}
-
-impl GrpcNodes {
-    /// Nodes as `map` lists them; `max_message_bytes` bounds messages both ways.
-    pub fn new(map: watch::Receiver<Arc<ClusterMap>>, max_message_bytes: usize) -> Arc<Self> {
-        Arc::new(GrpcNodes { map, cache: Mutex::new(HashMap::new()), max_message_bytes })
-    }
-
-    /// The node `id`: a client of its address, or one that answers UNAVAILABLE when the
-    /// map does not know it or its address is unusable.
-    pub fn node(&self, id: NodeId) -> Arc<dyn NodeApi> {
-        let addr = self.map.borrow().nodes.get(&id).map(|n| n.internal_addr.clone());
-        let Some(addr) = addr else {
-            return Arc::new(Unreachable(format!("node {id} is not in the cluster map")));
-        };
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((a, api)) = cache.get(&id)
-            && *a == addr
-        {
-            return api.clone();
-        }
-        let api: Arc<dyn NodeApi> = match GrpcNode::connect(&addr, self.max_message_bytes) {
-            Ok(n) => Arc::new(n),
-            Err(e) => Arc::new(Unreachable(format!("node {id}: {e}"))),
-        };
-        cache.insert(id, (addr, api.clone()));
-        api
-    }
-
-    /// As a [`NodeResolver`] (nodes other than `local`; `local` answered by `local_api`).
-    pub fn resolver(self: &Arc<Self>, local: Option<(NodeId, Arc<dyn NodeApi>)>) -> NodeResolver {
-        let me = self.clone();
-        Arc::new(move |id| match &local {
-            Some((l, api)) if *l == id => api.clone(),
-            _ => me.node(id),
-        })
-    }
-}
-
-/// A node that cannot be reached: every call is UNAVAILABLE.
-struct Unreachable(String);
-
-#[tonic::async_trait]
-impl NodeApi for Unreachable {
-    async fn tablet_write(
-        &self,
-        _: u64,
-        _: Vec<(u32, TabletOp)>,
-        _: Option<Instant>,
-    ) -> DataResult<()> {
-        Err(DataError::Unavailable(self.0.clone()))
-    }
-    async fn tablet_probe(
-        &self,
-        _: u64,
-        _: Vec<(u32, u64)>,
-        _: u32,
-        _: usize,
-        _: Option<Instant>,
-    ) -> DataResult<Vec<(Vec<TabletHit>, bool)>> {
-        Err(DataError::Unavailable(self.0.clone()))
-    }
-    async fn doc_write(&self, _: u64, _: Vec<DocOp>, _: Option<Instant>) -> DataResult<()> {
-        Err(DataError::Unavailable(self.0.clone()))
-    }
-    async fn doc_lookup(
-        &self,
-        _: u64,
-        _: Vec<String>,
-        _: Option<Instant>,
-    ) -> DataResult<Vec<Option<DocInfo>>> {
-        Err(DataError::Unavailable(self.0.clone()))
-    }
-    async fn doc_resolve(
-        &self,
-        _: u64,
-        _: Vec<u64>,
-        _: Option<Instant>,
-    ) -> DataResult<Vec<Option<DocInfo>>> {
-        Err(DataError::Unavailable(self.0.clone()))
-    }
-    async fn tablet_scan(
-        &self,
-        _: u64,
-        _: u32,
-        _: u64,
-        _: u64,
-        _: Option<Instant>,
-    ) -> DataResult<Vec<(u64, u64)>> {
-        Err(DataError::Unavailable(self.0.clone()))
-    }
-    async fn partition_scan(&self, _: u64, _: u32, _: Option<Instant>) -> DataResult<Vec<DocInfo>> {
-        Err(DataError::Unavailable(self.0.clone()))
-    }
-    async fn stats(&self, _: u64, _: Option<Instant>) -> DataResult<StatsResponse> {
-        Err(DataError::Unavailable(self.0.clone()))
-    }
-}
-
-/// A node over gRPC `Data`.
-pub struct GrpcNode {
-    client: DataClient<Channel>,
-}
-
-fn request<T>(msg: T, deadline: Option<Instant>) -> Request<T> {
-    let mut r = Request::new(msg);
-    if let Some(d) = deadline {
-        r.set_timeout(d.saturating_duration_since(Instant::now()));
-    }
-    r
-}
-
-fn status_error(s: Status) -> DataError {
-    DataError::from_status(&s)
-}
-
-impl GrpcNode {
-    /// A client of the node at `addr` (`HOST:PORT` or `http://HOST:PORT`), connected lazily.
-    pub fn connect(addr: &str, max_message_bytes: usize) -> Result<GrpcNode, DataError> {
-        let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
-        let channel = tonic::transport::Endpoint::from_shared(uri)
-            .map_err(|e| DataError::InvalidArgument(format!("bad node address {addr}: {e}")))?
-            .connect_timeout(Duration::from_secs(2))
-            .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(20))
-            .connect_lazy();
-        let client = DataClient::new(channel)
-            .max_decoding_message_size(max_message_bytes)
-            .max_encoding_message_size(max_message_bytes);
-        Ok(GrpcNode { client })
-    }
-}
-
-#[tonic::async_trait]
-impl NodeApi for GrpcNode {
-    async fn tablet_write(
-        &self,
-        epoch: u64,
-        ops: Vec<(u32, TabletOp)>,
-        deadline: Option<Instant>,
-    ) -> DataResult<()> {
-        let ops = ops.into_iter().map(|(t, op)| tablet_op_to_wire(t, op)).collect();
-        let req = request(TabletWriteRequest { epoch, ops }, deadline);
-        self.client.clone().tablet_write(req).await.map_err(status_error)?;
-        Ok(())
-    }
-
-    async fn tablet_probe(
-        &self,
-        epoch: u64,
-        probes: Vec<(u32, u64)>,
-        k: u32,
-        max_matches: usize,
-        deadline: Option<Instant>,
-    ) -> DataResult<Vec<(Vec<TabletHit>, bool)>> {
-        let n = probes.len();
-        let probes =
-            probes.into_iter().map(|(table, fp)| TabletProbeTarget { table, fp }).collect();
-        let req = request(
-            TabletProbeRequest { epoch, probes, k, max_matches: max_matches as u64 },
-            deadline,
-        );
-        let r = self.client.clone().tablet_probe(req).await.map_err(status_error)?;
-        probe_results_from_wire(r.into_inner().results, n)
-    }
-
-    async fn doc_write(
-        &self,
-        epoch: u64,
-        ops: Vec<DocOp>,
-        deadline: Option<Instant>,
-    ) -> DataResult<()> {
-        let ops = ops.into_iter().map(doc_op_to_wire).collect();
-        let req = request(DocWriteRequest { epoch, ops }, deadline);
-        self.client.clone().doc_write(req).await.map_err(status_error)?;
-        Ok(())
-    }
-
-    async fn doc_lookup(
-        &self,
-        epoch: u64,
-        names: Vec<String>,
-        deadline: Option<Instant>,
-    ) -> DataResult<Vec<Option<DocInfo>>> {
-        let n = names.len();
-        let req = request(DocLookupRequest { epoch, names }, deadline);
-        let r = self.client.clone().doc_lookup(req).await.map_err(status_error)?;
-        docs_from_wire(r.into_inner().docs, n)
-    }
-
-    async fn doc_resolve(
-        &self,
-        epoch: u64,
-        gids: Vec<u64>,
-        deadline: Option<Instant>,
-    ) -> DataResult<Vec<Option<DocInfo>>> {
-        let n = gids.len();
-        let req = request(DocResolveRequest { epoch, gids }, deadline);
-        let r = self.client.clone().doc_resolve(req).await.map_err(status_error)?;
-        docs_from_wire(r.into_inner().docs, n)
-    }
-
-    async fn tablet_scan(
-        &self,
-        epoch: u64,
-        table: u32,
-        start: u64,
-        end: u64,
-        deadline: Option<Instant>,
-    ) -> DataResult<Vec<(u64, u64)>> {
-        let req = request(TabletScanRequest { epoch, table, start, end }, deadline);
-        let mut stream =
-            self.client.clone().tablet_scan(req).await.map_err(status_error)?.into_inner();
-        let mut out = Vec::new();
-        while let Some(chunk) = stream.message().await.map_err(status_error)? {
-            out.extend(chunk.entries.into_iter().map(|e| (e.gid, e.fp)));
-        }
-        Ok(out)
-    }
-
-    async fn partition_scan(
-        &self,
-        epoch: u64,
-        partition: u32,
-        deadline: Option<Instant>,
-    ) -> DataResult<Vec<DocInfo>> {
-        let req = request(PartitionScanRequest { epoch, partition }, deadline);
-        let mut stream =
-            self.client.clone().partition_scan(req).await.map_err(status_error)?.into_inner();
-        let mut out = Vec::new();
-        while let Some(chunk) = stream.message().await.map_err(status_error)? {
-            out.extend(chunk.docs.into_iter().map(doc_from_wire));
-        }
-        Ok(out)
-    }
-
-    async fn stats(&self, epoch: u64, deadline: Option<Instant>) -> DataResult<StatsResponse> {
-        let req = request(NodeStatsRequest { epoch }, deadline);
-        let r = self.client.clone().node_stats(req).await.map_err(status_error)?;
-        r.into_inner().stats.ok_or_else(|| DataError::Internal("a node sent no statistics".into()))
     }
 }
 

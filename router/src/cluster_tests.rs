@@ -8,7 +8,7 @@ use neardup_cluster::map::{
     ClusterMap, DesignInfo, NodeInfo, NodeState, Partition, Role, Tablet, TabletState,
 };
 use neardup_proto::internal::ShardDocument;
-use tonic::Code;
+use tonic::{Code, Request};
 
 use super::*;
 
@@ -818,4 +818,79 @@ async fn a_slow_node_does_not_hold_the_caller_past_its_deadline() {
 
 fn unreachable_node() -> Arc<dyn NodeApi> {
     Arc::new(Unreachable("none".into()))
+}
+
+fn total_calls(c: &Cluster) -> u64 {
+    c.nodes.values().map(|n| n.calls.load(Ordering::SeqCst)).sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budgets_cut_later_queries_and_each_step_is_one_call_per_node() {
+    let c = Cluster::new(2);
+    let router = c.router(None);
+    let mut model = Model::new();
+    let mut rng = Rng(4242);
+    let base = rng.next();
+    let docs: Vec<ShardDocument> = (0..30)
+        .map(|i| {
+            let fp = rng.near(base, 2);
+            model.insert(format!("n{i:02}"), (fp, i));
+            doc(&format!("n{i:02}"), fp, i)
+        })
+        .collect();
+    let before = total_calls(&c);
+    router.write(WriteRequest { documents: docs, ..Default::default() }, None).await.unwrap();
+    // Lookup, tablet puts, document puts: at most one call per node each.
+    assert!(total_calls(&c) - before <= 9, "{} calls", total_calls(&c) - before);
+    let want = brute(&model, base, 3, None);
+    assert_eq!(want.len(), 30);
+    let before = total_calls(&c);
+    let mut req = probe_req(vec![base; 3], 3, 100);
+    req.max_matches = 40;
+    let r = router.probe(req, None).await.unwrap();
+    // Probes and resolves: at most one call per node each, for all three queries.
+    assert!(total_calls(&c) - before <= 6, "{} calls", total_calls(&c) - before);
+    check_result(&r.results[0], &want, 30, &model);
+    assert!(!r.results[0].truncated);
+    assert_eq!(r.results[1].matches.len(), 10);
+    assert!(r.results[1].truncated);
+    check_result(&r.results[1], &want, 10, &model);
+    assert!(r.results[2].matches.is_empty() && r.results[2].truncated);
+    // Bytes: each match counts its id (3 bytes) plus 40.
+    let mut req = probe_req(vec![base; 2], 3, 100);
+    req.max_bytes = 43 * 35;
+    let r = router.probe(req, None).await.unwrap();
+    assert_eq!((r.results[0].matches.len(), r.results[1].matches.len()), (30, 5));
+    assert!(r.results[1].truncated);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn filling_replicas_take_writes_but_serve_no_reads() {
+    let c = Cluster::new(2);
+    // Nodes 1 and 2 serve every unit; node 3 fills every one.
+    c.map_tx.send_modify(|m| {
+        let mut next = (**m).clone();
+        for t in &mut next.tablets {
+            (t.nodes, t.filling) = (vec![1, 2], vec![3]);
+        }
+        for p in &mut next.partitions {
+            (p.nodes, p.filling) = (vec![1, 2], vec![3]);
+        }
+        next.epoch += 1;
+        *m = Arc::new(next);
+    });
+    // The local node is 3: it is still never asked to read.
+    let router = c.router(Some(3));
+    let w = WriteRequest { documents: vec![doc("a", 5, 1), doc("b", 6, 2)], ..Default::default() };
+    router.write(w, None).await.unwrap();
+    for n in c.nodes.values() {
+        assert_eq!(MemNode::lock(&n.docs).len(), 2);
+        assert_eq!(MemNode::lock(&n.entries).len(), 2 * 10);
+    }
+    c.nodes[&3].fail.store(true, Ordering::SeqCst);
+    let r = router.probe(probe_req(vec![5], 2, 10), None).await.unwrap();
+    assert_eq!(r.results[0].matches.len(), 2);
+    // But a failing filling replica fails writes: it is a writer.
+    let w = WriteRequest { documents: vec![doc("c", 7, 3)], ..Default::default() };
+    assert_eq!(router.write(w, None).await.unwrap_err().code(), Code::Unavailable);
 }

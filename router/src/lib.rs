@@ -9,6 +9,9 @@
 //! - [`shard::ShardApi`]: the shard role, with two implementations: [`shard::InProcess`]
 //!   (embedded mode, the shard service in this process) and [`shard::Remote`] (a shard node
 //!   over the internal gRPC API).
+//! - [`cluster::ClusterRouter`]: the shard role over the nodes of a cluster (tablets and
+//!   document partitions reached through `neardup_server::NodeApi`; [`node_client`] holds the
+//!   gRPC clients of the nodes' `Data` service).
 //! - [`server::serve`]: the listener with health (following the shard's) and reflection.
 //!
 //! ```no_run
@@ -27,6 +30,7 @@ pub mod error;
 pub mod fill;
 pub mod limits;
 pub mod metrics;
+pub mod node_client;
 pub mod server;
 pub mod service;
 pub mod shard;
