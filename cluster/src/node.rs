@@ -256,6 +256,7 @@ impl ClusterNode {
         runner.identity_cluster =
             runner.replica.store().identity().map(|i| i.cluster_id).unwrap_or_default();
         let ready_after = runner.ready_tx.clone();
+        let contact_after = contact.clone();
         let thread = std::thread::Builder::new()
             .name(format!("neardup-raft-{}", cfg.node_id))
             .spawn(move || {
@@ -266,6 +267,7 @@ impl ClusterNode {
                 {
                     tracing::error!("the Raft thread panicked; the cluster node has stopped");
                     ready_after.send_replace(false);
+                    contact_after.store(false, Ordering::Release);
                 }
             })
             .map_err(|e| ClusterError::Unavailable(format!("cannot start the Raft thread: {e}")))?;
