@@ -625,6 +625,19 @@ impl ClusterMap {
             .chain(self.partitions.iter().map(|p| Unit::Partition(p.index)))
     }
 
+    /// The units `node` holds a filling replica of: it copies them from a serving replica
+    /// (while taking their writes), then reports each with `ReplicaReady`.
+    pub fn filling_on(&self, node: NodeId) -> Vec<Unit> {
+        self.units().filter(|&u| self.replicas_of(u).1.contains(&node)).collect()
+    }
+
+    /// Whether `node` holds a replica of `unit` in the map (serving, leaving or filling). A
+    /// node drops its copy of a unit once this is false: the map took the replica away.
+    pub fn holds(&self, unit: Unit, node: NodeId) -> bool {
+        let (nodes, filling) = self.replicas_of(unit);
+        nodes.contains(&node) || filling.contains(&node)
+    }
+
     /// The units without a serving replica that is up: reads and writes of them fail until
     /// a replica is back.
     pub fn unavailable_units(&self) -> Vec<Unit> {
@@ -939,8 +952,11 @@ mod tests {
             map.apply(&Command::ReplicaReady { unit, node: 2 }),
             Err(MapError::Refused(_))
         ));
+        assert_eq!(map.filling_on(1).len(), 56);
+        assert!(map.filling_on(2).is_empty() && map.holds(unit, 1) && !map.holds(unit, 3));
         map.apply(&Command::ReplicaReady { unit, node: 1 }).unwrap();
         assert_eq!(map.serving(unit), vec![2, 1]);
+        assert_eq!(map.filling_on(1).len(), 55);
     }
 
     #[test]
