@@ -625,6 +625,19 @@ impl ClusterMap {
             .chain(self.partitions.iter().map(|p| Unit::Partition(p.index)))
     }
 
+    /// The units `node` holds a filling replica of: it copies them from a serving replica
+    /// (while taking their writes), then reports each with `ReplicaReady`.
+    pub fn filling_on(&self, node: NodeId) -> Vec<Unit> {
+        self.units().filter(|&u| self.replicas_of(u).1.contains(&node)).collect()
+    }
+
+    /// Whether `node` holds a replica of `unit` in the map (serving, leaving or filling). A
+    /// node drops its copy of a unit once this is false: the map took the replica away.
+    pub fn holds(&self, unit: Unit, node: NodeId) -> bool {
+        let (nodes, filling) = self.replicas_of(unit);
+        nodes.contains(&node) || filling.contains(&node)
+    }
+
     /// The units without a serving replica that is up: reads and writes of them fail until
     /// a replica is back.
     pub fn unavailable_units(&self) -> Vec<Unit> {
@@ -841,6 +854,109 @@ mod tests {
         let bytes = map.encode();
         assert_eq!(ClusterMap::decode(&bytes).unwrap(), map);
         assert!(ClusterMap::decode(&bytes[..bytes.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn bootstrap_layouts_are_checked() {
+        let with = |replicas, split_bits, partitions, min_prefix_bits| {
+            let Command::Bootstrap { cluster_id, design, node, .. } = boot() else {
+                unreachable!()
+            };
+            let layout = Layout { replicas, split_bits, partitions };
+            ClusterMap::default().apply(&Command::Bootstrap {
+                cluster_id,
+                design,
+                node,
+                layout,
+                min_prefix_bits,
+            })
+        };
+        assert_eq!(with(1, 0, 1, Some(26)), Ok(()));
+        assert_eq!(with(MAX_REPLICAS, MAX_SPLIT_BITS, MAX_PARTITIONS, None), Ok(()));
+        assert_eq!(with(3, 4, 16, Some(4)), Ok(()));
+        for (r, sb, p, min) in [
+            (0, 2, 16, Some(26)),
+            (MAX_REPLICAS + 1, 2, 16, Some(26)),
+            (2, 2, 0, Some(26)),
+            (2, 2, MAX_PARTITIONS + 1, Some(26)),
+            (2, 5, 16, Some(4)),
+            (2, MAX_SPLIT_BITS + 1, 16, None),
+        ] {
+            assert!(matches!(with(r, sb, p, min), Err(MapError::Invalid(_))), "{r} {sb} {p}");
+        }
+        // One tablet per table without a split; 256 per table at the most.
+        let mut map = ClusterMap::default();
+        let Command::Bootstrap { cluster_id, design, node, .. } = boot() else { unreachable!() };
+        let layout = Layout { replicas: 1, split_bits: 0, partitions: 1 };
+        map.apply(&Command::Bootstrap { cluster_id, design, node, layout, min_prefix_bits: None })
+            .unwrap();
+        assert!(map.tablets.iter().all(|t| (t.start, t.end) == (0, u64::MAX)));
+        // A Bootstrap written without a layout reads with the defaults.
+        let mut v: serde_json::Value = serde_json::from_slice(&boot().encode()).unwrap();
+        let fields = v["Bootstrap"].as_object_mut().unwrap();
+        fields.remove("layout");
+        fields.remove("min_prefix_bits");
+        match Command::decode(v.to_string().as_bytes()).unwrap() {
+            Command::Bootstrap { layout, min_prefix_bits: None, .. } => {
+                assert_eq!(layout, Layout::default())
+            }
+            c => panic!("{c:?}"),
+        }
+    }
+
+    #[test]
+    fn grants_down_and_back() {
+        let mut map = ClusterMap::default();
+        map.apply(&boot()).unwrap();
+        map.apply(&add(2)).unwrap();
+        map.apply(&Command::Promote { id: 2 }).unwrap();
+        all_ready(&mut map);
+        assert_eq!(map.next_grant(10), 1..11);
+        map.apply(&Command::GrantIds { node: 2, count: 10 }).unwrap();
+        assert_eq!(map.next_grant(5), 11..16);
+        for bad in [0, MAX_GRANT + 1] {
+            let r = map.apply(&Command::GrantIds { node: 2, count: bad });
+            assert!(matches!(r, Err(MapError::Invalid(_))));
+        }
+        assert_eq!(
+            map.apply(&Command::GrantIds { node: 9, count: 1 }),
+            Err(MapError::NoSuchNode(9))
+        );
+        map.next_gid_seq = GID_SEQ_LIMIT - 1;
+        assert!(matches!(
+            map.apply(&Command::GrantIds { node: 2, count: 2 }),
+            Err(MapError::Refused(_))
+        ));
+        map.next_gid_seq = 11;
+        // Node 2 down: it stays listed, nothing serves from it, nothing is unavailable.
+        assert!(matches!(map.apply(&Command::NodeBack { id: 2 }), Err(MapError::Refused(_))));
+        map.apply(&Command::NodeDown { id: 2 }).unwrap();
+        assert!(matches!(map.apply(&Command::NodeDown { id: 2 }), Err(MapError::Refused(_))));
+        assert!(map.units().all(|u| map.serving(u) == vec![1] && map.writers(u) == vec![1]));
+        assert!(map.unavailable_units().is_empty());
+        let unit = map.units().next().unwrap();
+        // A down node is not the last serving replica up: node 1 is, and cannot leave.
+        map.apply(&Command::SetState { id: 1, state: NodeState::Draining }).unwrap();
+        assert!(matches!(map.apply(&Command::RemoveNode { id: 1 }), Err(MapError::Refused(_))));
+        // Node 1 down as well: every unit is unavailable (applied, reported).
+        map.apply(&Command::SetState { id: 1, state: NodeState::Active }).unwrap();
+        map.apply(&Command::NodeDown { id: 1 }).unwrap();
+        assert_eq!(map.unavailable_units().len(), 56);
+        // Node 2 back first: it is the only replica up, so it serves at once.
+        map.apply(&Command::NodeBack { id: 2 }).unwrap();
+        assert_eq!(map.serving(unit), vec![2]);
+        // Node 1 back: it fills from node 2 before serving again.
+        map.apply(&Command::NodeBack { id: 1 }).unwrap();
+        assert_eq!((map.serving(unit), map.writers(unit)), (vec![2], vec![2, 1]));
+        assert!(matches!(
+            map.apply(&Command::ReplicaReady { unit, node: 2 }),
+            Err(MapError::Refused(_))
+        ));
+        assert_eq!(map.filling_on(1).len(), 56);
+        assert!(map.filling_on(2).is_empty() && map.holds(unit, 1) && !map.holds(unit, 3));
+        map.apply(&Command::ReplicaReady { unit, node: 1 }).unwrap();
+        assert_eq!(map.serving(unit), vec![2, 1]);
+        assert_eq!(map.filling_on(1).len(), 55);
     }
 
     #[test]

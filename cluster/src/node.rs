@@ -256,6 +256,7 @@ impl ClusterNode {
         runner.identity_cluster =
             runner.replica.store().identity().map(|i| i.cluster_id).unwrap_or_default();
         let ready_after = runner.ready_tx.clone();
+        let contact_after = contact.clone();
         let thread = std::thread::Builder::new()
             .name(format!("neardup-raft-{}", cfg.node_id))
             .spawn(move || {
@@ -266,6 +267,7 @@ impl ClusterNode {
                 {
                     tracing::error!("the Raft thread panicked; the cluster node has stopped");
                     ready_after.send_replace(false);
+                    contact_after.store(false, Ordering::Release);
                 }
             })
             .map_err(|e| ClusterError::Unavailable(format!("cannot start the Raft thread: {e}")))?;
@@ -327,15 +329,12 @@ impl ClusterNode {
         self.ask(|reply| Input::Transfer { to, reply }).await
     }
 
-    /// Proposes `cmd` from this node, leader or not (a follower forwards it to the leader),
-    /// and answers once this node applied it: where, and for a `GrantIds` the sequence
-    /// numbers granted. The map's refusal comes back as its error. Unavailable at once when
+    /// Proposes `cmd` (a normal entry: never a membership change, which needs a conf change
+    /// too) from this node, leader or not (a follower forwards it to the leader), and answers
+    /// once this node applied it: where, and for a `GrantIds` the sequence numbers granted. The map's refusal comes back as its error. Unavailable at once when
     /// this node is not [in contact](Self::in_contact), and when no answer came within three
     /// election timeouts (at least 1 s; the command may or may not be applied: read the map).
-    pub async fn submit(
-        &self,
-        cmd: Command,
-    ) -> Result<(Applied, Option<Range<u64>>), ClusterError> {
+    async fn submit(&self, cmd: Command) -> Result<(Applied, Option<Range<u64>>), ClusterError> {
         let (reply, rx) = oneshot::channel();
         self.shared.tx.send(Input::Submit { cmd, reply }).map_err(|_| stopped())?;
         rx.await.map_err(|_| stopped())?

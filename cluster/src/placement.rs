@@ -28,6 +28,10 @@
 //! keeps serving until every filling replica of the unit is ready (`ReplicaReady`), and then
 //! only if the unit keeps a serving replica that is not down. A filling replica that is no
 //! longer a target is dropped at once (it never served).
+//!
+//! The nodes follow the map: a node copies the units of `ClusterMap::filling_on` from a
+//! serving replica and reports each ready; it drops its copy of a unit once
+//! `ClusterMap::holds` says the map took it away.
 
 use std::collections::BTreeMap;
 

@@ -130,6 +130,7 @@ struct Stats {
     grants: u64,
     marked_down: u64,
     ready_replicas: u64,
+    evictions: u64,
 }
 
 fn config(id: NodeId) -> ReplicaConfig {
@@ -355,6 +356,7 @@ impl Sim {
                         Some(Command::ReplicaReady { .. }) if a.result.is_ok() => {
                             self.stats.ready_replicas += 1
                         }
+                        Some(Command::Evict { .. }) => self.stats.evictions += 1,
                         _ => {}
                     }
                 }
@@ -740,6 +742,7 @@ fn seeded_chaos_keeps_one_history() {
                 total.grants += s.grants;
                 total.marked_down += s.marked_down;
                 total.ready_replicas += s.ready_replicas;
+                total.evictions += s.evictions;
                 assert!(s.voters >= 1 && s.voters <= 3, "seed {seed}: {} voters", s.voters);
                 if s.voters == 3 {
                     three_voters += 1;
