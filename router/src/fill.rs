@@ -22,16 +22,6 @@ const COPY_DEADLINE: Duration = Duration::from_secs(300);
 /// How often the filler looks at the map when nothing changes.
 const POLL: Duration = Duration::from_millis(500);
 
-/// The units `me` takes writes for but does not serve yet.
-pub fn filling_units(map: &ClusterMap, me: NodeId) -> Vec<Unit> {
-    let tablets = map.tablets.iter().map(|t| Unit::Tablet { table: t.table, start: t.start });
-    let parts = map.partitions.iter().map(|p| Unit::Partition(p.index));
-    tablets
-        .chain(parts)
-        .filter(|&u| map.writers(u).contains(&me) && !map.serving(u).contains(&me))
-        .collect()
-}
-
 /// Fills this node's filling replicas until `stop` turns true.
 pub async fn run(
     local: Arc<LocalNode>,
@@ -47,7 +37,9 @@ pub async fn run(
         }
         local.prune_fill_logs();
         let map = map_rx.borrow_and_update().clone();
-        for unit in filling_units(&map, me) {
+        // A node marked down takes no writes, so nothing it would copy could be kept level.
+        let units = if map.is_up(me) { map.filling_on(me) } else { Vec::new() };
+        for unit in units {
             if *stop.borrow() {
                 return;
             }
@@ -59,9 +51,13 @@ pub async fn run(
                         ms = started.elapsed().as_millis() as u64,
                         "replica filled and ready"
                     ),
-                    Err(e) => tracing::warn!(?unit, error = %e, "replica filled; not reported ready yet"),
+                    Err(e) => {
+                        tracing::warn!(?unit, error = %e, "replica filled; not reported ready yet")
+                    }
                 },
-                Err(e) => tracing::warn!(?unit, error = %e, "cannot fill the replica yet; retrying"),
+                Err(e) => {
+                    tracing::warn!(?unit, error = %e, "cannot fill the replica yet; retrying")
+                }
             }
         }
         tokio::select! {

@@ -192,47 +192,6 @@ pub trait NodeApi: Send + Sync + 'static {
     ) -> DataResult<neardup_proto::v1::StatsResponse>;
 }
 
-/// The role a request asks of a node for a unit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UnitRole {
-    /// Serve reads: the node must be among the unit's serving replicas (`nodes`).
-    Read,
-    /// Take writes: the node must be among its serving or filling replicas.
-    Write,
-}
-
-/// The check a node makes before a data request, under its own map: [`DataError::EpochMoved`]
-/// (with the map's epoch) unless `node` holds `unit` in `role`. A node's own Down mark does
-/// not matter here (routers skip a Down node; one that hears from them anyway still
-/// answers).
-pub fn check_role(
-    map: &neardup_cluster::map::ClusterMap,
-    node: neardup_cluster::NodeId,
-    unit: neardup_cluster::Unit,
-    role: UnitRole,
-) -> DataResult<()> {
-    use neardup_cluster::Unit;
-    let lists = match unit {
-        Unit::Tablet { table, start } => map
-            .tablets
-            .iter()
-            .find(|t| t.table == table && t.start == start)
-            .map(|t| (&t.nodes, &t.filling)),
-        Unit::Partition(p) => map.partition(p).map(|p| (&p.nodes, &p.filling)),
-    };
-    let holds = lists.is_some_and(|(nodes, filling)| {
-        nodes.contains(&node) || (role == UnitRole::Write && filling.contains(&node))
-    });
-    if holds {
-        Ok(())
-    } else {
-        Err(DataError::EpochMoved {
-            epoch: map.epoch,
-            why: format!("node {node} does not hold {unit:?} for {role:?} at this epoch"),
-        })
-    }
-}
-
 // Wire conversions, shared by the service and the router's client. Structs are
 // destructured whole, so a new field fails to compile here until it is carried over.
 
@@ -508,26 +467,6 @@ mod tests {
             DataError::from_status(&Status::unknown("transport")),
             DataError::Unavailable(_)
         ));
-    }
-
-    #[test]
-    fn a_node_answers_only_for_the_units_it_holds_in_the_role_asked() {
-        use neardup_cluster::Unit;
-        use neardup_cluster::map::{ClusterMap, Partition};
-        let map = ClusterMap {
-            epoch: 9,
-            partitions: vec![Partition { index: 0, nodes: vec![1], filling: vec![2] }],
-            ..Default::default()
-        };
-        let p = Unit::Partition(0);
-        assert!(check_role(&map, 1, p, UnitRole::Read).is_ok());
-        assert!(check_role(&map, 1, p, UnitRole::Write).is_ok());
-        assert!(check_role(&map, 2, p, UnitRole::Write).is_ok());
-        let e = check_role(&map, 2, p, UnitRole::Read).unwrap_err();
-        assert!(matches!(e, DataError::EpochMoved { epoch: 9, .. }), "{e:?}");
-        assert!(check_role(&map, 3, p, UnitRole::Write).is_err());
-        assert!(check_role(&map, 1, Unit::Partition(1), UnitRole::Read).is_err());
-        assert!(check_role(&map, 1, Unit::Tablet { table: 0, start: 0 }, UnitRole::Read).is_err());
     }
 
     #[test]

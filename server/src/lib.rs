@@ -49,7 +49,7 @@ pub mod shard;
 pub mod storage;
 pub mod transport;
 
-pub use data_api::{DataError, DataResult, DataService, NodeApi, UnitRole, check_role};
+pub use data_api::{DataError, DataResult, DataService, NodeApi};
 pub use data_types::{DocInfo, DocOp, TabletHit, TabletOp};
 pub use error::{Error, ErrorClass, Result};
 pub use metrics::ShardMetrics;

@@ -27,8 +27,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use neardup_cluster::map::{ClusterMap, Unit};
 use neardup_cluster::NodeId;
+use neardup_cluster::map::{ClusterMap, Unit};
 use neardup_core::Design;
 use parking_lot::Mutex;
 use tokio::sync::watch;
@@ -204,7 +204,9 @@ impl LocalNode {
                     let removed = fills.get(&unit).map(|l| &l.removed);
                     puts.into_iter()
                         .filter_map(|(t, op)| match op {
-                            TabletOp::Put { gid, fp } if removed.is_some_and(|r| r.contains(&gid)) => {
+                            TabletOp::Put { gid, fp }
+                                if removed.is_some_and(|r| r.contains(&gid)) =>
+                            {
                                 Some((t, TabletOp::Remove { gid, fp }))
                             }
                             _ => None,
@@ -464,5 +466,186 @@ fn unit_partition(unit: Unit) -> u32 {
     match unit {
         Unit::Partition(p) => p,
         Unit::Tablet { .. } => u32::MAX,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use neardup_cluster::map::{
+        DesignInfo, NodeInfo, NodeState, Partition, Role, Tablet, TabletState,
+    };
+
+    use super::*;
+    use crate::ShardMetrics;
+    use crate::data_types::make_gid;
+    use crate::node_store::NodeStoreConfig;
+
+    const DESIGN: &str = "4c1";
+
+    /// Nodes 1 and 2; every unit served by 2, and by 1 too unless `filling` (then 1 fills).
+    fn map(filling: bool, epoch: u64) -> ClusterMap {
+        let design = Design::parse(DESIGN).unwrap();
+        let node = |id| NodeInfo {
+            id,
+            public_addr: format!("p{id}"),
+            internal_addr: format!("i{id}"),
+            role: Role::Voter,
+            state: NodeState::Active,
+        };
+        let (nodes, fill) = if filling { (vec![2], vec![1]) } else { (vec![1, 2], vec![]) };
+        ClusterMap {
+            cluster_id: "t".into(),
+            epoch,
+            design: Some(DesignInfo { name: DESIGN.into(), tables: 4, max_k: 3 }),
+            nodes: [(1, node(1)), (2, node(2))].into_iter().collect(),
+            tablets: (0..design.tables().len() as u32)
+                .map(|table| Tablet {
+                    table,
+                    start: 0,
+                    end: u64::MAX,
+                    nodes: nodes.clone(),
+                    state: TabletState::Active,
+                    filling: fill.clone(),
+                })
+                .collect(),
+            partitions: (0..2)
+                .map(|index| Partition { index, nodes: nodes.clone(), filling: fill.clone() })
+                .collect(),
+            replicas: 2,
+            ..Default::default()
+        }
+    }
+
+    fn config() -> NodeStoreConfig {
+        NodeStoreConfig { cache_bytes: 8 << 20, min_free_bytes: 0, ..Default::default() }
+    }
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        node: LocalNode,
+        map: watch::Sender<Arc<ClusterMap>>,
+        contact: Arc<AtomicBool>,
+    }
+
+    fn fixture(filling: bool) -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let design = Design::parse(DESIGN).unwrap();
+        let store =
+            NodeStore::open(dir.path(), &design, config(), ShardMetrics::default()).unwrap();
+        let (tx, rx) = watch::channel(Arc::new(map(filling, 1)));
+        let contact = Arc::new(AtomicBool::new(true));
+        let c = contact.clone();
+        let node = LocalNode::new(1, store, rx, Arc::new(move || c.load(Ordering::Acquire)));
+        Fixture { _dir: dir, node, map: tx, contact }
+    }
+
+    fn doc(gid: u64, name: &str, fp: u64) -> DocInfo {
+        DocInfo { gid, name: name.into(), fp, ts_ms: 7, cluster: gid, sketch: None }
+    }
+
+    fn all_tables(op: impl Fn(u32) -> (u32, TabletOp)) -> Vec<(u32, TabletOp)> {
+        (0..4).map(op).collect()
+    }
+
+    fn is_moved(e: &DataError) -> bool {
+        matches!(e, DataError::EpochMoved { .. })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reads_need_a_serving_replica_in_contact_and_writes_a_replica() {
+        let f = fixture(true);
+        let n = &f.node;
+        let fps = [0u64, 0b111, u64::MAX, 0xF0F0];
+        for (i, &fp) in fps.iter().enumerate() {
+            let gid = make_gid(i as u64 + 1, 0);
+            n.tablet_write(1, all_tables(|t| (t, TabletOp::Put { gid, fp })), None).await.unwrap();
+        }
+        // Filling: writes are taken, reads refused.
+        let e = n.tablet_probe(1, vec![(0, 0)], 3, 100, None).await.unwrap_err();
+        assert!(is_moved(&e), "{e}");
+        assert!(is_moved(&n.doc_resolve(1, vec![make_gid(1, 0)], None).await.unwrap_err()));
+        assert!(is_moved(&n.tablet_scan(1, 0, 0, u64::MAX, None).await.unwrap_err()));
+        // Serving: every table's probe equals a scan of what was written.
+        f.map.send_replace(Arc::new(map(false, 2)));
+        let probes: Vec<(u32, u64)> = (0..4).map(|t| (t, 0)).collect();
+        let hits = n.tablet_probe(2, probes, 3, 100, None).await.unwrap();
+        let design = Design::parse(DESIGN).unwrap();
+        for (t, (h, truncated)) in hits.iter().enumerate() {
+            assert!(!truncated);
+            let spec = &design.tables()[t];
+            let shift = 64 - spec.prefix_bits;
+            let mut want: Vec<u64> = fps
+                .iter()
+                .enumerate()
+                .filter(|(_, fp)| {
+                    fp.count_ones() <= 3 && spec.perm.apply(**fp) >> shift == 0 >> shift
+                })
+                .map(|(i, _)| make_gid(i as u64 + 1, 0))
+                .collect();
+            let mut got: Vec<u64> = h.iter().map(|h| h.gid).collect();
+            want.sort_unstable();
+            got.sort_unstable();
+            assert_eq!(got, want, "table {t}");
+        }
+        // Cut off from the leader: reads refused, as unavailable.
+        f.contact.store(false, Ordering::Release);
+        let e = n.tablet_probe(2, vec![(0, 0)], 3, 100, None).await.unwrap_err();
+        assert!(matches!(e, DataError::Unavailable(_)), "{e}");
+        f.contact.store(true, Ordering::Release);
+        // Marked down in its own map: neither reads nor writes.
+        let mut down = map(false, 3);
+        down.nodes.get_mut(&1).unwrap().state = NodeState::Down;
+        f.map.send_replace(Arc::new(down));
+        assert!(is_moved(&n.tablet_probe(3, vec![(0, 0)], 3, 100, None).await.unwrap_err()));
+        let put = all_tables(|t| (t, TabletOp::Put { gid: make_gid(9, 0), fp: 1 }));
+        assert!(is_moved(&n.tablet_write(3, put, None).await.unwrap_err()));
+        // A caller ahead of the node: it waits for its map, then answers by it.
+        let tx = f.map.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            tx.send_replace(Arc::new(map(false, 4)));
+        });
+        n.tablet_probe(4, vec![(0, 0)], 3, 100, None).await.unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reconcile_keeps_what_was_written_while_filling() {
+        let f = fixture(false);
+        let n = &f.node;
+        let g = |i: u64| make_gid(i, 0);
+        // Before it went down the node held a and b.
+        for (gid, fp) in [(g(1), 0xA), (g(2), 0xB)] {
+            n.tablet_write(1, vec![(0, TabletOp::Put { gid, fp })], None).await.unwrap();
+        }
+        let name = |i: u64| format!("doc{i}");
+        let in_p0: Vec<u64> =
+            (1..200).filter(|&i| map(false, 1).partition_of(&name(i)) == Some(0)).take(5).collect();
+        let pdoc = |k: usize| doc(g(in_p0[k]), &name(in_p0[k]), k as u64);
+        n.doc_write(1, vec![DocOp::Put(pdoc(0)), DocOp::Put(pdoc(1))], None).await.unwrap();
+        // Back and filling: c is put and d removed meanwhile.
+        f.map.send_replace(Arc::new(map(true, 2)));
+        n.tablet_write(2, vec![(0, TabletOp::Put { gid: g(3), fp: 0xC })], None).await.unwrap();
+        n.tablet_write(2, vec![(0, TabletOp::Remove { gid: g(4), fp: 0xD })], None).await.unwrap();
+        n.doc_write(2, vec![DocOp::Put(pdoc(2))], None).await.unwrap();
+        let d3 = pdoc(3);
+        n.doc_write(2, vec![DocOp::Remove { gid: d3.gid, name: d3.name.clone() }], None)
+            .await
+            .unwrap();
+        // The source: a was deleted and e added while this node was down; d was there.
+        let theirs = vec![(g(2), 0xB), (g(4), 0xD), (g(5), 0xE)];
+        n.reconcile(Unit::Tablet { table: 0, start: 0 }, Source::Entries(theirs)).await.unwrap();
+        let mut held = n.store().scan_tablet(0, 0, u64::MAX).unwrap();
+        held.sort_unstable();
+        assert_eq!(held, vec![(g(2), 0xB), (g(3), 0xC), (g(5), 0xE)]);
+        let source = vec![pdoc(1), pdoc(3), pdoc(4)];
+        n.reconcile(Unit::Partition(0), Source::Docs(source)).await.unwrap();
+        let mut docs: Vec<u64> =
+            n.store().scan_partition(0).unwrap().into_iter().map(|d| d.gid).collect();
+        docs.sort_unstable();
+        let mut want = vec![pdoc(1).gid, pdoc(2).gid, pdoc(4).gid];
+        want.sort_unstable();
+        assert_eq!(docs, want);
     }
 }

@@ -48,8 +48,7 @@ pub async fn run(
     mut registry: Registry,
 ) -> Result<(), CliError> {
     // The cluster's state is opened first: a wrong node id stops the start here.
-    let (cluster, internal_listener) =
-        cluster_node::start(&config, address, &mut registry).await?;
+    let (cluster, internal_listener) = cluster_node::start(&config, address, &mut registry).await?;
     let design = config.index_config()?.design;
     let shard = config.shard_config()?;
     let store_config = NodeStoreConfig {
@@ -60,10 +59,11 @@ pub async fn run(
     let dir = config.data.join("node");
     let d = design.clone();
     let metrics = shard_metrics.clone();
-    let store = tokio::task::spawn_blocking(move || NodeStore::open(&dir, &d, store_config, metrics))
-        .await
-        .map_err(|e| CliError::Start(neardup_server::Error::Internal(e.to_string())))?
-        .map_err(CliError::Start)?;
+    let store =
+        tokio::task::spawn_blocking(move || NodeStore::open(&dir, &d, store_config, metrics))
+            .await
+            .map_err(|e| CliError::Start(neardup_server::Error::Internal(e.to_string())))?
+            .map_err(CliError::Start)?;
     ops::serve_metrics(&config.metrics_listen, registry).await?;
     let node = cluster.node.clone();
     let id = node.id();
