@@ -362,6 +362,13 @@ impl ClusterNode {
         Ok(self.submit(Command::ReplicaReady { unit, node: self.id() }).await?.0)
     }
 
+    /// Marks this node down, through the leader, so that the leader marks it back and its
+    /// replicas catch up before they serve (a node does this after a restart: it may have
+    /// missed writes while it was away).
+    pub async fn mark_self_down(&self) -> Result<Applied, ClusterError> {
+        Ok(self.submit(Command::NodeDown { id: self.id() }).await?.0)
+    }
+
     /// True while this node is in touch with the cluster: it heard from the leader within an
     /// election timeout, or it leads and heard from a quorum of voters within one. A node cut
     /// off must stop answering data requests (its replicas may be stale).

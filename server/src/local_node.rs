@@ -15,6 +15,20 @@
 //! A refusal is [`DataError::EpochMoved`] with the node's epoch. When the caller's map is
 //! ahead of the node's, the node first waits (briefly) for its own map to catch up.
 //!
+//! # Writes under an older map
+//! A write must reach every writer of its units. A router whose map predates a change of a
+//! unit's writers (a replica added, marked down or back) would miss the new one, so a node
+//! refuses a write sent under an epoch older than the last change of the unit's writers it
+//! has seen; the router refreshes its map and retries. Scans, which a filling replica copies
+//! from, first wait for the writes in flight here to finish, so a copy taken at epoch E
+//! holds every write this node accepted under an older map.
+//!
+//! # After a restart
+//! A node that restarts may have missed writes while it was away, and its map may be older
+//! than the cluster's. It serves no reads until [`LocalNode::allow_reads`] (called once its
+//! replicas are known to be marked for catching up: see `neardup serve`), so a router never
+//! reads a replica the cluster stopped writing to.
+//!
 //! # Filling
 //! A replica in a unit's `filling` list takes writes but serves no reads. The node records
 //! which gids it put and removed in each filling unit from the moment its map lists it
@@ -25,6 +39,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use neardup_cluster::NodeId;
@@ -56,6 +71,19 @@ pub struct LocalNode {
     map: watch::Receiver<Arc<ClusterMap>>,
     in_contact: Arc<dyn Fn() -> bool + Send + Sync>,
     fills: Mutex<HashMap<Unit, FillLog>>,
+    /// Per unit, its writers and the epoch of the map in which this node first saw them.
+    writers: Mutex<Writers>,
+    /// Writes hold it shared from their check to their store write; a scan takes it
+    /// exclusively once, to wait for the writes accepted under older maps.
+    gate: tokio::sync::RwLock<()>,
+    reads: AtomicBool,
+}
+
+/// The writers of each unit as last seen, and since when.
+#[derive(Debug, Default)]
+struct Writers {
+    epoch: u64,
+    units: HashMap<Unit, (Vec<NodeId>, u64)>,
 }
 
 impl std::fmt::Debug for LocalNode {
@@ -88,7 +116,45 @@ impl LocalNode {
         in_contact: Arc<dyn Fn() -> bool + Send + Sync>,
     ) -> LocalNode {
         let design = store.design().clone();
-        LocalNode { id, store, design, map, in_contact, fills: Mutex::new(HashMap::new()) }
+        LocalNode {
+            id,
+            store,
+            design,
+            map,
+            in_contact,
+            fills: Mutex::new(HashMap::new()),
+            writers: Mutex::new(Writers::default()),
+            gate: tokio::sync::RwLock::new(()),
+            reads: AtomicBool::new(false),
+        }
+    }
+
+    /// Lets the node serve reads (see the module docs: after a restart).
+    pub fn allow_reads(&self) {
+        self.reads.store(true, Ordering::Release);
+    }
+
+    /// The epoch since which `unit` has had the writers it has in `map`.
+    fn writers_since(&self, map: &ClusterMap, unit: Unit) -> u64 {
+        let mut w = self.writers.lock();
+        if map.epoch > w.epoch {
+            w.epoch = map.epoch;
+            for u in map.units() {
+                let mut now = map.writers(u);
+                now.sort_unstable();
+                match w.units.get_mut(&u) {
+                    Some((seen, since)) if *seen != now => {
+                        *seen = now;
+                        *since = map.epoch;
+                    }
+                    Some(_) => {}
+                    None => {
+                        w.units.insert(u, (now, map.epoch));
+                    }
+                }
+            }
+        }
+        w.units.get(&unit).map_or(map.epoch, |(_, since)| *since)
     }
 
     /// The store.
@@ -130,10 +196,20 @@ impl LocalNode {
         Self::partition_unit(map, p)
     }
 
-    /// Checks that this node writes `unit`; true when it is filling it (record the write).
-    fn check_writer(&self, map: &ClusterMap, unit: Unit) -> DataResult<bool> {
+    /// Checks that this node writes `unit` and that the caller's map (at `epoch`) knows the
+    /// unit's writers; true when this node is filling it (record the write).
+    fn check_writer(&self, map: &ClusterMap, unit: Unit, epoch: u64) -> DataResult<bool> {
         if !map.writers(unit).contains(&self.id) {
             return Err(moved(map, format!("node {} does not take writes for {unit:?}", self.id)));
+        }
+        let since = self.writers_since(map, unit);
+        if epoch < since {
+            return Err(moved(
+                map,
+                format!(
+                    "the writers of {unit:?} changed at epoch {since}, after the caller's {epoch}"
+                ),
+            ));
         }
         Ok(!map.serving(unit).contains(&self.id))
     }
@@ -146,6 +222,12 @@ impl LocalNode {
     }
 
     fn check_contact(&self) -> DataResult<()> {
+        if !self.reads.load(Ordering::Acquire) {
+            return Err(DataError::Unavailable(format!(
+                "node {} restarted and serves no reads until its replicas are marked for catching up",
+                self.id
+            )));
+        }
         if (self.in_contact)() {
             Ok(())
         } else {
@@ -309,10 +391,11 @@ impl NodeApi for LocalNode {
     ) -> DataResult<()> {
         check_deadline(deadline)?;
         let map = self.map_at(epoch, deadline).await;
+        let _gate = self.gate.read().await;
         for &(table, op) in &ops {
             let (TabletOp::Put { fp, .. } | TabletOp::Remove { fp, .. }) = op;
             let unit = self.tablet_unit(&map, table, fp)?;
-            if self.check_writer(&map, unit)? {
+            if self.check_writer(&map, unit, epoch)? {
                 match op {
                     TabletOp::Put { gid, .. } => self.record(unit, Some(gid), None),
                     TabletOp::Remove { gid, .. } => self.record(unit, None, Some(gid)),
@@ -349,6 +432,7 @@ impl NodeApi for LocalNode {
     ) -> DataResult<()> {
         check_deadline(deadline)?;
         let map = self.map_at(epoch, deadline).await;
+        let _gate = self.gate.read().await;
         for op in &ops {
             let (unit, put, removed) = match op {
                 DocOp::Put(d) => {
@@ -365,7 +449,7 @@ impl NodeApi for LocalNode {
                     (Self::partition_unit(&map, gid_partition(*gid))?, None, Some(*gid))
                 }
             };
-            if self.check_writer(&map, unit)? {
+            if self.check_writer(&map, unit, epoch)? {
                 self.record(unit, put, removed);
             }
         }
@@ -382,7 +466,7 @@ impl NodeApi for LocalNode {
         let map = self.map_at(epoch, deadline).await;
         for name in &names {
             let unit = Self::name_unit(&map, name)?;
-            self.check_writer(&map, unit)?;
+            self.check_writer(&map, unit, epoch)?;
         }
         let store = self.store.clone();
         blocking(move || {
@@ -426,6 +510,7 @@ impl NodeApi for LocalNode {
             .find(|t| t.table == table && t.start == start && t.end == end)
             .ok_or_else(|| moved(&map, format!("no tablet {table} [{start:#x}, {end:#x}]")))?;
         self.check_reader(&map, Unit::Tablet { table, start: tablet.start })?;
+        drop(self.gate.write().await);
         let store = self.store.clone();
         blocking(move || store.scan_tablet(table, start, end)).await
     }
@@ -440,6 +525,7 @@ impl NodeApi for LocalNode {
         let map = self.map_at(epoch, deadline).await;
         self.check_contact()?;
         self.check_reader(&map, Self::partition_unit(&map, partition)?)?;
+        drop(self.gate.write().await);
         let store = self.store.clone();
         blocking(move || store.scan_partition(partition)).await
     }
@@ -471,8 +557,6 @@ fn unit_partition(unit: Unit) -> u32 {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicBool, Ordering};
-
     use neardup_cluster::map::{
         DesignInfo, NodeInfo, NodeState, Partition, Role, Tablet, TabletState,
     };
@@ -538,6 +622,7 @@ mod tests {
         let contact = Arc::new(AtomicBool::new(true));
         let c = contact.clone();
         let node = LocalNode::new(1, store, rx, Arc::new(move || c.load(Ordering::Acquire)));
+        node.allow_reads();
         Fixture { _dir: dir, node, map: tx, contact }
     }
 
@@ -600,14 +685,22 @@ mod tests {
         f.map.send_replace(Arc::new(down));
         assert!(is_moved(&n.tablet_probe(3, vec![(0, 0)], 3, 100, None).await.unwrap_err()));
         let put = all_tables(|t| (t, TabletOp::Put { gid: make_gid(9, 0), fp: 1 }));
-        assert!(is_moved(&n.tablet_write(3, put, None).await.unwrap_err()));
+        assert!(is_moved(&n.tablet_write(3, put.clone(), None).await.unwrap_err()));
+        // Node 2 down instead: the writers changed at epoch 4, so a write sent under an older
+        // map (which would still send to node 2 and wait for it, or worse, miss a writer) is
+        // refused, and one sent under the new map is taken.
+        let mut other = map(false, 4);
+        other.nodes.get_mut(&2).unwrap().state = NodeState::Down;
+        f.map.send_replace(Arc::new(other));
+        assert!(is_moved(&n.tablet_write(3, put.clone(), None).await.unwrap_err()));
+        n.tablet_write(4, put, None).await.unwrap();
         // A caller ahead of the node: it waits for its map, then answers by it.
         let tx = f.map.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(50)).await;
-            tx.send_replace(Arc::new(map(false, 4)));
+            tx.send_replace(Arc::new(map(false, 5)));
         });
-        n.tablet_probe(4, vec![(0, 0)], 3, 100, None).await.unwrap();
+        n.tablet_probe(5, vec![(0, 0)], 3, 100, None).await.unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

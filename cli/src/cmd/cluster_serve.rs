@@ -7,6 +7,7 @@
 use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::Duration;
 
 use neardup_cluster::ClusterNode;
 use neardup_router::cluster::{ClusterRouter, GrpcNodes, IdSource};
@@ -112,6 +113,7 @@ pub async fn run(
         config.limits.http2(),
         stop_signal(stopped.clone()),
     ));
+    tokio::spawn(mark_for_catching_up(node.clone(), local.clone(), stopped.clone()));
     let filler =
         tokio::spawn(neardup_router::fill::run(local, node.clone(), nodes, stopped.clone()));
     // A joining node asks a member to add it once its internal listener serves (the leader
@@ -135,6 +137,40 @@ pub async fn run(
     joined?;
     served.map_err(|e| CliError::Serve(e.to_string()))?;
     down
+}
+
+/// After a start, lets the node serve reads only once its replicas are marked for catching
+/// up: it may have missed writes while it was away (the others stop writing to a node once
+/// it is marked down), and its map may be older than the cluster's. A node the map holds
+/// as active (killed and back before the leader noticed) marks itself down; the leader then
+/// marks it back, which turns its replicas into filling ones, and the filler brings them
+/// level. A node with no replicas (new, or joining) has nothing to catch up.
+async fn mark_for_catching_up(
+    node: ClusterNode,
+    local: Arc<LocalNode>,
+    stopped: watch::Receiver<bool>,
+) {
+    let id = node.id();
+    let mut map = node.watch_map();
+    loop {
+        if *stopped.borrow() {
+            return;
+        }
+        if node.in_contact() && *node.watch_ready().borrow() {
+            let m = map.borrow_and_update().clone();
+            let holds = m.units().any(|u| m.holds(u, id));
+            if !holds || !m.is_up(id) {
+                break;
+            }
+            match node.mark_self_down().await {
+                Ok(_) => break,
+                Err(e) => tracing::info!(error = %e, "marking this node for catching up; retrying"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tracing::info!("replicas marked for catching up; serving reads");
+    local.allow_reads();
 }
 
 /// Stops the node when the cluster's design is not the one its data was opened with: every
