@@ -7,10 +7,8 @@
 //! - `single_node_kill9_torture`: one `neardup serve` (no cluster), killed and restarted;
 //!   always runs.
 //! - `three_nodes_kill9_torture`, `three_nodes_partition_torture`,
-//!   `python_client_through_each_of_three_nodes`: a cluster of 3 (bootstrap and 2 joins, R =
-//!   2 expected). Until the cluster data path is wired into `neardup serve` a node answers
-//!   from its own local data, so these are gated on `NEARDUP_CLUSTER_DATA=1` (run with it
-//!   today they report the inexact answers).
+//!   `python_client_through_each_of_three_nodes`: a cluster of 3 (bootstrap and 2 joins,
+//!   every tablet and partition on 2 nodes), called through any node.
 //!
 //! Kills and partitions per test: `NEARDUP_TORTURE_FAULTS` (default 6). Every loop is
 //! bounded in count and time; nothing asserts on time.
@@ -33,15 +31,6 @@ use neardup_tests::{Node, skip_without};
 /// Faults (kills or partitions) per test: `NEARDUP_TORTURE_FAULTS`, default 6.
 fn faults() -> usize {
     std::env::var("NEARDUP_TORTURE_FAULTS").ok().and_then(|v| v.parse().ok()).unwrap_or(6)
-}
-
-/// Whether the 3-node data tests run (the cluster data path is wired in).
-fn cluster_data() -> bool {
-    if std::env::var("NEARDUP_CLUSTER_DATA").is_ok_and(|v| v == "1") {
-        return true;
-    }
-    eprintln!("SKIPPED: NEARDUP_CLUSTER_DATA=1 is not set (the cluster data path is not wired in)");
-    false
 }
 
 /// Client tasks per test.
@@ -528,9 +517,6 @@ async fn wait_public_serving(m: &Member) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_kill9_torture() {
-    if !cluster_data() {
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let mut members = form(dir.path(), 3).await;
     let addrs: Vec<String> = members.iter().map(|m| m.public.clone()).collect();
@@ -560,9 +546,6 @@ async fn three_nodes_kill9_torture() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_partition_torture() {
-    if !cluster_data() {
-        return;
-    }
     let net = match Netns::create_with_clients(3) {
         Ok(n) => n,
         Err(why) => {
@@ -610,9 +593,6 @@ async fn three_nodes_partition_torture() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_client_through_each_of_three_nodes() {
-    if !cluster_data() {
-        return;
-    }
     if !neardup_tests::has_python_grpc() {
         skip_without("python3 with grpcio and grpcio-tools: the Python client is not checked");
         return;
