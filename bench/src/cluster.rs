@@ -10,8 +10,9 @@
 //! after it (same design, same documents):
 //! 1. durable streaming inserts of `--docs` generated documents (the `InsertStream` path of
 //!    `neardup-bench service`, several streams at once), then background merges settle;
-//! 2. bytes per document: the sum over the nodes of `Stats.index_bytes` (memory) and
-//!    `Stats.disk_bytes` (disk), each divided by the documents loaded;
+//! 2. bytes per document: `Stats.index_bytes` (memory) and `Stats.disk_bytes` (disk) of the
+//!    whole cluster (any node's `Stats` sums every node's own), each divided by the
+//!    documents loaded;
 //! 3. unary Query latency at each `--rates` value, open loop, with the same-run floors of
 //!    `neardup-bench service` (a gRPC Health check and a loopback TCP echo, interleaved
 //!    one-second slices);
@@ -218,7 +219,39 @@ async fn start_cluster(args: &ClusterArgs, base: &Path) -> Result<Vec<Proc>, Str
     for p in procs.iter_mut() {
         p.serving(Duration::from_secs(120)).await?;
     }
+    placed(&via, 3, Duration::from_secs(120)).await?;
     Ok(procs)
+}
+
+/// Waits until the map at the member `internal` has `nodes` active nodes and every tablet and
+/// partition on `min(replicas, nodes)` serving replicas with none filling: placement has
+/// settled, so the load that follows measures the cluster, not its first copies.
+async fn placed(internal: &str, nodes: usize, limit: Duration) -> Result<(), String> {
+    use neardup_proto::admin::StatusRequest;
+    use neardup_proto::admin::admin_client::AdminClient;
+    let until = Instant::now() + limit;
+    let mut last = String::from("no answer yet");
+    while Instant::now() < until {
+        if let Ok(mut c) = AdminClient::connect(format!("http://{internal}")).await
+            && let Ok(r) = c.status(StatusRequest {}).await
+        {
+            let s = r.into_inner();
+            let want = (s.replicas as usize).min(nodes);
+            let active_state = neardup_proto::admin::NodeState::Active as i32;
+            let active = s.nodes.iter().filter(|n| n.state == active_state).count();
+            let settled = |n: &[u64], f: &[u64]| n.len() == want && f.is_empty();
+            let done = active == nodes
+                && !s.partitions.is_empty()
+                && s.tablets.iter().all(|t| settled(&t.nodes, &t.filling))
+                && s.partitions.iter().all(|p| settled(&p.nodes, &p.filling));
+            if done {
+                return Ok(());
+            }
+            last = format!("epoch {}, {active} of {nodes} nodes active", s.epoch);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Err(format!("placement did not settle within {limit:?}: {last}"))
 }
 
 /// The shared inputs of the phases.
@@ -259,9 +292,10 @@ async fn measure(
         settle(&c, Duration::from_secs(300)).await?;
         stats.push(c.stats().await.map_err(|e| e.to_string())?);
     }
-    // 2. Bytes per document, over every node.
-    let memory: u64 = stats.iter().map(|s| s.index_bytes).sum();
-    let disk: u64 = stats.iter().map(|s| s.disk_bytes).sum();
+    // 2. Bytes per document. A node's public `Stats` covers the whole cluster (its router
+    // sums every node's own statistics), so one answer holds every node's bytes.
+    let memory = stats[0].index_bytes;
+    let disk = stats[0].disk_bytes;
     let held: Vec<u64> = stats.iter().map(|s| s.documents).collect();
     let per = |b: u64| b as f64 / args.docs.max(1) as f64;
     out.insert("documents_per_node".into(), json!(held));
@@ -444,8 +478,8 @@ fn print_table(args: &ClusterArgs, r: &Value) {
         println!("| {name} | {} | {} |", num(&c[key], digits), num(&s[key], digits));
     };
     row("durable inserts, documents/s", "insert_docs_per_second", 0);
-    row("memory, bytes/document (sum over nodes)", "memory_bytes_per_doc", 1);
-    row("disk, bytes/document (sum over nodes)", "disk_bytes_per_doc", 1);
+    row("memory, bytes/document (every node)", "memory_bytes_per_doc", 1);
+    row("disk, bytes/document (every node)", "disk_bytes_per_doc", 1);
     row("QueryBatch, queries/s", "query_batch_qps", 0);
     for (i, &rate) in args.rates.iter().enumerate() {
         for (what, kind) in [
@@ -483,7 +517,10 @@ fn print_table(args: &ClusterArgs, r: &Value) {
         k["writes_failed"],
         num(&k["writes_back_after_seconds"], 2)
     );
-    println!("| documents per node | {} | {} |", c["documents_per_node"], s["documents_per_node"]);
+    println!(
+        "| documents (Stats through each node) | {} | {} |",
+        c["documents_per_node"], s["documents_per_node"]
+    );
 }
 
 /// Runs `neardup-bench cluster` on a tokio runtime of its own.

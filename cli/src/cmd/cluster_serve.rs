@@ -58,6 +58,8 @@ pub async fn run(
         shard,
     };
     let dir = config.data.join("node");
+    // A node whose data directory is new has missed nothing and holds nothing yet.
+    let fresh = !dir.exists();
     let d = design.clone();
     let metrics = shard_metrics.clone();
     let store =
@@ -113,7 +115,11 @@ pub async fn run(
         config.limits.http2(),
         stop_signal(stopped.clone()),
     ));
-    tokio::spawn(mark_for_catching_up(node.clone(), local.clone(), stopped.clone()));
+    if fresh {
+        local.allow_reads();
+    } else {
+        tokio::spawn(mark_for_catching_up(node.clone(), local.clone(), stopped.clone()));
+    }
     let filler =
         tokio::spawn(neardup_router::fill::run(local, node.clone(), nodes, stopped.clone()));
     // A joining node asks a member to add it once its internal listener serves (the leader
