@@ -361,6 +361,23 @@ impl Netns {
         format!("10.201.0.{}", 11 + i)
     }
 
+    /// One member per namespace, node ids from 1, data under `dir`, listening on the
+    /// namespace's address (public port 7000, internal 7001); not started.
+    pub fn members(&self, dir: &Path) -> Vec<Member> {
+        (0..self.nodes.len())
+            .map(|i| {
+                let host = Netns::addr(i);
+                Member::new(
+                    i as u64 + 1,
+                    dir,
+                    format!("{host}:7000"),
+                    format!("{host}:7001"),
+                    Some(self.nodes[i].clone()),
+                )
+            })
+            .collect()
+    }
+
     /// Cuts node `i` off from every other (its bridge port down).
     pub fn cut(&self, i: usize) -> Result<(), String> {
         ip(&["-n", &self.bridge, "link", "set", &format!("v{i}"), "down"])

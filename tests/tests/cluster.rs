@@ -303,18 +303,7 @@ fn a_partitioned_leader_cannot_change_the_map_and_one_map_remains_after_healing(
         }
     };
     let dir = tempfile::tempdir().unwrap();
-    let mut members: Vec<Member> = (0..3)
-        .map(|i| {
-            let host = Netns::addr(i);
-            Member::new(
-                i as u64 + 1,
-                dir.path(),
-                format!("{host}:7000"),
-                format!("{host}:7001"),
-                Some(net.nodes[i].clone()),
-            )
-        })
-        .collect();
+    let mut members = net.members(dir.path());
     members[0].start(&["--bootstrap"]);
     wait_cli(&members[0], "a leader", |v| v["leader"] == 1);
     let via = members[0].internal.clone();

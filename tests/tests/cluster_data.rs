@@ -554,18 +554,7 @@ async fn three_nodes_partition_torture() {
         }
     };
     let dir = tempfile::tempdir().unwrap();
-    let mut members: Vec<Member> = (0..3)
-        .map(|i| {
-            let host = Netns::addr(i);
-            Member::new(
-                i as u64 + 1,
-                dir.path(),
-                format!("{host}:7000"),
-                format!("{host}:7001"),
-                Some(net.nodes[i].clone()),
-            )
-        })
-        .collect();
+    let mut members = net.members(dir.path());
     form_members(&mut members).await;
     let addrs: Vec<String> = members.iter().map(|m| m.public.clone()).collect();
     let shared = Shared::new();
