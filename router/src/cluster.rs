@@ -14,9 +14,14 @@
 //! document is absent are dropped, and the rest are ordered like the single node (distance,
 //! timestamp, then gid, the cluster's "first stored"), cut to `limit` and the response's
 //! budgets (`max_matches`, `max_bytes`). Verification by sketches is the single node's.
+//! A node whose call fails (unanswered or UNAVAILABLE) is avoided by reads for
+//! [`SUSPECT_FOR`] when another replica serves, and a read that failed so is tried once
+//! more: a node that dies costs reads one attempt, not every read until the map marks it
+//! down.
 //!
 //! # Writes
-//! `DocLookup` (old gids) -> new gids -> `TabletWrite` of the new entries to every writer
+//! `DocLookup` on every writer of the partitions (old gids: replicas may differ after a write
+//! that failed halfway) -> new gids -> `TabletWrite` of the new entries to every writer
 //! of each tablet (one call per node) -> `DocWrite` (removal of the replaced document,
 //! then the new one) to every writer of each partition -> `TabletWrite` removing the old
 //! entries. Deletes: `DocLookup` -> `DocWrite` removal -> `TabletWrite` removal. A write is
@@ -132,7 +137,14 @@ pub struct ClusterRouter {
     block: tokio::sync::Mutex<Range<u64>>,
     spread: AtomicUsize,
     design: Mutex<Option<(String, Arc<Design>)>>,
+    /// Nodes whose last call failed (not answered, or answered UNAVAILABLE), until when:
+    /// reads go to another serving replica meanwhile, so a node that dies costs reads
+    /// one failed attempt instead of every read until the map marks it down.
+    suspects: Mutex<HashMap<NodeId, Instant>>,
 }
+
+/// How long a node whose call failed is avoided for reads.
+pub const SUSPECT_FOR: Duration = Duration::from_secs(1);
 
 impl ClusterRouter {
     /// A router over the map in `map`, reaching nodes with `nodes`, taking gids from `ids`.
@@ -179,6 +191,7 @@ impl ClusterRouter {
             health,
             block: tokio::sync::Mutex::new(0..0),
             spread: AtomicUsize::new(0),
+            suspects: Mutex::new(HashMap::new()),
             design: Mutex::new(None),
         }
     }
@@ -217,11 +230,20 @@ impl ClusterRouter {
         let _ = tokio::time::timeout_at(until.into(), rx.wait_for(|m| m.epoch >= epoch)).await;
     }
 
-    /// One serving replica of a unit: the local node if it serves, else one spread by `salt`.
+    /// One serving replica of a unit: the local node if it serves, else one spread by `salt`;
+    /// replicas whose last call failed only when no other serves.
     fn pick(&self, ctx: &Ctx, unit: Unit, salt: usize) -> DataResult<NodeId> {
-        let serving = ctx.map.serving(unit);
+        let mut serving = ctx.map.serving(unit);
         if serving.is_empty() {
             return Err(DataError::Unavailable(format!("no serving replica of {unit:?}")));
+        }
+        {
+            let now = Instant::now();
+            let mut suspects = self.suspects.lock().unwrap_or_else(|p| p.into_inner());
+            suspects.retain(|_, until| *until > now);
+            if serving.iter().any(|n| !suspects.contains_key(n)) {
+                serving.retain(|n| !suspects.contains_key(n));
+            }
         }
         if let Some(l) = self.local.filter(|l| serving.contains(l)) {
             return Ok(l);
@@ -310,7 +332,13 @@ impl ClusterRouter {
                     let e = match e {
                         DataError::EpochMoved { .. } | DataError::InvalidArgument(_) => e,
                         DataError::DeadlineExceeded(m) => DataError::DeadlineExceeded(m),
-                        other => DataError::Unavailable(format!("node {node}: {other}")),
+                        other => {
+                            self.suspects
+                                .lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .insert(node, Instant::now() + SUSPECT_FOR);
+                            DataError::Unavailable(format!("node {node}: {other}"))
+                        }
                     };
                     // An epoch move wins: it is the one failure a retry fixes.
                     if first_err.is_none() || matches!(e, DataError::EpochMoved { .. }) {
@@ -363,6 +391,54 @@ impl ClusterRouter {
             for (name, doc) in answers {
                 if let Some(d) = doc.filter(|d| d.name == name) {
                     out.insert(name, d);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every document each name has on any writer of its partition, for a write that
+    /// replaces or deletes it: replicas may differ after a write that failed halfway (one
+    /// holds a gid the other never got), and the write must remove what any of them holds.
+    async fn lookup_writers(
+        &self,
+        ctx: &Ctx,
+        names: &[String],
+        deadline: Option<Instant>,
+    ) -> DataResult<HashMap<String, Vec<DocInfo>>> {
+        let mut by_node: BTreeMap<NodeId, Vec<String>> = BTreeMap::new();
+        for name in names.iter().collect::<HashSet<_>>() {
+            let p = Self::partition_unit(ctx, name)?;
+            for node in Self::writers(ctx, Unit::Partition(p))? {
+                by_node.entry(node).or_default().push(name.clone());
+            }
+        }
+        let epoch = ctx.map.epoch;
+        let calls = by_node
+            .into_iter()
+            .map(|(node, names)| {
+                let api = (self.nodes)(node);
+                (node, async move {
+                    let n = names.len();
+                    let docs = api.doc_lookup(epoch, names.clone(), deadline).await?;
+                    if docs.len() != n {
+                        return Err(DataError::Internal(format!(
+                            "{} answers to {n} names",
+                            docs.len()
+                        )));
+                    }
+                    Ok(names.into_iter().zip(docs).collect::<Vec<_>>())
+                })
+            })
+            .collect();
+        let mut out: HashMap<String, Vec<DocInfo>> = HashMap::new();
+        for (_, answers) in self.fan_out(calls).await? {
+            for (name, doc) in answers {
+                if let Some(d) = doc.filter(|d| d.name == name) {
+                    let held = out.entry(name).or_default();
+                    if !held.iter().any(|h| h.gid == d.gid) {
+                        held.push(d);
+                    }
                 }
             }
         }
@@ -713,7 +789,7 @@ impl ClusterRouter {
                 return Err(DataError::InvalidArgument("a document id is empty".into()));
             }
         }
-        let stored = self.lookup(ctx, &names, deadline).await?;
+        let stored = self.lookup_writers(ctx, &names, deadline).await?;
         // The batch in order: documents, then deletes (as the single node's one record).
         // `current`: what each name holds after the steps so far (Some(None): deleted).
         let mut current: HashMap<&str, Option<usize>> = HashMap::new();
@@ -768,7 +844,7 @@ impl ClusterRouter {
             });
         }
         let olds: Vec<DocInfo> =
-            current.keys().filter_map(|name| stored.get(*name).cloned()).collect();
+            current.keys().filter_map(|name| stored.get(*name)).flatten().cloned().collect();
         self.apply(ctx, &puts, &olds, deadline).await?;
         Ok(WriteResponse { inserted, replaced, deleted, missing, seq: 0 })
     }
@@ -1089,7 +1165,14 @@ impl ShardApi for ClusterRouter {
         deadline: Option<Instant>,
     ) -> Result<ProbeResponse, Status> {
         within(deadline, async {
-            with_retry!(self, deadline, |ctx| self.probe_once(&ctx, &req, deadline))
+            // A node that failed is avoided on the second attempt (see `suspects`): reads
+            // go on through another replica before the map marks the node down.
+            match with_retry!(self, deadline, |ctx| self.probe_once(&ctx, &req, deadline)) {
+                Err(s) if s.code() == tonic::Code::Unavailable => {
+                    with_retry!(self, deadline, |ctx| self.probe_once(&ctx, &req, deadline))
+                }
+                r => r,
+            }
         })
         .await
     }

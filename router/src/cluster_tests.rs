@@ -894,3 +894,52 @@ async fn filling_replicas_take_writes_but_serve_no_reads() {
     let w = WriteRequest { documents: vec![doc("c", 7, 3)], ..Default::default() };
     assert_eq!(router.write(w, None).await.unwrap_err().code(), Code::Unavailable);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_go_on_through_another_replica_before_a_failed_node_is_marked_down() {
+    let c = Cluster::new(2);
+    let router = c.router(None);
+    let model = run_random(&c, &router, 11, 100).await;
+    // Node 3 stops answering; the map still lists it as serving. Every read still answers,
+    // exactly, through the other replicas (the first call to node 3 fails and is retried).
+    c.nodes[&3].fail.store(true, Ordering::SeqCst);
+    let mut rng = Rng(5);
+    for _ in 0..30 {
+        let q = rng.next();
+        let r = router.probe(probe_req(vec![q], 3, 1000), None).await.unwrap();
+        check_result(&r.results[0], &brute(&model, q, 3, None), 1000, &model);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_removes_what_any_replica_holds() {
+    let c = Cluster::new(0);
+    let map = c.map_tx.borrow().clone();
+    // A document that reached one replica of its partition only (a write that failed
+    // halfway): entries on every tablet, the document on its partition's first node alone.
+    let name = "half-written";
+    let p = map.partition_of(name).unwrap();
+    let holder = map.partition(p).unwrap().nodes[0];
+    let other = map.partition(p).unwrap().nodes[1];
+    // The router of the other replica, which reads its own copy first.
+    let router = c.router(Some(other));
+    let gid = make_gid(1 << 20, p);
+    let fp = 0x1234_5678_9abc_def0;
+    for n in c.nodes.values() {
+        let ops = (0..10).map(|t| (t, TabletOp::Put { gid, fp })).collect();
+        n.tablet_write(map.epoch, ops, None).await.unwrap();
+    }
+    let d = DocInfo { gid, name: name.into(), fp, ts_ms: 1, cluster: gid, sketch: None };
+    c.nodes[&holder].doc_write(map.epoch, vec![DocOp::Put(d)], None).await.unwrap();
+    // Deleting it removes it from that replica too, whichever replica a lookup would read.
+    let del = WriteRequest { deletes: vec![name.into()], ..Default::default() };
+    assert_eq!(router.write(del, None).await.unwrap().deleted, 1);
+    for n in c.nodes.values() {
+        let held = n.doc_lookup(map.epoch, vec![name.into()], None).await.unwrap();
+        assert_eq!(held, vec![None]);
+    }
+    for local in [Some(holder), None] {
+        let r = c.router(local).probe(probe_req(vec![fp], 0, 10), None).await.unwrap();
+        assert!(r.results[0].matches.is_empty(), "{:?}", r.results[0]);
+    }
+}
