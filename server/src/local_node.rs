@@ -542,6 +542,13 @@ impl NodeApi for LocalNode {
             max_k: self.design.max_k(),
             index_bytes: s.memory_bytes,
             disk_bytes: s.disk_bytes,
+            buffered: s.buffered,
+            runs: s.runs,
+            deleted_pending: s.deleted_pending,
+            merges: s.merges,
+            wal_bytes: s.wal_bytes,
+            checkpoint_pending: s.checkpoint_pending,
+            merging: s.merging,
             version: env!("CARGO_PKG_VERSION").to_string(),
             ..Default::default()
         })

@@ -46,7 +46,7 @@ use neardup_core::Design;
 use crate::data_types::{DocInfo, DocOp, TabletHit, TabletOp, gid_partition};
 use crate::error::{Error, Result};
 use crate::metrics::ShardMetrics;
-use crate::shard::{EntryOp, Shard, ShardConfig, Status, check_data_dir};
+use crate::shard::{EntryOp, Shard, ShardConfig, ShardStats, Status, check_data_dir};
 use crate::storage::{PrefixedStore, SledStore, Store};
 
 /// Where the node records the design its tables were built for.
@@ -96,6 +96,20 @@ pub struct NodeStoreStats {
     pub memory_bytes: u64,
     /// Bytes the database takes on disk.
     pub disk_bytes: u64,
+    /// Runs of every shard.
+    pub runs: u64,
+    /// Documents and entries in the shards' write buffers.
+    pub buffered: u64,
+    /// Deleted documents and entries not merged away yet.
+    pub deleted_pending: u64,
+    /// Merges done since the start, over every shard.
+    pub merges: u64,
+    /// Bytes of write-ahead log records stored.
+    pub wal_bytes: u64,
+    /// Whether a shard has changes no checkpoint covers yet.
+    pub checkpoint_pending: bool,
+    /// Whether a shard is merging.
+    pub merging: bool,
 }
 
 /// A cluster node's tablets and partitions: see the module docs.
@@ -436,12 +450,30 @@ impl NodeStore {
     /// that is not serving counts as empty.
     pub fn stats(&self) -> NodeStoreStats {
         let mut out = NodeStoreStats { design: self.design.to_string(), ..Default::default() };
+        let mut add = |s: &ShardStats| {
+            out.runs += s.runs;
+            out.buffered += s.buffered;
+            out.deleted_pending += s.deleted_pending;
+            out.merges += s.merges;
+            out.wal_bytes += s.wal_bytes;
+            out.checkpoint_pending |= s.checkpoint_pending;
+            out.merging |= s.merging;
+        };
+        let mut per_table = Vec::with_capacity(self.tables.len());
         for t in &self.tables {
             let s = t.stats().ok();
-            out.entries.push(s.as_ref().map_or(0, |s| s.documents));
-            out.table_bytes.push(s.map_or(0, |s| s.index_bytes));
+            if let Some(s) = &s {
+                add(s);
+            }
+            per_table.push(s.map_or((0, 0), |s| (s.documents, s.index_bytes)));
         }
-        if let Ok(s) = self.docs.stats() {
+        let docs = self.docs.stats().ok();
+        if let Some(s) = &docs {
+            add(s);
+        }
+        out.entries = per_table.iter().map(|p| p.0).collect();
+        out.table_bytes = per_table.iter().map(|p| p.1).collect();
+        if let Some(s) = docs {
             out.documents = s.documents;
             out.document_bytes = s.index_bytes + self.docs.doc_bytes() as u64;
         }
