@@ -368,33 +368,7 @@ impl ClusterRouter {
             let node = self.pick(ctx, Unit::Partition(p), salt + p as usize)?;
             by_node.entry(node).or_default().push(name.clone());
         }
-        let epoch = ctx.map.epoch;
-        let calls = by_node
-            .into_iter()
-            .map(|(node, names)| {
-                let api = (self.nodes)(node);
-                (node, async move {
-                    let n = names.len();
-                    let docs = api.doc_lookup(epoch, names.clone(), deadline).await?;
-                    if docs.len() != n {
-                        return Err(DataError::Internal(format!(
-                            "{} answers to {n} names",
-                            docs.len()
-                        )));
-                    }
-                    Ok(names.into_iter().zip(docs).collect::<Vec<_>>())
-                })
-            })
-            .collect();
-        let mut out = HashMap::new();
-        for (_, answers) in self.fan_out(calls).await? {
-            for (name, doc) in answers {
-                if let Some(d) = doc.filter(|d| d.name == name) {
-                    out.insert(name, d);
-                }
-            }
-        }
-        Ok(out)
+        Ok(self.lookup_on(ctx, by_node, deadline).await?.into_iter().collect())
     }
 
     /// Every document each name has on any writer of its partition, for a write that
@@ -413,6 +387,23 @@ impl ClusterRouter {
                 by_node.entry(node).or_default().push(name.clone());
             }
         }
+        let mut out: HashMap<String, Vec<DocInfo>> = HashMap::new();
+        for (name, d) in self.lookup_on(ctx, by_node, deadline).await? {
+            let held = out.entry(name).or_default();
+            if !held.iter().any(|h| h.gid == d.gid) {
+                held.push(d);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The documents the names have on the nodes asked (one `DocLookup` per node).
+    async fn lookup_on(
+        &self,
+        ctx: &Ctx,
+        by_node: BTreeMap<NodeId, Vec<String>>,
+        deadline: Option<Instant>,
+    ) -> DataResult<Vec<(String, DocInfo)>> {
         let epoch = ctx.map.epoch;
         let calls = by_node
             .into_iter()
@@ -431,14 +422,11 @@ impl ClusterRouter {
                 })
             })
             .collect();
-        let mut out: HashMap<String, Vec<DocInfo>> = HashMap::new();
+        let mut out = Vec::new();
         for (_, answers) in self.fan_out(calls).await? {
             for (name, doc) in answers {
                 if let Some(d) = doc.filter(|d| d.name == name) {
-                    let held = out.entry(name).or_default();
-                    if !held.iter().any(|h| h.gid == d.gid) {
-                        held.push(d);
-                    }
+                    out.push((name, d));
                 }
             }
         }
