@@ -153,6 +153,16 @@ fn combined(shards: &[&Arc<Shard>]) -> Status {
 }
 
 impl NodeStore {
+    /// A node holds the tables of a full design: a tablet design (one table) is refused.
+    fn check_full(design: &Design) -> Result<()> {
+        if design.is_tablet() {
+            return Err(Error::InvalidInput(format!(
+                "a node stores the tables of a full design, not the tablet design {design}"
+            )));
+        }
+        Ok(())
+    }
+
     /// Opens (creating if new) and recovers the node's data under `dir` for `design`. A
     /// directory written for another design is refused. When a shard's data is damaged the
     /// store still opens: [`watch_status`](Self::watch_status) says
@@ -163,11 +173,7 @@ impl NodeStore {
         config: NodeStoreConfig,
         metrics: ShardMetrics,
     ) -> Result<Arc<NodeStore>> {
-        if design.is_tablet() {
-            return Err(Error::InvalidInput(format!(
-                "a node stores the tables of a full design, not the tablet design {design}"
-            )));
-        }
+        Self::check_full(design)?;
         check_data_dir(dir, config.min_free_bytes)?;
         Self::check_design(dir, design)?;
         let store: Arc<dyn Store> = Arc::new(SledStore::open(&dir.join("db"), config.cache_bytes)?);
@@ -184,11 +190,7 @@ impl NodeStore {
         config: NodeStoreConfig,
         metrics: ShardMetrics,
     ) -> Result<Arc<NodeStore>> {
-        if design.is_tablet() {
-            return Err(Error::InvalidInput(format!(
-                "a node stores the tables of a full design, not the tablet design {design}"
-            )));
-        }
+        Self::check_full(design)?;
         Self::check_design(dir, design)?;
         let width = design.width();
         let max_k = design.max_k();
