@@ -656,6 +656,18 @@ impl ClusterMap {
         self.tablets.iter().find(|t| t.table == table && t.start <= permuted && permuted <= t.end)
     }
 
+    /// The tablet of `table` starting at permuted value `start`.
+    pub fn tablet(&self, table: u32, start: u64) -> Option<&Tablet> {
+        self.tablets.iter().find(|t| t.table == table && t.start == start)
+    }
+
+    /// The tablet unit of `table` of `design` that holds fingerprint `fp` (the tablet of its
+    /// permuted value); `None` when the table or the tablet is not there.
+    pub fn tablet_unit(&self, design: &neardup_core::Design, table: u32, fp: u64) -> Option<Unit> {
+        let spec = design.tables().get(table as usize)?;
+        self.tablet_for(table, spec.perm.apply(fp)).map(|t| Unit::Tablet { table, start: t.start })
+    }
+
     /// A partition by index.
     pub fn partition(&self, index: u32) -> Option<&Partition> {
         self.partitions.get(index as usize).filter(|p| p.index == index)
@@ -664,11 +676,9 @@ impl ClusterMap {
     /// The replicas of a unit: serving ones and filling ones. Empty for an unknown unit.
     pub(crate) fn replicas_of(&self, unit: Unit) -> (&[NodeId], &[NodeId]) {
         match unit {
-            Unit::Tablet { table, start } => self
-                .tablets
-                .iter()
-                .find(|t| t.table == table && t.start == start)
-                .map_or((&[], &[]), |t| (&t.nodes, &t.filling)),
+            Unit::Tablet { table, start } => {
+                self.tablet(table, start).map_or((&[], &[]), |t| (&t.nodes, &t.filling))
+            }
             Unit::Partition(p) => self.partition(p).map_or((&[], &[]), |p| (&p.nodes, &p.filling)),
         }
     }

@@ -232,23 +232,33 @@ impl ClusterRouter {
 
     /// One serving replica of a unit: the local node if it serves, else one spread by `salt`;
     /// replicas whose last call failed only when no other serves.
-    fn pick(&self, ctx: &Ctx, unit: Unit, salt: usize) -> DataResult<NodeId> {
+    /// `avoid`: the suspects, taken once per step ([`suspects_now`](Self::suspects_now)).
+    fn pick(
+        &self,
+        ctx: &Ctx,
+        unit: Unit,
+        salt: usize,
+        avoid: &HashSet<NodeId>,
+    ) -> DataResult<NodeId> {
         let mut serving = ctx.map.serving(unit);
         if serving.is_empty() {
             return Err(DataError::Unavailable(format!("no serving replica of {unit:?}")));
         }
-        {
-            let now = Instant::now();
-            let mut suspects = self.suspects.lock().unwrap_or_else(|p| p.into_inner());
-            suspects.retain(|_, until| *until > now);
-            if serving.iter().any(|n| !suspects.contains_key(n)) {
-                serving.retain(|n| !suspects.contains_key(n));
-            }
+        if serving.iter().any(|n| !avoid.contains(n)) {
+            serving.retain(|n| !avoid.contains(n));
         }
         if let Some(l) = self.local.filter(|l| serving.contains(l)) {
             return Ok(l);
         }
         Ok(serving[salt % serving.len()])
+    }
+
+    /// The nodes reads avoid now (their last call failed within [`SUSPECT_FOR`]).
+    fn suspects_now(&self) -> HashSet<NodeId> {
+        let now = Instant::now();
+        let mut suspects = self.suspects.lock().unwrap_or_else(|p| p.into_inner());
+        suspects.retain(|_, until| *until > now);
+        suspects.keys().copied().collect()
     }
 
     /// The writers of a unit; UNAVAILABLE when it has none.
@@ -262,14 +272,9 @@ impl ClusterRouter {
 
     /// The tablet unit of table `t` holding fingerprint `fp`.
     fn tablet_unit(ctx: &Ctx, t: usize, fp: u64) -> DataResult<Unit> {
-        let spec = ctx.design.tables().get(t).ok_or_else(|| {
-            DataError::Internal(format!("table {t} is not in design {}", ctx.design))
-        })?;
-        let permuted = spec.perm.apply(fp);
-        let tablet = ctx.map.tablet_for(t as u32, permuted).ok_or_else(|| {
-            DataError::Unavailable(format!("no tablet of table {t} holds {permuted:#x}"))
-        })?;
-        Ok(Unit::Tablet { table: tablet.table, start: tablet.start })
+        ctx.map.tablet_unit(&ctx.design, t as u32, fp).ok_or_else(|| {
+            DataError::Unavailable(format!("no tablet of table {t} holds fingerprint {fp:#x}"))
+        })
     }
 
     /// The partition unit of a name.
@@ -363,9 +368,10 @@ impl ClusterRouter {
     ) -> DataResult<HashMap<String, DocInfo>> {
         let mut by_node: BTreeMap<NodeId, Vec<String>> = BTreeMap::new();
         let salt = self.spread.fetch_add(1, Ordering::Relaxed);
+        let avoid = self.suspects_now();
         for name in names.iter().collect::<HashSet<_>>() {
             let p = Self::partition_unit(ctx, name)?;
-            let node = self.pick(ctx, Unit::Partition(p), salt + p as usize)?;
+            let node = self.pick(ctx, Unit::Partition(p), salt + p as usize, &avoid)?;
             by_node.entry(node).or_default().push(name.clone());
         }
         Ok(self.lookup_on(ctx, by_node, deadline).await?.into_iter().collect())
@@ -442,12 +448,13 @@ impl ClusterRouter {
     ) -> DataResult<HashMap<u64, DocInfo>> {
         let mut by_node: BTreeMap<NodeId, Vec<u64>> = BTreeMap::new();
         let salt = self.spread.fetch_add(1, Ordering::Relaxed);
+        let avoid = self.suspects_now();
         for &gid in gids {
             let p = gid_partition(gid);
             if ctx.map.partition(p).is_none() {
                 continue; // names no partition of this map: not a document.
             }
-            let node = self.pick(ctx, Unit::Partition(p), salt + p as usize)?;
+            let node = self.pick(ctx, Unit::Partition(p), salt + p as usize, &avoid)?;
             by_node.entry(node).or_default().push(gid);
         }
         let epoch = ctx.map.epoch;
@@ -491,12 +498,13 @@ impl ClusterRouter {
         // Probes, grouped by node: (query index, table, fp).
         let mut by_node: BTreeMap<NodeId, Vec<(usize, u32, u64)>> = BTreeMap::new();
         let salt = self.spread.fetch_add(1, Ordering::Relaxed);
+        let avoid = self.suspects_now();
         let mut call_k = 0;
         for (qi, &(fp, k)) in queries.iter().enumerate() {
             call_k = call_k.max(k);
             for t in ctx.design.tables_for_k(k) {
                 let unit = Self::tablet_unit(ctx, t, fp)?;
-                let node = self.pick(ctx, unit, salt + qi + t)?;
+                let node = self.pick(ctx, unit, salt + qi + t, &avoid)?;
                 by_node.entry(node).or_default().push((qi, t as u32, fp));
             }
         }

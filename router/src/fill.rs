@@ -85,9 +85,7 @@ async fn fill_one(
     let source = match unit {
         Unit::Tablet { table, start } => {
             let end = map
-                .tablets
-                .iter()
-                .find(|t| t.table == table && t.start == start)
+                .tablet(table, start)
                 .map(|t| t.end)
                 .ok_or_else(|| DataError::Internal(format!("no tablet {unit:?} in the map")))?;
             Source::Entries(api.tablet_scan(map.epoch, table, start, end, deadline).await?)

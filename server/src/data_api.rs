@@ -88,6 +88,22 @@ impl From<DataError> for Status {
     }
 }
 
+/// A storage error as the data API reports it, by its class.
+impl From<crate::Error> for DataError {
+    fn from(e: crate::Error) -> DataError {
+        use crate::error::ErrorClass;
+        let m = e.to_string();
+        match e.class() {
+            ErrorClass::InvalidInput => DataError::InvalidArgument(m),
+            ErrorClass::NotFound => DataError::NotFound(m),
+            ErrorClass::Unavailable => DataError::Unavailable(m),
+            ErrorClass::FailedPrecondition => DataError::FailedPrecondition(m),
+            ErrorClass::DataLoss => DataError::DataLoss(m),
+            ErrorClass::Internal => DataError::Internal(m),
+        }
+    }
+}
+
 impl DataError {
     /// The error a status received from a node stands for (the inverse of the mapping):
     /// FAILED_PRECONDITION with `neardup-epoch` is [`DataError::EpochMoved`]; transport

@@ -50,7 +50,6 @@ use tokio::sync::watch;
 
 use crate::data_api::{DataError, DataResult, NodeApi};
 use crate::data_types::{DocInfo, DocOp, TabletHit, TabletOp, gid_partition};
-use crate::error::Error;
 use crate::node_store::NodeStore;
 
 /// The longest a node waits for its map to reach the caller's epoch.
@@ -89,20 +88,6 @@ struct Writers {
 impl std::fmt::Debug for LocalNode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LocalNode").field("id", &self.id).finish()
-    }
-}
-
-/// A storage error as the data API reports it.
-fn data_error(e: Error) -> DataError {
-    use crate::error::ErrorClass;
-    let m = e.to_string();
-    match e.class() {
-        ErrorClass::InvalidInput => DataError::InvalidArgument(m),
-        ErrorClass::NotFound => DataError::NotFound(m),
-        ErrorClass::Unavailable => DataError::Unavailable(m),
-        ErrorClass::FailedPrecondition => DataError::FailedPrecondition(m),
-        ErrorClass::DataLoss => DataError::DataLoss(m),
-        ErrorClass::Internal => DataError::Internal(m),
     }
 }
 
@@ -176,13 +161,14 @@ impl LocalNode {
     }
 
     fn tablet_unit(&self, map: &ClusterMap, table: u32, fp: u64) -> DataResult<Unit> {
-        let spec = self.design.tables().get(table as usize).ok_or_else(|| {
-            DataError::InvalidArgument(format!("no table {table} in design {}", self.design))
-        })?;
-        let permuted = spec.perm.apply(fp);
-        map.tablet_for(table, permuted)
-            .map(|t| Unit::Tablet { table, start: t.start })
-            .ok_or_else(|| moved(map, format!("no tablet of table {table} holds {permuted:#x}")))
+        if table as usize >= self.design.tables().len() {
+            return Err(DataError::InvalidArgument(format!(
+                "no table {table} in design {}",
+                self.design
+            )));
+        }
+        map.tablet_unit(&self.design, table, fp)
+            .ok_or_else(|| moved(map, format!("no tablet of table {table} holds {fp:#x}")))
     }
 
     fn partition_unit(map: &ClusterMap, p: u32) -> DataResult<Unit> {
@@ -212,6 +198,23 @@ impl LocalNode {
             ));
         }
         Ok(!map.serving(unit).contains(&self.id))
+    }
+
+    /// [`check_writer`](Self::check_writer), once per unit of one request (`checked` holds
+    /// the answers so far): a write of many entries checks each tablet once, not each entry.
+    fn check_writer_once(
+        &self,
+        checked: &mut HashMap<Unit, bool>,
+        map: &ClusterMap,
+        unit: Unit,
+        epoch: u64,
+    ) -> DataResult<bool> {
+        if let Some(&filling) = checked.get(&unit) {
+            return Ok(filling);
+        }
+        let filling = self.check_writer(map, unit, epoch)?;
+        checked.insert(unit, filling);
+        Ok(filling)
     }
 
     fn check_reader(&self, map: &ClusterMap, unit: Unit) -> DataResult<()> {
@@ -254,90 +257,74 @@ impl LocalNode {
             (Unit::Tablet { table, start }, Source::Entries(theirs)) => {
                 let map = self.map.borrow().clone();
                 let end = map
-                    .tablets
-                    .iter()
-                    .find(|t| t.table == table && t.start == start)
+                    .tablet(table, start)
                     .map(|t| t.end)
                     .ok_or_else(|| moved(&map, format!("no tablet {table}/{start:#x}")))?;
                 let ours = blocking(move || store.scan_tablet(table, start, end)).await?;
-                let (puts, removes) = {
-                    let fills = self.fills.lock();
-                    let empty = FillLog::default();
-                    let log = fills.get(&unit).unwrap_or(&empty);
-                    let have: HashSet<u64> = theirs.iter().map(|e| e.0).collect();
-                    let removes: Vec<(u32, TabletOp)> = ours
-                        .iter()
-                        .filter(|(gid, _)| !have.contains(gid) && !log.put.contains(gid))
-                        .map(|&(gid, fp)| (table, TabletOp::Remove { gid, fp }))
-                        .collect();
-                    let puts: Vec<(u32, TabletOp)> = theirs
-                        .iter()
-                        .filter(|(gid, _)| !log.removed.contains(gid))
-                        .map(|&(gid, fp)| (table, TabletOp::Put { gid, fp }))
-                        .collect();
-                    (puts, removes)
-                };
-                self.store.write_tablets(removes).await.map_err(data_error)?;
-                self.store.write_tablets(puts.clone()).await.map_err(data_error)?;
-                // A removal that arrived while the copy was being put may have been undone by
-                // it: apply again every removal recorded for what was put.
-                let again: Vec<(u32, TabletOp)> = {
-                    let fills = self.fills.lock();
-                    let removed = fills.get(&unit).map(|l| &l.removed);
-                    puts.into_iter()
-                        .filter_map(|(t, op)| match op {
+                let gid = |e: &(u64, u64)| e.0;
+                let (puts, removes) = self.plan(unit, ours, theirs, gid);
+                let op = |put: bool| {
+                    move |(gid, fp): (u64, u64)| {
+                        let op = if put {
                             TabletOp::Put { gid, fp }
-                                if removed.is_some_and(|r| r.contains(&gid)) =>
-                            {
-                                Some((t, TabletOp::Remove { gid, fp }))
-                            }
-                            _ => None,
-                        })
-                        .collect()
+                        } else {
+                            TabletOp::Remove { gid, fp }
+                        };
+                        (table, op)
+                    }
                 };
-                self.store.write_tablets(again).await.map_err(data_error)?;
+                let write = |items: Vec<(u64, u64)>, put: bool| {
+                    self.store.write_tablets(items.into_iter().map(op(put)).collect())
+                };
+                write(removes, false).await.map_err(DataError::from)?;
+                write(puts.clone(), true).await.map_err(DataError::from)?;
+                write(self.raced(unit, puts, gid), false).await.map_err(DataError::from)?;
             }
             (Unit::Partition(p), Source::Docs(theirs)) => {
                 let ours = blocking(move || store.scan_partition(p)).await?;
-                let (puts, removes) = {
-                    let fills = self.fills.lock();
-                    let empty = FillLog::default();
-                    let log = fills.get(&unit).unwrap_or(&empty);
-                    let have: HashSet<u64> = theirs.iter().map(|d| d.gid).collect();
-                    let removes: Vec<DocOp> = ours
-                        .into_iter()
-                        .filter(|d| !have.contains(&d.gid) && !log.put.contains(&d.gid))
-                        .map(|d| DocOp::Remove { gid: d.gid, name: d.name })
-                        .collect();
-                    let puts: Vec<DocOp> = theirs
-                        .into_iter()
-                        .filter(|d| !log.removed.contains(&d.gid))
-                        .map(DocOp::Put)
-                        .collect();
-                    (puts, removes)
-                };
-                self.store.write_docs(removes).await.map_err(data_error)?;
-                self.store.write_docs(puts.clone()).await.map_err(data_error)?;
-                // As for tablets: removals that raced with the copy are applied again.
-                let again: Vec<DocOp> = {
-                    let fills = self.fills.lock();
-                    let removed = fills.get(&unit).map(|l| &l.removed);
-                    puts.into_iter()
-                        .filter_map(|op| match op {
-                            DocOp::Put(d) if removed.is_some_and(|r| r.contains(&d.gid)) => {
-                                Some(DocOp::Remove { gid: d.gid, name: d.name })
-                            }
-                            _ => None,
-                        })
-                        .collect()
-                };
-                self.store.write_docs(again).await.map_err(data_error)?;
+                let gid = |d: &DocInfo| d.gid;
+                let (puts, removes) = self.plan(unit, ours, theirs, gid);
+                let remove = |d: DocInfo| DocOp::Remove { gid: d.gid, name: d.name };
+                let removes = removes.into_iter().map(remove).collect();
+                self.store.write_docs(removes).await.map_err(DataError::from)?;
+                let put_ops = puts.iter().cloned().map(DocOp::Put).collect();
+                self.store.write_docs(put_ops).await.map_err(DataError::from)?;
+                let again = self.raced(unit, puts, gid).into_iter().map(remove).collect();
+                self.store.write_docs(again).await.map_err(DataError::from)?;
             }
             (unit, _) => {
                 return Err(DataError::Internal(format!("a copy of another kind for {unit:?}")));
             }
         }
         Ok(())
+    }
+
+    /// What reconciling `unit` puts (the source's items not removed here since filling
+    /// began) and removes (this node's items the source lacks and not put here since).
+    fn plan<T>(
+        &self,
+        unit: Unit,
+        ours: Vec<T>,
+        theirs: Vec<T>,
+        gid: impl Fn(&T) -> u64,
+    ) -> (Vec<T>, Vec<T>) {
+        let fills = self.fills.lock();
+        let empty = FillLog::default();
+        let log = fills.get(&unit).unwrap_or(&empty);
+        let have: HashSet<u64> = theirs.iter().map(&gid).collect();
+        let removes =
+            ours.into_iter().filter(|x| !have.contains(&gid(x)) && !log.put.contains(&gid(x)));
+        let puts = theirs.into_iter().filter(|x| !log.removed.contains(&gid(x))).collect();
+        (puts, removes.collect())
+    }
+
+    /// The items put by a reconcile whose removal was recorded meanwhile: a removal that
+    /// arrived while the copy was being put may have been undone by it, so it is applied
+    /// again.
+    fn raced<T>(&self, unit: Unit, puts: Vec<T>, gid: impl Fn(&T) -> u64) -> Vec<T> {
+        let fills = self.fills.lock();
+        let Some(log) = fills.get(&unit) else { return Vec::new() };
+        puts.into_iter().filter(|x| log.removed.contains(&gid(x))).collect()
     }
 
     /// Forgets what was recorded for units this node now serves or no longer holds.
@@ -369,7 +356,7 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| DataError::Internal(format!("a storage task failed: {e}")))?
-        .map_err(data_error)
+        .map_err(DataError::from)
 }
 
 fn check_deadline(deadline: Option<Instant>) -> DataResult<()> {
@@ -392,17 +379,18 @@ impl NodeApi for LocalNode {
         check_deadline(deadline)?;
         let map = self.map_at(epoch, deadline).await;
         let _gate = self.gate.read().await;
+        let mut checked = HashMap::new();
         for &(table, op) in &ops {
             let (TabletOp::Put { fp, .. } | TabletOp::Remove { fp, .. }) = op;
             let unit = self.tablet_unit(&map, table, fp)?;
-            if self.check_writer(&map, unit, epoch)? {
+            if self.check_writer_once(&mut checked, &map, unit, epoch)? {
                 match op {
                     TabletOp::Put { gid, .. } => self.record(unit, Some(gid), None),
                     TabletOp::Remove { gid, .. } => self.record(unit, None, Some(gid)),
                 }
             }
         }
-        self.store.write_tablets(ops).await.map_err(data_error)
+        self.store.write_tablets(ops).await.map_err(DataError::from)
     }
 
     async fn tablet_probe(
@@ -416,8 +404,11 @@ impl NodeApi for LocalNode {
         check_deadline(deadline)?;
         let map = self.map_at(epoch, deadline).await;
         self.check_contact()?;
+        let mut units = HashSet::new();
         for &(table, fp) in &probes {
-            let unit = self.tablet_unit(&map, table, fp)?;
+            units.insert(self.tablet_unit(&map, table, fp)?);
+        }
+        for unit in units {
             self.check_reader(&map, unit)?;
         }
         let store = self.store.clone();
@@ -433,6 +424,7 @@ impl NodeApi for LocalNode {
         check_deadline(deadline)?;
         let map = self.map_at(epoch, deadline).await;
         let _gate = self.gate.read().await;
+        let mut checked = HashMap::new();
         for op in &ops {
             let (unit, put, removed) = match op {
                 DocOp::Put(d) => {
@@ -449,11 +441,11 @@ impl NodeApi for LocalNode {
                     (Self::partition_unit(&map, gid_partition(*gid))?, None, Some(*gid))
                 }
             };
-            if self.check_writer(&map, unit, epoch)? {
+            if self.check_writer_once(&mut checked, &map, unit, epoch)? {
                 self.record(unit, put, removed);
             }
         }
-        self.store.write_docs(ops).await.map_err(data_error)
+        self.store.write_docs(ops).await.map_err(DataError::from)
     }
 
     async fn doc_lookup(
@@ -464,9 +456,10 @@ impl NodeApi for LocalNode {
     ) -> DataResult<Vec<Option<DocInfo>>> {
         check_deadline(deadline)?;
         let map = self.map_at(epoch, deadline).await;
+        let mut checked = HashMap::new();
         for name in &names {
             let unit = Self::name_unit(&map, name)?;
-            self.check_writer(&map, unit, epoch)?;
+            self.check_writer_once(&mut checked, &map, unit, epoch)?;
         }
         let store = self.store.clone();
         blocking(move || {
@@ -485,9 +478,9 @@ impl NodeApi for LocalNode {
         check_deadline(deadline)?;
         let map = self.map_at(epoch, deadline).await;
         self.check_contact()?;
-        for &gid in &gids {
-            let unit = Self::partition_unit(&map, gid_partition(gid))?;
-            self.check_reader(&map, unit)?;
+        let units: HashSet<u32> = gids.iter().map(|&g| gid_partition(g)).collect();
+        for p in units {
+            self.check_reader(&map, Self::partition_unit(&map, p)?)?;
         }
         let store = self.store.clone();
         blocking(move || store.resolve(&gids)).await
@@ -505,9 +498,8 @@ impl NodeApi for LocalNode {
         let map = self.map_at(epoch, deadline).await;
         self.check_contact()?;
         let tablet = map
-            .tablets
-            .iter()
-            .find(|t| t.table == table && t.start == start && t.end == end)
+            .tablet(table, start)
+            .filter(|t| t.end == end)
             .ok_or_else(|| moved(&map, format!("no tablet {table} [{start:#x}, {end:#x}]")))?;
         self.check_reader(&map, Unit::Tablet { table, start: tablet.start })?;
         drop(self.gate.write().await);
