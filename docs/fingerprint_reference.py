@@ -13,7 +13,7 @@ Usage:
   fingerprint_reference.py random COUNT SEED        print COUNT random cases with results
   fingerprint_reference.py features [--word N] [--char N] [--xxh3] [--hangul] TEXT
   fingerprint_reference.py selftest                 XXH3 and MD5 known answers
-  fingerprint_reference.py sketch-regenerate SKETCH_VECTORS.tsv   sketch v1 (section 15)
+  fingerprint_reference.py sketch-regenerate SKETCH_VECTORS.tsv   sketch v1/v2 (section 15)
   fingerprint_reference.py sketch-check SKETCH_VECTORS.tsv        exit 1 on any difference
 
 Unicode version: the spec uses Unicode 16.0. Python's unicodedata may be older (Python
@@ -378,7 +378,7 @@ COLUMNS = INPUT_COLUMNS + 5
 
 
 # ---------------------------------------------------------------------------------------
-# Ground-truth shingles (section 11) and sketch v1 (section 15).
+# Ground-truth shingles (section 11) and the sketch, versions 1 and 2 (section 15).
 
 def word_shingles(text, n, hangul_as_chars=False):
     """Sorted distinct XXH3-64 values of the n-grams of units joined by single spaces."""
@@ -387,6 +387,7 @@ def word_shingles(text, n, hangul_as_chars=False):
 
 
 SKETCH_BINS, SKETCH_BITS = 512, 1
+SKETCH_SET_MAX = 256
 SKETCH_SHIFT = 64 - 9  # 64 - log2(SKETCH_BINS): bins are the top 9 bits
 DENSIFY_SEED = 0x6E65617264757031
 DENSIFY_WORDS = 1024
@@ -397,6 +398,12 @@ def mix64(x):
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
     return z ^ (z >> 31)
+
+
+def sketch_set(shingles):
+    """Section 15, step 5: the sorted distinct top 32 bits of mix64(h), if at most 256."""
+    values = sorted({mix64(h) >> 32 for h in shingles})
+    return values if len(values) <= SKETCH_SET_MAX else None
 
 
 def sketch(shingles):
@@ -426,16 +433,28 @@ def sketch(shingles):
     return out
 
 
-def sketch_bytes(values):
-    """Version 1, payload length 64, value i at bit i*b of the payload, least significant
-    bit of each byte first."""
+def sketch_bytes(values, kept=None):
+    """Version 1 (or 2 with the kept set), payload length 64, value i at bit i*b of the
+    payload, least significant bit of each byte first; version 2 then the set's size
+    (u16 LE) and values (u32 LE, ascending)."""
     payload = bytearray(SKETCH_BINS * SKETCH_BITS // 8)
     for i, v in enumerate(values):
         for bit in range(SKETCH_BITS):
             if (v >> bit) & 1:
                 at = i * SKETCH_BITS + bit
                 payload[at // 8] |= 1 << (at % 8)
-    return bytes([1, len(payload)]) + bytes(payload)
+    if kept is None:
+        return bytes([1, len(payload)]) + bytes(payload)
+    tail = len(kept).to_bytes(2, "little") + b"".join(v.to_bytes(4, "little") for v in kept)
+    return bytes([2, len(payload)]) + bytes(payload) + tail
+
+
+def sketch_jaccard(a, sa, b, sb):
+    """Exact over the kept sets when both have one, else the estimate from the bins."""
+    if sa is not None and sb is not None:
+        inter = len(set(sa) & set(sb))
+        return inter / (len(sa) + len(sb) - inter)
+    return sketch_estimate(a, b)
 
 
 def sketch_estimate(a, b):
@@ -451,11 +470,13 @@ def sketch_columns(cols):
     sk = sketch(sh)
     if sk is None:
         return [str(len(sh)), "error:EmptyDocument", "-"]
+    kept = sketch_set(sh)
     est = "-"
     if other:
-        so = sketch(word_shingles(other, 3))
-        est = "-" if so is None else "%.6f" % sketch_estimate(sk, so)
-    return [str(len(sh)), sketch_bytes(sk).hex(), est]
+        osh = word_shingles(other, 3)
+        so = sketch(osh)
+        est = "-" if so is None else "%.6f" % sketch_jaccard(sk, kept, so, sketch_set(osh))
+    return [str(len(sh)), sketch_bytes(sk, kept).hex(), est]
 
 
 def cmd_sketch(path, regenerate):

@@ -130,7 +130,7 @@ pub fn fingerprint_and_sketch(text: &str) -> Result<(u64, Vec<u8>)> {
     Ok((fp, sketch.to_bytes().to_vec()))
 }
 
-/// The encoded sketch of a text ("neardup sketch v1", `docs/fingerprint.md` section 15).
+/// The encoded sketch of a text ("neardup sketch", `docs/fingerprint.md` section 15).
 pub fn sketch_of_text(text: &str) -> Result<Vec<u8>> {
     fingerprint_and_sketch(text).map(|(_, s)| s)
 }

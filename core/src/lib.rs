@@ -14,8 +14,8 @@
 //! 4. [`index`]: the exact, updatable in-memory index over documents (id, fingerprint,
 //!    timestamp), with a write buffer, immutable runs and merges.
 //! 5. [`cluster`]: duplicate clusters and the original of each, from near-duplicate pairs.
-//! 6. [`sketch`]: a 66-byte MinHash sketch of a text's word 3-grams, to verify candidates
-//!    by their estimated Jaccard similarity.
+//! 6. [`sketch`]: a MinHash sketch of a text's word 3-grams (66 bytes; small sets kept
+//!    whole), to verify candidates by their Jaccard similarity.
 //!
 //! ```
 //! use neardup_core::{Doc, Index, IndexConfig};

@@ -1,4 +1,5 @@
-//! Conformance of the Rust sketch with "neardup sketch v1" (docs/fingerprint.md, section 15).
+//! Conformance of the Rust sketch with "neardup sketch" versions 1 and 2 (docs/fingerprint.md,
+//! section 15).
 //!
 //! The expected values in `data/sketch_vectors.tsv` are written by the independent Python
 //! reference (`docs/fingerprint_reference.py sketch-regenerate`); this test recomputes every

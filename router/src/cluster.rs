@@ -123,8 +123,8 @@ struct Ctx {
 struct Found {
     doc: DocInfo,
     distance: u32,
-    /// Sketch agreements when it was verified.
-    agreements: Option<u32>,
+    /// The sketches' Jaccard similarity when it was verified.
+    jaccard: Option<f64>,
 }
 
 /// The router of a cluster; see the module documentation.
@@ -581,16 +581,11 @@ impl ClusterRouter {
                 };
                 match (sketch, stored) {
                     (Some(q), Some(s)) => {
-                        let a = q.agreements(&s);
-                        let est = neardup_core::sketch::estimate(
-                            a,
-                            neardup_core::sketch::BINS,
-                            neardup_core::sketch::BITS,
-                        );
-                        (distance <= candidate_k && est >= jaccard)
-                            .then_some(Found { doc, distance, agreements: Some(a as u32) })
+                        let j = q.jaccard(&s);
+                        (distance <= candidate_k && j >= jaccard)
+                            .then_some(Found { doc, distance, jaccard: Some(j) })
                     }
-                    _ => (distance <= k).then_some(Found { doc, distance, agreements: None }),
+                    _ => (distance <= k).then_some(Found { doc, distance, jaccard: None }),
                 }
             })
             .collect();
@@ -612,20 +607,14 @@ impl ClusterRouter {
             }
             left.0 -= 1;
             left.1 -= bytes;
-            let jaccard = f.agreements.map_or(0.0, |a| {
-                neardup_core::sketch::estimate(
-                    a as usize,
-                    neardup_core::sketch::BINS,
-                    neardup_core::sketch::BITS,
-                )
-            });
+            let jaccard = f.jaccard.unwrap_or(0.0);
             out.push(Match {
                 id: f.doc.name.clone(),
                 fingerprint: f.doc.fp,
                 distance: f.distance,
                 timestamp_ms: f.doc.ts_ms,
                 cluster_id: f.doc.cluster,
-                verified: f.agreements.is_some(),
+                verified: f.jaccard.is_some(),
                 jaccard,
             });
         }

@@ -413,7 +413,12 @@ fn documents_last_writer_wins_in_either_order() {
     for bad in [
         vec![DocOp::Put(info(make_gid(40, 0), "ok", 1, None)), DocOp::Put(info(0, "g0", 1, None))],
         vec![DocOp::Put(info(make_gid(41, 0), "", 1, None))],
-        vec![DocOp::Put(info(make_gid(42, 0), "s", 1, Some(vec![0; 300])))],
+        vec![DocOp::Put(info(
+            make_gid(42, 0),
+            "s",
+            1,
+            Some(vec![0; neardup_core::sketch::MAX_ENCODED_BYTES + 1]),
+        ))],
     ] {
         let e = block_on(node.write_docs(bad)).unwrap_err();
         assert_eq!(e.class(), ErrorClass::InvalidInput, "{e}");

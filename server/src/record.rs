@@ -10,8 +10,10 @@
 //! CRC-32 of everything before it. A `Put` is tag 1, id, fingerprint, timestamp, cluster
 //! (`u64` each), name length `u16` and the name's UTF-8 bytes; a `Remove` is tag 2, id and
 //! fingerprint. Format 2 adds tag 3, a `Put` with a sketch: a `Put`'s fields, then the
-//! sketch's length `u8` and its bytes (`neardup_core::sketch`). A record with no sketch is
-//! written in format 1, byte for byte as before sketches existed; both formats are read.
+//! sketch's length `u8` and its bytes (`neardup_core::sketch`). Format 3 adds tag 4, the same
+//! with the sketch's length as a `u16` (a version 2 sketch that keeps its set is up to
+//! 1,092 bytes). A record is written in the lowest format its operations need (one with no
+//! sketch in format 1, byte for byte as before sketches existed); all three are read.
 
 use crate::error::{Error, Result};
 
@@ -21,6 +23,9 @@ const FORMAT_SKETCH: u8 = 2;
 const PUT: u8 = 1;
 const REMOVE: u8 = 2;
 const PUT_SKETCH: u8 = 3;
+/// The format of records holding a `Put` with a sketch longer than 255 bytes.
+const FORMAT_LONG_SKETCH: u8 = 3;
+const PUT_LONG_SKETCH: u8 = 4;
 /// Bytes of a `Put` besides its name.
 pub const PUT_FIXED_BYTES: usize = 1 + 8 * 4 + 2;
 /// Bytes of a `Remove`.
@@ -43,7 +48,7 @@ pub enum Op<'a> {
         cluster: u64,
         /// The caller's id.
         name: &'a str,
-        /// Its sketch's encoding, if it has one (at most 255 bytes; validated before).
+        /// Its sketch's encoding, if it has one (at most `u16::MAX` bytes; validated before).
         sketch: Option<&'a [u8]>,
     },
     /// Remove the document with this internal id and fingerprint.
@@ -60,7 +65,9 @@ impl Op<'_> {
     pub fn encoded_len(&self) -> usize {
         match self {
             Op::Put { name, sketch, .. } => {
-                PUT_FIXED_BYTES + name.len() + sketch.map_or(0, |s| 1 + s.len())
+                PUT_FIXED_BYTES
+                    + name.len()
+                    + sketch.map_or(0, |s| if s.len() <= 255 { 1 } else { 2 } + s.len())
             }
             Op::Remove { .. } => REMOVE_BYTES,
         }
@@ -89,17 +96,28 @@ impl RecordWriter {
         match *op {
             Op::Put { id, fp, ts, cluster, name, sketch } => {
                 let len = u16::try_from(name.len()).expect("names are validated to fit a u16");
-                self.buf.push(if sketch.is_some() { PUT_SKETCH } else { PUT });
+                let long = sketch.is_some_and(|s| s.len() > 255);
+                self.buf.push(match sketch {
+                    None => PUT,
+                    Some(_) if long => PUT_LONG_SKETCH,
+                    Some(_) => PUT_SKETCH,
+                });
                 for v in [id, fp, ts as u64, cluster] {
                     self.buf.extend_from_slice(&v.to_le_bytes());
                 }
                 self.buf.extend_from_slice(&len.to_le_bytes());
                 self.buf.extend_from_slice(name.as_bytes());
                 if let Some(sk) = sketch {
-                    let n = u8::try_from(sk.len()).expect("sketches are validated to fit a u8");
-                    self.buf.push(n);
+                    if long {
+                        let n =
+                            u16::try_from(sk.len()).expect("sketches are validated to fit a u16");
+                        self.buf.extend_from_slice(&n.to_le_bytes());
+                        self.buf[0] = FORMAT_LONG_SKETCH;
+                    } else {
+                        self.buf.push(sk.len() as u8);
+                        self.buf[0] = self.buf[0].max(FORMAT_SKETCH);
+                    }
                     self.buf.extend_from_slice(sk);
-                    self.buf[0] = FORMAT_SKETCH;
                 }
             }
             Op::Remove { id, fp } => {
@@ -150,7 +168,7 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<Op<'_>>> {
     }
     let mut b = body;
     let format = take::<1>(&mut b).ok_or_else(|| bad("truncated"))?[0];
-    if format != FORMAT && format != FORMAT_SKETCH {
+    if ![FORMAT, FORMAT_SKETCH, FORMAT_LONG_SKETCH].contains(&format) {
         return Err(bad(&format!("unknown format {format}")));
     }
     let count = u32::from_le_bytes(take(&mut b).ok_or_else(|| bad("truncated"))?);
@@ -159,8 +177,10 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<Op<'_>>> {
         let tag = take::<1>(&mut b).ok_or_else(|| bad("truncated"))?[0];
         let mut u = || take::<8>(&mut b).map(u64::from_le_bytes).ok_or_else(|| bad("truncated"));
         match tag {
-            PUT | PUT_SKETCH => {
-                if tag == PUT_SKETCH && format != FORMAT_SKETCH {
+            PUT | PUT_SKETCH | PUT_LONG_SKETCH => {
+                if (tag == PUT_SKETCH && format < FORMAT_SKETCH)
+                    || (tag == PUT_LONG_SKETCH && format < FORMAT_LONG_SKETCH)
+                {
                     return Err(bad(&format!("a sketch in a format {format} record")));
                 }
                 let (id, fp, ts, cluster) = (u()?, u()?, u()? as i64, u()?);
@@ -169,10 +189,15 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<Op<'_>>> {
                     b.split_at_checked(len as usize).ok_or_else(|| bad("truncated"))?;
                 b = rest;
                 let name = std::str::from_utf8(name).map_err(|_| bad("name is not UTF-8"))?;
-                let sketch = if tag == PUT_SKETCH {
-                    let n = take::<1>(&mut b).ok_or_else(|| bad("truncated"))?[0];
-                    let (sk, rest) =
-                        b.split_at_checked(n as usize).ok_or_else(|| bad("truncated"))?;
+                let sketch = if tag != PUT {
+                    let n = if tag == PUT_SKETCH {
+                        usize::from(take::<1>(&mut b).ok_or_else(|| bad("truncated"))?[0])
+                    } else {
+                        usize::from(u16::from_le_bytes(
+                            take(&mut b).ok_or_else(|| bad("truncated"))?,
+                        ))
+                    };
+                    let (sk, rest) = b.split_at_checked(n).ok_or_else(|| bad("truncated"))?;
                     b = rest;
                     Some(sk)
                 } else {
@@ -225,6 +250,37 @@ mod tests {
             assert!(decode(&bytes[..i]).is_err(), "truncated to {i}");
         }
         assert_eq!(bytes[0], FORMAT_SKETCH);
+    }
+
+    #[test]
+    fn long_sketches_take_format_3() {
+        let long = vec![7u8; 1092];
+        let ops = [
+            Op::Put { id: 1, fp: 2, ts: 3, cluster: 1, name: "a", sketch: Some(&[1, 2]) },
+            Op::Put { id: 2, fp: 3, ts: 4, cluster: 1, name: "b", sketch: Some(&long) },
+            Op::Put { id: 3, fp: 4, ts: 5, cluster: 3, name: "c", sketch: Some(&long[..255]) },
+        ];
+        let mut w = RecordWriter::new();
+        for op in &ops {
+            w.push(op);
+        }
+        let bytes = w.finish();
+        assert_eq!(bytes[0], FORMAT_LONG_SKETCH);
+        assert_eq!(
+            bytes.len(),
+            RECORD_OVERHEAD + ops.iter().map(|o| o.encoded_len()).sum::<usize>()
+        );
+        assert_eq!(decode(&bytes).unwrap(), ops);
+        for i in (0..bytes.len()).step_by(7) {
+            assert!(decode(&bytes[..i]).is_err(), "truncated to {i}");
+        }
+        // A long sketch in a format 2 record is damage.
+        let mut bad = bytes.clone();
+        bad[0] = FORMAT_SKETCH;
+        let n = bad.len() - 4;
+        let crc = crc32fast::hash(&bad[..n]);
+        bad[n..].copy_from_slice(&crc.to_le_bytes());
+        assert!(decode(&bad).is_err());
     }
 
     #[test]

@@ -197,16 +197,15 @@ fn matches(matches: Vec<DocMatch>) -> Vec<pb::Match> {
     matches
         .into_iter()
         .map(|m| {
-            let jaccard = m.jaccard().unwrap_or(0.0);
-            let DocMatch { id, fingerprint, distance, timestamp_ms, cluster_id, agreements } = m;
+            let DocMatch { id, fingerprint, distance, timestamp_ms, cluster_id, jaccard } = m;
             pb::Match {
                 id,
                 fingerprint,
                 distance,
                 timestamp_ms,
                 cluster_id,
-                verified: agreements.is_some(),
-                jaccard,
+                verified: jaccard.is_some(),
+                jaccard: jaccard.unwrap_or(0.0),
             }
         })
         .collect()

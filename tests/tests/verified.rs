@@ -139,8 +139,10 @@ fn got(matches: &[neardup_client::Match]) -> BTreeMap<String, Option<f64>> {
 fn corpus(seed: u64, clusters: usize) -> Vec<String> {
     let mut r = SplitMix64::new(seed);
     let mut texts = Vec::new();
-    for _ in 0..clusters {
-        let base = base_text(&mut r, 120);
+    for c in 0..clusters {
+        // Short documents keep their shingle sets in their sketches (compared exactly), long
+        // ones only their bins (estimated): both kinds.
+        let base = base_text(&mut r, if c % 3 == 2 { 420 } else { 120 });
         texts.push(base.join(" "));
         for _ in 0..6 {
             let edits = [0usize, 0, 1, 1, 2, 3, 5, 8, 20][r.below(9) as usize];
@@ -162,6 +164,7 @@ async fn verified_check_and_insert_matches_brute_force_with_and_without_sketches
     let verify = Verification { jaccard: Some(j), candidate_k: Some(candidate_k) };
     let (mut verified_kept, mut verified_dropped, mut unverified, mut within_bound) =
         (0usize, 0usize, 0usize, 0usize);
+    let mut exact = 0usize;
     for (i, text) in texts.iter().enumerate() {
         let id = format!("https://v/{i}");
         let (fp, sk) = fingerprint_and_sketch(text).unwrap();
@@ -185,9 +188,17 @@ async fn verified_check_and_insert_matches_brute_force_with_and_without_sketches
             let other = &stored[&m.id];
             if m.verified {
                 verified_kept += 1;
-                // The estimate is the documented one, and within 4.5 sigma of the truth.
+                // The similarity is the documented one: exact between two kept sets, else
+                // within 4.5 sigma of the truth for the union's size.
                 let truth = exact_jaccard(&shingles, &other.shingles);
-                if (m.jaccard - truth).abs() <= 4.5 * sketch::std_dev(truth).max(1e-9) {
+                let union = (shingles.len() + other.shingles.len()) as f64 / (1.0 + truth);
+                let bound = if sketch.exact_with(other.sketch.as_ref().unwrap()) {
+                    exact += 1;
+                    1e-9
+                } else {
+                    4.5 * sketch::std_dev_for(truth, union as usize).max(1e-9)
+                };
+                if (m.jaccard - truth).abs() <= bound {
                     within_bound += 1;
                 }
             } else {
@@ -202,10 +213,12 @@ async fn verified_check_and_insert_matches_brute_force_with_and_without_sketches
         stored.insert(id, Stored { fp, sketch: has_sketch.then_some(sketch), shingles });
     }
     eprintln!(
-        "{verified_kept} verified, {verified_dropped} refused, {unverified} unverified matches"
+        "{verified_kept} verified ({exact} exactly), {verified_dropped} refused, {unverified} \
+         unverified matches"
     );
     // The corpus exercised every branch, and the estimates kept their bound.
     assert!(verified_kept > 20, "{verified_kept} verified matches");
+    assert!(exact > 10 && verified_kept - exact > 10, "{exact} of {verified_kept} exact");
     assert!(verified_dropped > 5, "{verified_dropped} candidates refused by verification");
     assert!(unverified > 20, "{unverified} unverified matches");
     assert_eq!(within_bound, verified_kept);
@@ -253,14 +266,26 @@ async fn bad_sketches_are_invalid_argument_and_change_nothing() {
     let mut long = good.clone();
     long.push(0);
     let mut version = good.clone();
-    version[0] = 2;
+    version[0] = 3;
     let mut length = good.clone();
     length[1] = 63;
+    // The text is short: its sketch keeps its set (version 2), whose values must ascend and
+    // whose size must be there.
+    assert_eq!(good[0], 2, "a short text's sketch keeps its set");
+    let mut unordered = good.clone();
+    let at = sketch::ENCODED_BYTES + 2;
+    unordered[at..at + 8].rotate_left(4);
+    let no_set = good[..sketch::ENCODED_BYTES].to_vec();
     let other = neardup_client::sketch_of_text("an entirely different text here").unwrap();
     let mut rpc = client.raw();
-    for (what, bad) in
-        [("short", short), ("long", long), ("version", version), ("length byte", length)]
-    {
+    for (what, bad) in [
+        ("short", short),
+        ("long", long),
+        ("version", version),
+        ("length byte", length),
+        ("set order", unordered),
+        ("set size", no_set),
+    ] {
         let docs = vec![
             sketched_doc("new-1", fp, good.clone(), 2),
             sketched_doc("new-2", fp, bad.clone(), 2),

@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 
 use neardup_core::index::QueryScratch;
+use neardup_core::sketch::MAX_ENCODED_BYTES;
 use neardup_core::{Doc, Match};
 
 use super::Shard;
@@ -134,11 +135,10 @@ impl Shard {
                             d.name
                         )));
                     }
-                    if d.sketch.as_ref().is_some_and(|s| s.len() > u8::MAX as usize) {
+                    if d.sketch.as_ref().is_some_and(|s| s.len() > MAX_ENCODED_BYTES) {
                         return Err(Error::InvalidInput(format!(
-                            "the sketch of {:?} is longer than {} bytes",
+                            "the sketch of {:?} is longer than {MAX_ENCODED_BYTES} bytes",
                             d.name,
-                            u8::MAX
                         )));
                     }
                 }

@@ -45,7 +45,7 @@ impl Shard {
         }))
     }
 
-    /// The matches verification keeps, in their order, with their sketch agreements (see
+    /// The matches verification keeps, in their order, with their sketch similarity (see
     /// [`Shard::admit`]): without `sketch` or with `verify` off, those within `k`. Sketches
     /// already in `read` (by internal id) are not read again.
     pub(super) fn verified(
@@ -55,38 +55,30 @@ impl Shard {
         k: u32,
         raw: &[Match],
         read: &HashMap<u64, Option<Sketch>>,
-    ) -> Result<(Vec<Match>, Vec<Option<u32>>)> {
-        let (mut out, mut agreements) = (Vec::new(), Vec::new());
+    ) -> Result<(Vec<Match>, Vec<Option<f64>>)> {
+        let (mut out, mut similarity) = (Vec::new(), Vec::new());
         for m in raw {
             // Both sides sketched: verification alone decides (within candidate k).
             let agreed = match sketch {
-                Some(q) if verify.on() => {
-                    let stored = match read.get(&m.id) {
-                        Some(s) => *s,
-                        None => self.sketch_of(m.id)?,
-                    };
-                    stored.map(|s| q.agreements(&s))
-                }
+                Some(q) if verify.on() => match read.get(&m.id) {
+                    Some(s) => s.as_ref().map(|s| q.jaccard(s)),
+                    None => self.sketch_of(m.id)?.map(|s| q.jaccard(&s)),
+                },
                 _ => None,
             };
-            if let Some(a) = agreed {
-                let est = neardup_core::sketch::estimate(
-                    a,
-                    neardup_core::sketch::BINS,
-                    neardup_core::sketch::BITS,
-                );
-                if m.distance <= verify.candidate_k && est >= verify.jaccard {
+            if let Some(j) = agreed {
+                if m.distance <= verify.candidate_k && j >= verify.jaccard {
                     out.push(*m);
-                    agreements.push(Some(a as u32));
+                    similarity.push(Some(j));
                 }
                 continue;
             }
             if m.distance <= k {
                 out.push(*m);
-                agreements.push(None);
+                similarity.push(None);
             }
         }
-        Ok((out, agreements))
+        Ok((out, similarity))
     }
 
     /// One query, verified (see [`Shard::admit`] for what verification keeps): the
@@ -108,9 +100,9 @@ impl Shard {
         let search_k = if verify.on() && sketch.is_some() { k.max(verify.candidate_k) } else { k };
         let mut raw = Vec::new();
         st.index.query_into(fp, search_k, &mut QueryScratch::default(), &mut raw)?;
-        let (kept, agreements) = self.verified(sketch, verify, k, &raw, &HashMap::new())?;
+        let (kept, similarity) = self.verified(sketch, verify, k, &raw, &HashMap::new())?;
         let mut left = budget;
-        Self::result(&st.docs, fp, &kept, &agreements, limit.max(1), None, &mut left)
+        Self::result(&st.docs, fp, &kept, &similarity, limit.max(1), None, &mut left)
     }
 
     /// As [`probe`](Self::probe), with the whole answer held to `budget`: queries are served
@@ -174,13 +166,13 @@ impl Shard {
 
     /// Turns index matches into the documents they name, skipping internal id `skip`: at
     /// most `limit`, and no more than `left` still allows (which they spend).
-    /// `agreements[i]` is the verification of `matches[i]` (empty: none verified).
+    /// `similarity[i]` is the verification of `matches[i]` (empty: none verified).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn result(
         docs: &DocTable,
         fp: u64,
         matches: &[Match],
-        agreements: &[Option<u32>],
+        similarity: &[Option<f64>],
         limit: usize,
         skip: Option<u64>,
         left: &mut ProbeBudget,
@@ -196,7 +188,7 @@ impl Shard {
                 break;
             }
             let mut doc = Self::to_match(docs, m)?;
-            doc.agreements = agreements.get(i).copied().flatten();
+            doc.jaccard = similarity.get(i).copied().flatten();
             let bytes = DocMatch::wire_bytes(&doc.id);
             if bytes > left.max_bytes {
                 truncated = true;
@@ -220,7 +212,7 @@ impl Shard {
             distance: m.distance,
             timestamp_ms: m.ts,
             cluster_id: e.cluster,
-            agreements: None,
+            jaccard: None,
         })
     }
 

@@ -54,7 +54,7 @@ pub struct WriteOutcome {
 }
 
 /// A stored document within the asked distance of a query.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DocMatch {
     /// The caller's id.
     pub id: String,
@@ -66,14 +66,14 @@ pub struct DocMatch {
     pub timestamp_ms: i64,
     /// Its duplicate cluster.
     pub cluster_id: u64,
-    /// When it was verified: the number of sketch values (of
-    /// [`neardup_core::sketch::BINS`]) equal to the query's, from which
-    /// [`DocMatch::jaccard`] estimates the similarity. `None`: kept by distance alone.
-    pub agreements: Option<u32>,
+    /// When it was verified: the Jaccard similarity of its sketch and the query's (exact
+    /// when both keep their shingle sets, else estimated; `neardup_core::sketch`). `None`:
+    /// kept by distance alone.
+    pub jaccard: Option<f64>,
 }
 
 /// The answer to one query of a probe.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ProbeHits {
     /// The query.
     pub fingerprint: u64,
@@ -84,7 +84,7 @@ pub struct ProbeHits {
 }
 
 /// What a crawl-frontier admission ([`Shard::admit`](super::Shard::admit)) decided.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Admission {
     /// A stored document (other than one with the same id) is within `k`.
     pub duplicate: bool,
@@ -184,17 +184,6 @@ impl Default for ProbeBudget {
 }
 
 impl DocMatch {
-    /// The estimated Jaccard similarity, when it was verified.
-    pub fn jaccard(&self) -> Option<f64> {
-        self.agreements.map(|m| {
-            neardup_core::sketch::estimate(
-                m as usize,
-                neardup_core::sketch::BINS,
-                neardup_core::sketch::BITS,
-            )
-        })
-    }
-
     /// An upper bound on the bytes this match takes in an encoded answer: its id and 40
     /// bytes for the numbers and the framing.
     pub fn wire_bytes(id: &str) -> usize {

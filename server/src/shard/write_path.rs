@@ -5,7 +5,6 @@ use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use neardup_core::index::QueryScratch;
-use neardup_core::sketch::ENCODED_BYTES;
 
 use super::{Admission, NewDocument, ProbeBudget, Shard, State, Verify, WriteOutcome};
 use crate::doc_table::DocEntry;
@@ -94,8 +93,8 @@ impl Shard {
                 "id {n:?} is both stored and deleted by one request"
             )));
         }
-        let sketches: Vec<Option<[u8; ENCODED_BYTES]>> =
-            docs.iter().map(|d| d.sketch.map(|s| s.to_bytes())).collect();
+        let sketches: Vec<Option<Vec<u8>>> =
+            docs.iter().map(|d| d.sketch.as_ref().map(|s| s.to_bytes())).collect();
         let mut st = self.state.write();
         let st = &mut *st;
         let mut out = WriteOutcome::default();
@@ -126,7 +125,7 @@ impl Shard {
                 ts: d.timestamp_ms,
                 cluster: id,
                 name: &d.id,
-                sketch: sketches[i].as_ref().map(|s| s.as_slice()),
+                sketch: sketches[i].as_deref(),
             };
             out.inserted += 1;
             match old {
@@ -235,7 +234,7 @@ impl Shard {
         self.check_names()?;
         check_name(&doc.id, self.config.max_id_bytes)?;
         let limit = limit.max(1);
-        let sketch_bytes = doc.sketch.map(|s| s.to_bytes());
+        let sketch_bytes = doc.sketch.as_ref().map(|s| s.to_bytes());
         // The candidates' sketches, read before the write lock so that no writer waits for
         // the disk. Internal ids are never reused and a document's sketch is stored before it
         // is visible, so what is read here still holds under the lock; only candidates that
@@ -265,13 +264,13 @@ impl Shard {
             if verify.on() && doc.sketch.is_some() { k.max(verify.candidate_k) } else { k };
         let mut raw = Vec::new();
         st.index.query_into(doc.fingerprint, search_k, &mut QueryScratch::default(), &mut raw)?;
-        let (matches, agreements) = self.verified(doc.sketch.as_ref(), verify, k, &raw, &read)?;
+        let (matches, similarity) = self.verified(doc.sketch.as_ref(), verify, k, &raw, &read)?;
         let own = st.docs.by_name(&doc.id).map(|e| (e.id, e.fp));
         let result = Self::result(
             &st.docs,
             doc.fingerprint,
             &matches,
-            &agreements,
+            &similarity,
             limit,
             own.map(|(id, _)| id),
             &mut ProbeBudget::default(),
@@ -309,7 +308,7 @@ impl Shard {
                 ts: doc.timestamp_ms,
                 cluster,
                 name: &doc.id,
-                sketch: sketch_bytes.as_ref().map(|s| s.as_slice()),
+                sketch: sketch_bytes.as_deref(),
             };
             match own {
                 Some((old, fp)) => plan.push(Op::Remove { id: old, fp }, Some(put)),
