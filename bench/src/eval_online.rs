@@ -34,9 +34,10 @@ pub struct OnlineArgs {
     /// Also replay the corpus through a real server with CheckAndInsert and score it.
     #[arg(long)]
     pub online: bool,
-    /// Table design of the server (its largest k bounds the candidate k).
-    #[arg(long, default_value = "paper-10")]
-    pub online_design: String,
+    /// Table design of the server (its largest k bounds the candidate k) [default: the
+    /// server's].
+    #[arg(long)]
+    pub online_design: Option<String>,
     /// Verify threshold sent with every CheckAndInsert [default: the server's].
     #[arg(long)]
     pub online_verify_jaccard: Option<f64>,
@@ -153,7 +154,7 @@ pub fn run(
         "skipped": skipped,
         "truth_threshold": t,
         "true_near_duplicates": truth.iter().filter(|x| **x).count(),
-        "design": args.online_design,
+        "design": stats.2,
         "max_k": stats.0,
         "verify_jaccard": args.online_verify_jaccard,
         "candidate_k": args.online_candidate_k,
@@ -167,7 +168,7 @@ pub fn run(
     println!(
         "\nonline admission, {n} documents in timestamp order ({} near-duplicates of an earlier \
          one at J >= {t}); design {} (max k {})",
-        result["true_near_duplicates"], args.online_design, stats.0
+        result["true_near_duplicates"], stats.2, stats.0
     );
     println!("| | precision | recall | F1 | flagged |");
     println!("|---|---:|---:|---:|---:|");
@@ -253,13 +254,16 @@ fn score_json(s: &Scores) -> Value {
 }
 
 /// Starts a server on a fresh data directory, replays the pages; returns what it admitted,
-/// the replay's seconds, and (max k, disk bytes) from its statistics.
-async fn replay(pages: &[Page], args: &OnlineArgs) -> Result<(Vec<bool>, f64, (u32, u64)), String> {
+/// the replay's seconds, and (max k, disk bytes, design) from its statistics.
+async fn replay(
+    pages: &[Page],
+    args: &OnlineArgs,
+) -> Result<(Vec<bool>, f64, (u32, u64, String)), String> {
     let dir = std::env::temp_dir().join(format!("neardup-eval-online-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let port = free_port()?;
     let exe = crate::service::neardup_binary(args.neardup.as_deref());
-    let mut server = ServerProcess::launch(&exe, &dir, port, &args.online_design, &[])?;
+    let mut server = ServerProcess::launch(&exe, &dir, port, args.online_design.as_deref(), &[])?;
     server.wait_serving(Instant::now(), Duration::from_secs(60)).await?;
     let options = ClientOptions { timeout: Duration::from_secs(60), ..Default::default() };
     let client = Client::connect_with(&server.addr, options).await.map_err(|e| e.to_string())?;
@@ -280,5 +284,5 @@ async fn replay(pages: &[Page], args: &OnlineArgs) -> Result<(Vec<bool>, f64, (u
     let stats = client.stats().await.map_err(|e| e.to_string())?;
     server.stop()?;
     let _ = std::fs::remove_dir_all(&dir);
-    Ok((admitted, secs, (stats.max_k, stats.disk_bytes)))
+    Ok((admitted, secs, (stats.max_k, stats.disk_bytes, stats.design)))
 }

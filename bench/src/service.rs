@@ -174,22 +174,24 @@ impl ServerProcess {
             "storage.compact_idle_secs=1".to_string(),
         ];
         sets.extend(args.server_set.iter().cloned());
-        Self::launch(&args.neardup(), data, port, &args.design, &sets)
+        Self::launch(&args.neardup(), data, port, Some(&args.design), &sets)
     }
 
     /// `neardup serve` from `exe` on 127.0.0.1:`port` with data in `data`, table design
-    /// `design` and `--set` settings `sets`.
+    /// `design` (none: the server's default) and `--set` settings `sets`.
     pub(crate) fn launch(
         exe: &std::path::Path,
         data: &std::path::Path,
         port: u16,
-        design: &str,
+        design: Option<&str>,
         sets: &[String],
     ) -> Result<Self, String> {
         let addr = format!("127.0.0.1:{port}");
         let mut cmd = Command::new(exe);
         cmd.args(["serve", "--data"]).arg(data).args(["--listen", &addr, "--metrics-listen", ""]);
-        cmd.args(["--design", design]);
+        if let Some(design) = design {
+            cmd.args(["--design", design]);
+        }
         for s in sets {
             cmd.args(["--set", s]);
         }

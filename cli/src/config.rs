@@ -186,7 +186,7 @@ impl Default for IndexSection {
     fn default() -> Self {
         let c = IndexConfig::default();
         IndexSection {
-            design: "paper-10".into(),
+            design: "8c2".into(),
             buffer_docs: c.buffer_docs,
             merge_fanout: c.merge_fanout,
             max_runs: c.max_runs,
@@ -233,7 +233,7 @@ pub struct ConfigFlags {
     /// Prometheus /metrics address; "" for none [default: 127.0.0.1:9464].
     #[arg(long)]
     pub metrics_listen: Option<String>,
-    /// Table design [default: paper-10].
+    /// Table design [default: 8c2: largest k 6, for verified admission; docs/quality.md].
     #[arg(long)]
     pub design: Option<String>,
     /// Any key, as section.key=value (repeatable).

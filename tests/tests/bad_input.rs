@@ -144,7 +144,8 @@ async fn bad_requests_get_their_codes_and_change_nothing() {
             code(
                 rpc.query(QueryRequest {
                     target: target(1),
-                    k: Some(4),
+                    // The default design, 8c2, answers k <= 6.
+                    k: Some(7),
                     limit: 0,
                     ..Default::default()
                 })
