@@ -44,6 +44,7 @@ mod checkpoint;
 mod dir_check;
 mod maintenance;
 mod read_path;
+mod recent_puts;
 mod recovery;
 mod shard_types;
 mod status;
@@ -209,6 +210,13 @@ pub struct Shard {
     /// One round of maintenance at a time (merges must not overlap).
     maintaining: Mutex<()>,
     metrics: ShardMetrics,
+    /// The documents stored by the latest records (taken only under `state`'s write lock),
+    /// so an admission need not query the index twice ([`recent_puts`]).
+    recent: Mutex<recent_puts::RecentPuts>,
+    /// Admissions that took the documents stored since their query from `recent`, and those
+    /// that had to query again (tests check both paths run).
+    #[cfg(test)]
+    admissions_by_delta: (std::sync::atomic::AtomicU64, std::sync::atomic::AtomicU64),
     /// The expectation file ([`crate::expect`]) and what it held at open; `None` over a
     /// store the caller opened.
     expect: Option<(ExpectFile, Option<Expectation>)>,
@@ -320,6 +328,11 @@ impl Shard {
             stop: AtomicBool::new(false),
             maintenance: Mutex::new(None),
             maintaining: Mutex::new(()),
+            // Four write buffers of documents: what a shard stores during an admission's
+            // query at hundreds of thousands of documents a second.
+            recent: Mutex::new(recent_puts::RecentPuts::new(4 * config.index.buffer_docs)),
+            #[cfg(test)]
+            admissions_by_delta: Default::default(),
             metrics,
             config,
             expect: None,

@@ -498,3 +498,101 @@ fn a_duplicate_is_never_named_an_original() {
     assert_eq!((d.original_id.as_str(), d.cluster_id), ("", a.cluster_id));
     shard.shutdown().unwrap();
 }
+
+/// Admissions racing with writes, replacements and deletes decide on exactly the documents
+/// stored when they decide: each admission stores its document under the write lock at its
+/// log sequence, and its matches equal a brute-force scan over the documents live just
+/// before that sequence. Both ways of catching up under the write lock run: from the
+/// documents stored since the admission's query, and by querying again when more were
+/// stored than the shard remembers.
+#[test]
+fn admissions_racing_writes_see_exactly_the_documents_stored_before_them() {
+    #[derive(Clone)]
+    enum Event {
+        Put(String, u64),
+        Delete(String),
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config();
+    c.index.buffer_docs = 16;
+    let shard = open(dir.path(), c);
+    let centers = [0x0123_4567_89AB_CDEFu64, 0xFEDC_BA98_7654_3210, 0x0F0F_F0F0_0F0F_F0F0];
+    let near = |r: &mut SplitMix64| {
+        let c = centers[r.below(centers.len() as u64) as usize];
+        let flips = r.below(4) as u32;
+        r.flip_bits(c, flips)
+    };
+    let history = parking_lot::Mutex::new(Vec::<(u64, Event)>::new());
+    let decided = parking_lot::Mutex::new(Vec::<(u64, u64, Vec<(String, u64)>)>::new());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut r = SplitMix64::new(11);
+            for i in 0..3000u64 {
+                if i % 4 == 3 {
+                    let name = format!("w{}", r.below(60));
+                    let out = shard.write(&[], std::slice::from_ref(&name), false).unwrap();
+                    if out.deleted > 0 {
+                        history.lock().push((out.seq, Event::Delete(name)));
+                    }
+                } else {
+                    // Names repeat: many writes replace a document.
+                    let name = format!("w{}", r.below(60));
+                    let fp = near(&mut r);
+                    let out = shard.write(&[doc(&name, fp, i as i64)], &[], false).unwrap();
+                    history.lock().push((out.seq, Event::Put(name, fp)));
+                }
+            }
+        });
+        for t in 0..2u64 {
+            let (history, decided, shard) = (&history, &decided, &shard);
+            s.spawn(move || {
+                let mut r = SplitMix64::new(100 + t);
+                for j in 0..400 {
+                    let name = format!("a{t}-{j}");
+                    let fp = near(&mut r);
+                    let (a, seq) = shard
+                        .admit(&doc(&name, fp, j as i64), 3, Verify::OFF, 1000, false)
+                        .unwrap();
+                    assert!(a.inserted && !a.truncated);
+                    let got = a.matches.iter().map(|m| (m.id.clone(), m.fingerprint)).collect();
+                    history.lock().push((seq, Event::Put(name, fp)));
+                    decided.lock().push((seq, fp, got));
+                }
+            });
+        }
+    });
+    let mut history = history.into_inner();
+    history.sort_by_key(|(seq, _)| *seq);
+    let mut decided = decided.into_inner();
+    decided.sort_by_key(|(seq, ..)| *seq);
+    let mut live: BTreeMap<String, u64> = BTreeMap::new();
+    let mut h = history.iter().peekable();
+    for (seq, fp, got) in &decided {
+        while let Some((_, e)) = h.next_if(|(s, _)| s < seq) {
+            match e {
+                Event::Put(name, fp) => live.insert(name.clone(), *fp),
+                Event::Delete(name) => live.remove(name),
+            };
+        }
+        let mut want: Vec<(String, u64)> = live
+            .iter()
+            .filter(|(_, f)| (**f ^ fp).count_ones() <= 3)
+            .map(|(n, f)| (n.clone(), *f))
+            .collect();
+        want.sort();
+        let mut got = got.clone();
+        got.sort();
+        assert_eq!(got, want, "admission at sequence {seq}");
+    }
+    let (delta, again) = &shard.admissions_by_delta;
+    let (delta, again) = (
+        delta.load(std::sync::atomic::Ordering::Relaxed),
+        again.load(std::sync::atomic::Ordering::Relaxed),
+    );
+    eprintln!(
+        "{} admissions checked: {delta} caught up from the recent documents, {again} queried again",
+        decided.len()
+    );
+    assert!(delta > 0, "no admission caught up from the recent documents");
+    shard.shutdown().unwrap();
+}

@@ -166,6 +166,13 @@ impl Shard {
                 Ok(())
             };
             Self::apply(st, seq, ops, self.config.names)?;
+            let mut recent = self.recent.lock();
+            for op in ops {
+                if let Op::Put { id, fp, ts, .. } = *op {
+                    recent.push(seq, id, fp, ts);
+                }
+            }
+            drop(recent);
             sketched?;
         }
         if !records.is_empty() {
@@ -235,35 +242,58 @@ impl Shard {
         check_name(&doc.id, self.config.max_id_bytes)?;
         let limit = limit.max(1);
         let sketch_bytes = doc.sketch.as_ref().map(|s| s.to_bytes());
-        // The candidates' sketches, read before the write lock so that no writer waits for
-        // the disk. Internal ids are never reused and a document's sketch is stored before it
-        // is visible, so what is read here still holds under the lock; only candidates that
-        // arrive in between are read there.
+        let search_k =
+            if verify.on() && doc.sketch.is_some() { k.max(verify.candidate_k) } else { k };
+        // The candidates, found under the read lock, and their sketches, read before the
+        // write lock so that no writer waits for the index or the disk. Under the write lock
+        // only what changed in between is looked at (`recent_puts`). Internal ids are never
+        // reused and a document's sketch is stored before it is visible, so what is read here
+        // still holds under the lock; only candidates that arrive in between are read there.
+        let (seen_seq, mut raw) = {
+            let st = self.state.read();
+            st.index.check_k(k)?;
+            st.index.check_k(verify.candidate_k)?;
+            let mut raw = Vec::new();
+            st.index.query_into(
+                doc.fingerprint,
+                search_k,
+                &mut QueryScratch::default(),
+                &mut raw,
+            )?;
+            (st.last_seq, raw)
+        };
         let mut read = HashMap::new();
         if verify.on() && doc.sketch.is_some() {
-            let mut raw = Vec::new();
-            {
-                let st = self.state.read();
-                st.index.check_k(k.max(verify.candidate_k))?;
-                st.index.query_into(
-                    doc.fingerprint,
-                    k.max(verify.candidate_k),
-                    &mut QueryScratch::default(),
-                    &mut raw,
-                )?;
-            }
             for m in &raw {
                 read.insert(m.id, self.sketch_of(m.id)?);
             }
         }
         let mut st = self.state.write();
         let st = &mut *st;
-        st.index.check_k(k)?;
-        st.index.check_k(verify.candidate_k)?;
-        let search_k =
-            if verify.on() && doc.sketch.is_some() { k.max(verify.candidate_k) } else { k };
-        let mut raw = Vec::new();
-        st.index.query_into(doc.fingerprint, search_k, &mut QueryScratch::default(), &mut raw)?;
+        if st.last_seq != seen_seq {
+            let stored_since = self.recent.lock().within_since(doc.fingerprint, search_k, seen_seq);
+            match stored_since {
+                Some(new) => {
+                    #[cfg(test)]
+                    self.admissions_by_delta.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    // Gone since: deleted or replaced (ids are never reused).
+                    raw.retain(|m| st.docs.by_id(m.id).is_some());
+                    raw.extend(new.into_iter().filter(|m| st.docs.by_id(m.id).is_some()));
+                    raw.sort_unstable_by_key(|m| (m.distance, m.ts, m.id));
+                }
+                None => {
+                    #[cfg(test)]
+                    self.admissions_by_delta.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    raw.clear();
+                    st.index.query_into(
+                        doc.fingerprint,
+                        search_k,
+                        &mut QueryScratch::default(),
+                        &mut raw,
+                    )?;
+                }
+            }
+        }
         let (matches, similarity) = self.verified(doc.sketch.as_ref(), verify, k, &raw, &read)?;
         let own = st.docs.by_name(&doc.id).map(|e| (e.id, e.fp));
         let result = Self::result(
