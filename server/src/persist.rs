@@ -53,6 +53,66 @@ pub struct Spaces {
     pub sketches: Arc<dyn Space>,
 }
 
+impl Spaces {
+    /// Every keyspace with its name, in a fixed order.
+    pub fn named(&self) -> [(&'static str, &Arc<dyn Space>); 8] {
+        [
+            ("meta", &self.meta),
+            ("log", &self.log),
+            ("run_meta", &self.run_meta),
+            ("run_tables", &self.run_tables),
+            ("run_blocks", &self.run_blocks),
+            ("run_deletes", &self.run_deletes),
+            ("docs", &self.docs),
+            ("sketches", &self.sketches),
+        ]
+    }
+}
+
+/// What one keyspace holds (see [`space_usage`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpaceUsage {
+    /// The keyspace's name.
+    pub name: &'static str,
+    /// Keys stored.
+    pub keys: u64,
+    /// Bytes of its keys.
+    pub key_bytes: u64,
+    /// Bytes of its values.
+    pub value_bytes: u64,
+    /// The largest value, bytes.
+    pub max_value: u64,
+}
+
+/// Where a shard's bytes on disk go: every keyspace's live keys and values, and the store's
+/// files ([`crate::storage::Store::disk_parts`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskUsage {
+    /// Every keyspace.
+    pub spaces: Vec<SpaceUsage>,
+    /// The store's files by kind, bytes.
+    pub files: Vec<(String, u64)>,
+}
+
+/// The live keys and values of every keyspace, counted by scanning them all (a report, not
+/// for the request path): set against the store's size on disk, what the engine spends
+/// beyond the data.
+pub fn space_usage(s: &Spaces) -> Result<Vec<SpaceUsage>> {
+    let mut out = Vec::new();
+    for (name, space) in s.named() {
+        let mut u = SpaceUsage { name, keys: 0, key_bytes: 0, value_bytes: 0, max_value: 0 };
+        for e in space.scan(&[], &[0xFF; 32]) {
+            let (k, v) = e?;
+            u.keys += 1;
+            u.key_bytes += k.len() as u64;
+            u.value_bytes += v.len() as u64;
+            u.max_value = u.max_value.max(v.len() as u64);
+        }
+        out.push(u);
+    }
+    Ok(out)
+}
+
 /// Big-endian key of a u64.
 pub fn key64(v: u64) -> [u8; 8] {
     v.to_be_bytes()
