@@ -14,6 +14,7 @@ mod cluster;
 mod cluster_map;
 mod decode;
 mod designs;
+mod disk;
 mod eval;
 mod eval_online;
 mod eval_set_stats;
@@ -49,6 +50,10 @@ enum Command {
     /// The gRPC service on loopback: latency at fixed rates, batch throughput, durable
     /// inserts, mixed load, restart time, and the in-process index as the baseline.
     Service(service::ServiceArgs),
+    /// Where a shard's bytes on disk go: durable loading, then single-document admissions,
+    /// then a restart, in process; after each, disk against memory and every keyspace's live
+    /// keys and values.
+    Disk(disk::DiskArgs),
     /// The cluster's data path on real processes: 3 nodes on loopback measured through a
     /// router (latency at fixed rates, QueryBatch throughput, durable inserts, queries while
     /// a node is killed, bytes per document), and one node in the same run.
@@ -86,6 +91,7 @@ pub fn main() -> i32 {
             Ok(())
         }
         Command::Service(args) => service::main(args),
+        Command::Disk(args) => disk::run(args),
         Command::Cluster(args) => cluster::main(args),
         Command::ClusterMap(args) => cluster_map::main(args),
         Command::Corpus(args) => corpus(args),

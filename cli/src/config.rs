@@ -95,6 +95,8 @@ pub struct StorageSection {
     /// Merge every run into one, and write a checkpoint, after this many seconds without
     /// writes.
     pub compact_idle_secs: u64,
+    /// Tables of each run written to disk (the others are rebuilt at start from these).
+    pub stored_tables: usize,
 }
 
 /// `[router]`.
@@ -208,6 +210,7 @@ impl Default for StorageSection {
             snapshot_log_mb: s.snapshot_log_bytes >> 20,
             idle_flush_ms: s.idle_flush.as_millis() as u64,
             compact_idle_secs: s.compact_idle.as_secs(),
+            stored_tables: s.stored_tables,
         }
     }
 }
@@ -437,6 +440,7 @@ impl Config {
             idle_flush: Duration::from_millis(s.idle_flush_ms),
             compact_idle: Duration::from_secs(s.compact_idle_secs),
             snapshot_log_bytes: s.snapshot_log_mb << 20,
+            stored_tables: s.stored_tables,
             cache_bytes: s.cache_mb << 20,
             min_free_bytes: s.min_free_mb << 20,
             ..ShardConfig::default()

@@ -4,8 +4,10 @@
 //! - `log`: the write-ahead log, `seq` (u64 big-endian) -> record ([`crate::record`]).
 //! - `run_meta`: storage id (u64 BE) -> the run's metadata record (the core's
 //!   [`Run::meta_bytes`]: ids, counts, design, document columns, CRC).
-//! - `run_tables`: storage id ++ table (u16 BE) -> block size (u32 LE) ++ the table's header.
-//! - `run_blocks`: storage id ++ table ++ chunk (u32 BE) -> up to [`BLOCKS_PER_CHUNK`]
+//! - `run_tables`: storage id ++ table (u16 BE) -> block size (u32 LE) ++ the table's header,
+//!   for the tables stored: the first `ShardConfig::stored_tables` of the design (the others
+//!   hold the same fingerprints in another order and are rebuilt when the run is loaded).
+//! - `run_blocks`: storage id ++ table ++ chunk (u32 BE) -> [`CHUNK_BYTES`] of
 //!   Huffman-XOR blocks back to back, each carrying its own CRC-32.
 //! - `run_deletes`: storage id -> the run's deleted positions, with a CRC.
 //! - `docs`: snapshot id ++ chunk (u32 BE) -> a record of `Put` operations.
@@ -28,8 +30,12 @@ use neardup_core::{Design, Index};
 use crate::error::{Error, Result};
 use crate::storage::Space;
 
-/// Blocks per stored chunk: 64 blocks of 1 KiB stay well under sled's 128 KiB blob size.
-pub const BLOCKS_PER_CHUNK: usize = 64;
+/// Bytes of blocks per stored chunk (at least one block). Well over sled's blob threshold (a
+/// quarter of its 512 KiB segment): a chunk, and a leaf holding chunks, is written as a file
+/// of its own that sled deletes once it is replaced, where values inline in sled's log come
+/// back only when a segment is at most half full and the file shrinks only from its end
+/// (see `docs/service.md`, disk use).
+pub const CHUNK_BYTES: usize = 1 << 20;
 /// Current layout version, in `meta/format`.
 pub const FORMAT: &[u8] = b"neardup-shard/1";
 
@@ -51,6 +57,66 @@ pub struct Spaces {
     pub docs: Arc<dyn Space>,
     /// Sketches by internal id.
     pub sketches: Arc<dyn Space>,
+}
+
+impl Spaces {
+    /// Every keyspace with its name, in a fixed order.
+    pub fn named(&self) -> [(&'static str, &Arc<dyn Space>); 8] {
+        [
+            ("meta", &self.meta),
+            ("log", &self.log),
+            ("run_meta", &self.run_meta),
+            ("run_tables", &self.run_tables),
+            ("run_blocks", &self.run_blocks),
+            ("run_deletes", &self.run_deletes),
+            ("docs", &self.docs),
+            ("sketches", &self.sketches),
+        ]
+    }
+}
+
+/// What one keyspace holds (see [`space_usage`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpaceUsage {
+    /// The keyspace's name.
+    pub name: &'static str,
+    /// Keys stored.
+    pub keys: u64,
+    /// Bytes of its keys.
+    pub key_bytes: u64,
+    /// Bytes of its values.
+    pub value_bytes: u64,
+    /// The largest value, bytes.
+    pub max_value: u64,
+}
+
+/// Where a shard's bytes on disk go: every keyspace's live keys and values, and the store's
+/// files ([`crate::storage::Store::disk_parts`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiskUsage {
+    /// Every keyspace.
+    pub spaces: Vec<SpaceUsage>,
+    /// The store's files by kind, bytes.
+    pub files: Vec<(String, u64)>,
+}
+
+/// The live keys and values of every keyspace, counted by scanning them all (a report, not
+/// for the request path): set against the store's size on disk, what the engine spends
+/// beyond the data.
+pub fn space_usage(s: &Spaces) -> Result<Vec<SpaceUsage>> {
+    let mut out = Vec::new();
+    for (name, space) in s.named() {
+        let mut u = SpaceUsage { name, keys: 0, key_bytes: 0, value_bytes: 0, max_value: 0 };
+        for e in space.scan(&[], &[0xFF; 32]) {
+            let (k, v) = e?;
+            u.keys += 1;
+            u.key_bytes += k.len() as u64;
+            u.value_bytes += v.len() as u64;
+            u.max_value = u.max_value.max(v.len() as u64);
+        }
+        out.push(u);
+    }
+    Ok(out)
 }
 
 /// Big-endian key of a u64.
@@ -86,42 +152,43 @@ fn check_crc<'a>(v: &'a [u8], what: &str) -> Result<&'a [u8]> {
     Ok(body)
 }
 
-/// Writes a run under storage id `sid` (metadata, every table, its deletion marks).
-/// Returns the bytes written.
-pub fn write_run(s: &Spaces, sid: u64, run: &Run, design: &Design) -> Result<u64> {
+/// Which of a run's tables are stored: the first `stored` of the design's (at least one,
+/// at most all). Every table holds the same fingerprints, so loading rebuilds the others
+/// from an intact stored one (see [`load_run`]).
+pub fn stored_tables(run: &Run, stored: usize) -> std::ops::Range<usize> {
+    0..stored.clamp(1, run.tables().max(1))
+}
+
+/// Writes a run under storage id `sid`: metadata, deletion marks, and its first `stored`
+/// tables ([`stored_tables`]). Returns the bytes written.
+pub fn write_run(s: &Spaces, sid: u64, run: &Run, design: &Design, stored: usize) -> Result<u64> {
     let mut bytes = 0u64;
-    for t in 0..run.tables() {
-        let hx = run.stored_table(t)?;
-        let header = hx.header_bytes();
-        let mut bb = 0usize;
-        let mut chunk = 0u32;
-        let mut buf: Vec<u8> = Vec::new();
-        let mut in_chunk = 0;
-        for block in hx.block_slices() {
-            bb = block.len();
-            buf.extend_from_slice(block);
-            in_chunk += 1;
-            if in_chunk == BLOCKS_PER_CHUNK {
-                s.run_blocks.put(&chunk_key(sid, t, chunk), &buf)?;
-                bytes += buf.len() as u64;
-                buf.clear();
-                in_chunk = 0;
-                chunk += 1;
-            }
-        }
-        if in_chunk > 0 {
-            s.run_blocks.put(&chunk_key(sid, t, chunk), &buf)?;
-            bytes += buf.len() as u64;
-        }
-        let mut v = (bb as u32).to_le_bytes().to_vec();
-        v.extend_from_slice(&header);
-        bytes += v.len() as u64;
-        s.run_tables.put(&table_key(sid, t), &v)?;
+    for t in stored_tables(run, stored) {
+        bytes += write_table(s, sid, run, t)?;
     }
     write_deletes(s, sid, run)?;
     let meta = run.meta_bytes(design);
     bytes += meta.len() as u64;
     s.run_meta.put(&key64(sid), &meta)?;
+    Ok(bytes)
+}
+
+/// Writes table `t` of a run: its blocks in chunks, then its header. Returns the bytes.
+fn write_table(s: &Spaces, sid: u64, run: &Run, t: usize) -> Result<u64> {
+    let hx = run.stored_table(t)?;
+    let blocks: Vec<&[u8]> = hx.block_slices().collect();
+    let bb = blocks.first().map_or(0, |b| b.len());
+    let mut bytes = 0u64;
+    let per_chunk = (CHUNK_BYTES / bb.max(1)).max(1);
+    for (chunk, group) in blocks.chunks(per_chunk).enumerate() {
+        let v = group.concat();
+        bytes += v.len() as u64;
+        s.run_blocks.put(&chunk_key(sid, t, chunk as u32), &v)?;
+    }
+    let mut v = (bb as u32).to_le_bytes().to_vec();
+    v.extend_from_slice(&hx.header_bytes());
+    bytes += v.len() as u64;
+    s.run_tables.put(&table_key(sid, t), &v)?;
     Ok(bytes)
 }
 
@@ -145,10 +212,13 @@ pub struct LoadedRun {
     pub rebuilt: Vec<usize>,
 }
 
-/// Loads the run stored under `sid`, verifying every checksum; damaged tables are rebuilt
-/// by the core from intact ones. Fails with [`Error::CorruptTablet`] when the metadata or
-/// the deletion marks are damaged or no table is intact.
-pub fn load_run(s: &Spaces, sid: u64, index: &Index) -> Result<LoadedRun> {
+/// Loads the run stored under `sid`, verifying every checksum; tables not stored, and
+/// damaged ones, are rebuilt by the core from an intact one. `stored` is how many tables
+/// were written ([`write_run`]): a missing or damaged one among those is reported in
+/// [`LoadedRun::rebuilt`]; tables past them that are on disk anyway (written under a larger
+/// setting) are used. Fails with [`Error::CorruptTablet`] when the metadata or the deletion
+/// marks are damaged or no table is intact.
+pub fn load_run(s: &Spaces, sid: u64, index: &Index, stored: usize) -> Result<LoadedRun> {
     let meta = s
         .run_meta
         .get(&key64(sid))?
@@ -177,14 +247,15 @@ pub fn load_run(s: &Spaces, sid: u64, index: &Index) -> Result<LoadedRun> {
             _ => Vec::new(),
         })
         .collect();
-    let stored: Vec<StoredTable<'_>> = headers
+    let stored_parts: Vec<StoredTable<'_>> = headers
         .iter()
         .zip(&blocks)
         .map(|(h, b)| StoredTable { header: h.as_ref().map_or(&[][..], |(_, h)| h), blocks: b })
         .collect();
-    let (run, rebuilt) = index
-        .load_run(&meta, &stored)
+    let (run, mut rebuilt) = index
+        .load_run(&meta, &stored_parts)
         .map_err(|e| Error::CorruptTablet(format!("run {sid}: {e}")))?;
+    rebuilt.retain(|&t| t < stored.clamp(1, tables.max(1)));
     let deletes = s
         .run_deletes
         .get(&key64(sid))?
@@ -209,15 +280,7 @@ pub fn rewrite_tables(s: &Spaces, sid: u64, run: &Run, tables: &[usize]) -> Resu
         let mut to = from.clone();
         to.extend_from_slice(&[0xFF; 5]);
         s.run_blocks.remove_range(&from, &to)?;
-        let hx = run.stored_table(t)?;
-        let blocks: Vec<&[u8]> = hx.block_slices().collect();
-        let bb = blocks.first().map_or(0, |b| b.len());
-        for (chunk, group) in blocks.chunks(BLOCKS_PER_CHUNK).enumerate() {
-            s.run_blocks.put(&chunk_key(sid, t, chunk as u32), &group.concat())?;
-        }
-        let mut v = (bb as u32).to_le_bytes().to_vec();
-        v.extend_from_slice(&hx.header_bytes());
-        s.run_tables.put(&table_key(sid, t), &v)?;
+        write_table(s, sid, run, t)?;
     }
     Ok(())
 }

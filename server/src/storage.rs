@@ -47,6 +47,11 @@ pub trait Store: Send + Sync + 'static {
     fn sync(&self) -> Result<()>;
     /// Bytes the database takes on disk.
     fn disk_bytes(&self) -> Result<u64>;
+    /// [`disk_bytes`](Store::disk_bytes) by kind of file, for reports (names are the
+    /// engine's; sled: its log file, its blob files and their count, its snapshot files).
+    fn disk_parts(&self) -> Result<Vec<(String, u64)>> {
+        Ok(vec![("all".to_string(), self.disk_bytes()?)])
+    }
 }
 
 /// One keyspace: keys ordered bytewise.
@@ -138,6 +143,7 @@ fn sled_error(e: sled::Error) -> Error {
 #[derive(Clone)]
 pub struct SledStore {
     db: sled::Db,
+    path: std::path::PathBuf,
 }
 
 impl SledStore {
@@ -158,7 +164,7 @@ impl SledStore {
                     .open())
             });
             let e = match opened {
-                Ok(Ok(db)) => return Ok(SledStore { db }),
+                Ok(Ok(db)) => return Ok(SledStore { db, path: path.to_path_buf() }),
                 Ok(Err(e)) => e,
                 Err(Error::CorruptTablet(msg)) => {
                     return Err(Error::DataDir { path: path.display().to_string(), reason: msg });
@@ -201,6 +207,30 @@ impl Store for SledStore {
     fn disk_bytes(&self) -> Result<u64> {
         guarded("size", || self.db.size_on_disk().map_err(sled_error))
     }
+
+    fn disk_parts(&self) -> Result<Vec<(String, u64)>> {
+        let len = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+        let (mut blobs, mut blob_files, mut snaps) = (0u64, 0u64, 0u64);
+        if let Ok(dir) = std::fs::read_dir(self.path.join("blobs")) {
+            for f in dir.flatten() {
+                blobs += f.metadata().map(|m| m.len()).unwrap_or(0);
+                blob_files += 1;
+            }
+        }
+        if let Ok(dir) = std::fs::read_dir(&self.path) {
+            for f in dir.flatten() {
+                if f.file_name().to_string_lossy().starts_with("snap.") {
+                    snaps += f.metadata().map(|m| m.len()).unwrap_or(0);
+                }
+            }
+        }
+        Ok(vec![
+            ("db".to_string(), len(&self.path.join("db"))),
+            ("blobs".to_string(), blobs),
+            ("blob_files".to_string(), blob_files),
+            ("snapshots".to_string(), snaps),
+        ])
+    }
 }
 
 /// A store shared under a prefix: keyspace `name` is the inner store's `{prefix}{name}`.
@@ -230,6 +260,10 @@ impl Store for PrefixedStore {
     /// The whole shared database's size.
     fn disk_bytes(&self) -> Result<u64> {
         self.inner.disk_bytes()
+    }
+
+    fn disk_parts(&self) -> Result<Vec<(String, u64)>> {
+        self.inner.disk_parts()
     }
 }
 

@@ -14,6 +14,11 @@ use crate::expect::Expectation;
 use crate::persist::{self, DocSnapshot, Manifest, key64};
 use crate::record::{Op, RecordWriter};
 
+/// Documents per chunk of a document snapshot: a few hundred KiB a value, over sled's blob
+/// threshold like the runs' chunks ([`persist::CHUNK_BYTES`]), so an old snapshot's space
+/// comes back when it is removed.
+const SNAPSHOT_CHUNK_DOCS: usize = 4096;
+
 impl Shard {
     /// Writes a checkpoint: new runs, changed deletion marks, the manifest, the expectation
     /// record ([`crate::expect`]); then removes runs no longer needed and truncates the log.
@@ -45,7 +50,13 @@ impl Shard {
                     let sid = next_sid;
                     next_sid += 1;
                     let deleted = run.deleted();
-                    bytes += persist::write_run(&self.spaces, sid, run, &design)?;
+                    bytes += persist::write_run(
+                        &self.spaces,
+                        sid,
+                        run,
+                        &design,
+                        self.config.stored_tables,
+                    )?;
                     ck.stored.insert(key, StoredRun { sid, deletes_written: deleted });
                     sids.push(sid);
                 }
@@ -118,7 +129,7 @@ impl Shard {
             let (rec, next, end) = {
                 let st = self.state.read();
                 let mut w = RecordWriter::new();
-                let (entries, next) = st.docs.entries_from(slot, 1024);
+                let (entries, next) = st.docs.entries_from(slot, SNAPSHOT_CHUNK_DOCS);
                 for e in entries {
                     w.push(&Op::Put {
                         id: e.id,

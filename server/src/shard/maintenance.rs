@@ -14,6 +14,10 @@ use crate::error::{Error, Result};
 use crate::persist::key64;
 use crate::record::{self, Op};
 
+/// The idle compaction waits until the runs besides the largest hold at least
+/// 1/`COMPACT_SHARE` of its documents (see [`Shard::maintain_once`]).
+const COMPACT_SHARE: usize = 8;
+
 impl Shard {
     pub(super) fn refresh_gauges(&self, disk: bool) {
         let st = self.state.read();
@@ -90,10 +94,19 @@ impl Shard {
             r?;
         }
         // After a burst of writes, merge everything into one run so that queries visit a
-        // single run again.
+        // single run again; but only once the other runs (and the deleted documents) add up
+        // to a share of the largest run: compacting rewrites the whole index on disk, and a
+        // trickle of writes with quiet moments between them would otherwise rewrite it at
+        // every quiet moment (a few documents costing the whole index's bytes each time).
         let quiet = {
             let st = self.state.read();
-            st.index.runs().len() > 1 && st.last_write.elapsed() >= self.config.compact_idle
+            let runs = st.index.runs();
+            let largest = runs.iter().map(|r| r.len()).max().unwrap_or(0);
+            let others = runs.iter().map(|r| r.len()).sum::<usize>() - largest;
+            let deleted: usize = runs.iter().map(|r| r.deleted()).sum();
+            runs.len() > 1
+                && st.last_write.elapsed() >= self.config.compact_idle
+                && (others + deleted) * COMPACT_SHARE >= largest
         };
         // Take the job in a statement of its own: the write guard must be gone before the
         // merge runs and before finish_merge takes the lock again.
@@ -118,9 +131,10 @@ impl Shard {
                 }
             }
         }
-        let (due, log_bytes) = {
+        let (due, log_bytes, quiet_log) = {
             let ck = self.checkpoints.lock();
             let st = self.state.read();
+            let quiet_log = st.last_write.elapsed() >= self.config.compact_idle;
             let uncovered = st.last_seq.saturating_sub(ck.manifest.covered);
             // Also once writes have been quiet for `compact_idle` (as after an idle
             // compaction): the index is stored while nothing else is going on, and a
@@ -129,14 +143,26 @@ impl Shard {
                 || (ck.runs_changed(&st)
                     && (ck.last.elapsed() >= self.config.checkpoint_interval
                         || st.last_write.elapsed() >= self.config.compact_idle));
-            (due, st.log_bytes)
+            (due, st.log_bytes, quiet_log)
         };
         if due {
             self.checkpoint()?;
         }
+        // A document snapshot once the log reaches its bound (or the last snapshot's size,
+        // so that snapshots cost at most as many bytes as the log they make obsolete); and
+        // when writes are quiet, once the log holds an eighth of the last snapshot's size:
+        // the log (names with every write's sketch) takes about twice a snapshot's bytes a
+        // document, so a shard at rest keeps a snapshot and a short log.
         let snap_due = {
             let ck = self.checkpoints.lock();
-            self.config.names && log_bytes >= self.config.snapshot_log_bytes.max(ck.snapshot_bytes)
+            let st = self.state.read();
+            let covered = st.last_seq == ck.manifest.covered;
+            self.config.names
+                && (log_bytes >= self.config.snapshot_log_bytes.max(ck.snapshot_bytes)
+                    || (quiet_log
+                        && covered
+                        && log_bytes > 0
+                        && log_bytes.saturating_mul(8) >= ck.snapshot_bytes))
         };
         if snap_due {
             self.snapshot_docs()?;

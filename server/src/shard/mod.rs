@@ -97,8 +97,15 @@ pub struct ShardConfig {
     pub compact_idle: Duration,
     /// Write a document snapshot (and truncate the log) once the log holds this many bytes.
     pub snapshot_log_bytes: u64,
-    /// Largest log record; bigger writes are split (each record is atomic).
+    /// Largest log record; bigger writes are split (each record is atomic). Small records
+    /// keep sled's leaves of the log (16 records) inline in its log file: larger leaves
+    /// become blob files, rewritten whole every ten appends.
     pub max_record_bytes: usize,
+    /// Tables of each run written to disk: the first this many of the design (at least 1).
+    /// Every table holds the same fingerprints, so the others are rebuilt from them when a
+    /// run is loaded: fewer bytes on disk for a longer start. Two keep a damaged table
+    /// repairable from the other.
+    pub stored_tables: usize,
     /// Rebuild the whole index as one run, in the background, when it has more runs than
     /// this and the merge policy has nothing to merge (runs pile up when writes outpace
     /// merges; every query visits every run).
@@ -124,7 +131,8 @@ impl Default for ShardConfig {
             idle_flush: Duration::from_secs(1),
             compact_idle: Duration::from_secs(30),
             snapshot_log_bytes: 256 << 20,
-            max_record_bytes: 64 << 10,
+            max_record_bytes: 4 << 10,
+            stored_tables: 2,
             max_runs: 12,
             cache_bytes: 256 << 20,
             min_free_bytes: 64 << 20,

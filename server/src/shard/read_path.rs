@@ -260,6 +260,14 @@ impl Shard {
         })
     }
 
+    /// Where the bytes on disk go (see [`crate::persist::DiskUsage`]). Scans every keyspace: a report, slow on a large shard.
+    pub fn disk_usage(&self) -> Result<crate::persist::DiskUsage> {
+        Ok(crate::persist::DiskUsage {
+            spaces: crate::persist::space_usage(&self.spaces)?,
+            files: self.store.disk_parts()?,
+        })
+    }
+
     /// Bytes of document data held in memory (ids, names, clusters).
     pub fn doc_bytes(&self) -> usize {
         self.state.read().docs.heap_bytes()

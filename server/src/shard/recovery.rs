@@ -241,7 +241,9 @@ impl Shard {
         let loaded: Vec<(u64, persist::LoadedRun)> = manifest
             .runs
             .par_iter()
-            .map(|&sid| persist::load_run(s, sid, &index).map(|l| (sid, l)))
+            .map(|&sid| {
+                persist::load_run(s, sid, &index, self.config.stored_tables).map(|l| (sid, l))
+            })
             .collect::<Result<_>>()?;
         let mut rebuilt = Vec::new();
         for (sid, l) in &loaded {

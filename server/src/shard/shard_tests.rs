@@ -317,6 +317,84 @@ fn damaged_tables_are_rebuilt_and_damaged_runs_are_not_served() {
     );
 }
 
+/// Only the configured number of tables is written; the others are rebuilt when the run is
+/// loaded, quietly (they are not damage), and a larger setting later uses what is there.
+#[test]
+fn runs_store_only_the_configured_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut model, mut rng) = (Model::default(), SplitMix64::new(5));
+    let mut c = config();
+    c.stored_tables = 2;
+    let shard = open(dir.path(), c.clone());
+    let queries = workload(&shard, &mut model, &mut rng, 40);
+    shard.shutdown().unwrap();
+    drop(shard);
+    let tables_stored = || {
+        let store = SledStore::open(&dir.path().join("db"), 8 << 20).unwrap();
+        let space = store.space("run_tables").unwrap();
+        let mut per_run: BTreeMap<u64, Vec<u16>> = BTreeMap::new();
+        for e in space.scan(&[], &[0xFF; 16]) {
+            let (k, _) = e.unwrap();
+            let sid = u64::from_be_bytes(k[..8].try_into().unwrap());
+            per_run.entry(sid).or_default().push(u16::from_be_bytes([k[8], k[9]]));
+        }
+        per_run
+    };
+    let stored = tables_stored();
+    assert!(!stored.is_empty());
+    assert!(stored.values().all(|t| t == &[0, 1]), "{stored:?}");
+    let metrics = ShardMetrics::default();
+    let shard = Shard::open(dir.path(), c.clone(), metrics).unwrap();
+    shard.recover().unwrap();
+    check(&shard, &model, &queries);
+    shard.close_without_checkpoint();
+    drop(shard);
+    assert_eq!(tables_stored(), stored, "tables not stored are not damage: none rewritten");
+    // One table stored, then all of them: the same answers each time.
+    for n in [1, 100] {
+        c.stored_tables = n;
+        let shard = open(dir.path(), c.clone());
+        check(&shard, &model, &queries);
+        durable_write(&shard, &[doc("https://more", 42, 9)], &[]);
+        model.0.insert("https://more".into(), (42, 9));
+        shard.shutdown().unwrap();
+    }
+    restart_and_check(dir.path(), &model, &queries);
+}
+
+/// A trickle of writes after a large run is not a reason to rewrite it: the idle compaction
+/// waits until the other runs hold a share of the largest.
+#[test]
+fn idle_compaction_waits_for_a_share_of_the_largest_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config();
+    // Each write stays in the buffer until the idle flush makes it one run.
+    c.index.buffer_docs = 4096;
+    c.max_runs = 1000;
+    c.index.max_runs = 1000;
+    c.index.merge_fanout = 1000;
+    c.idle_flush = Duration::ZERO;
+    c.compact_idle = Duration::ZERO;
+    let shard = open(dir.path(), c);
+    let runs = || {
+        // Twice: a round compacts before it flushes the buffer.
+        shard.maintain_once().unwrap();
+        shard.maintain_once().unwrap();
+        shard.state.read().index.runs().len()
+    };
+    let spread = |i: u64, k: u64| i.wrapping_mul(k);
+    let big: Vec<_> =
+        (0..800u64).map(|i| doc(&format!("b{i}"), spread(i, 0x9E37_79B9_7F4A_7C15), 1)).collect();
+    durable_write(&shard, &big, &[]);
+    assert_eq!(runs(), 1);
+    durable_write(&shard, &[doc("small", 7, 1)], &[]);
+    assert_eq!(runs(), 2, "one document does not rewrite 800");
+    let more: Vec<_> =
+        (0..100u64).map(|i| doc(&format!("m{i}"), spread(i, 0xD1B5_4A32_D192_ED03), 1)).collect();
+    durable_write(&shard, &more, &[]);
+    assert_eq!(runs(), 1, "an eighth of the largest: compacted");
+}
+
 #[test]
 fn unusable_data_directories_are_refused_clearly() {
     let dir = tempfile::tempdir().unwrap();
