@@ -30,6 +30,7 @@ use neardup_core::{Design, Doc, Index, IndexConfig};
 use neardup_proto::v1::InsertRequest;
 use serde_json::{Value, json};
 
+use crate::cpu::CpuMeter;
 use crate::load::{Kind, Load, stall_probe};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -230,6 +231,11 @@ impl ServerProcess {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+    }
+
+    /// The server's process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     fn signal(&self, sig: i32) {
@@ -481,7 +487,9 @@ pub async fn run(args: ServiceArgs) -> Result<(), String> {
         rate,
         seconds: args.seconds,
         kinds,
+        server_pid: Some(server.pid()),
     };
+    let inproc_us = baseline["us_per_query_one_thread"].as_f64().unwrap_or(0.0);
     let mut unary = Vec::new();
     for &rate in &args.rates {
         eprintln!(
@@ -492,13 +500,18 @@ pub async fn run(args: ServiceArgs) -> Result<(), String> {
         for kind in [Kind::Query, Kind::Health, Kind::Echo] {
             let x = &r[kind.name()];
             eprintln!(
-                "  {:<12} p50 {} us, p99 {} us, p999 {} us",
+                "  {:<12} p50 {} us, p99 {} us, p999 {} us, {:.0}/s; CPU per call: server {} us, \
+                 generator {:.1} us",
                 kind.name(),
                 x["p50_us"],
                 x["p99_us"],
-                x["p999_us"]
+                x["p999_us"],
+                x["achieved_qps"].as_f64().unwrap_or(0.0),
+                cpu_figure(&x["server_cpu_us_per_call"]),
+                x["generator_cpu_us_per_call"].as_f64().unwrap_or(0.0),
             );
         }
+        eprintln!("  (in-process query: {inproc_us:.2} us of CPU, one thread)");
         let mut entry = r.remove(Kind::Query.name()).unwrap_or_default();
         entry["floor"] = Value::Object(r);
         unary.push(entry);
@@ -545,6 +558,8 @@ pub async fn run(args: ServiceArgs) -> Result<(), String> {
     // 5. QueryBatch throughput.
     eprintln!("QueryBatch: {} queries over {} streams", args.batch_queries, args.batch_streams);
     let per = args.batch_queries / args.batch_streams.max(1);
+    let mut batch_cpu = CpuMeter::of(Some(server.pid()));
+    batch_cpu.start();
     let t = Instant::now();
     let mut tasks = Vec::new();
     for s in 0..args.batch_streams.max(1) {
@@ -562,22 +577,39 @@ pub async fn run(args: ServiceArgs) -> Result<(), String> {
         matched += r.iter().map(|x| x.matches.len()).sum::<usize>();
     }
     let batch_secs = t.elapsed().as_secs_f64();
+    batch_cpu.stop();
     let batch_qps = answered as f64 / batch_secs;
-    eprintln!("  {batch_qps:.0} queries/s");
+    let batch_cpu_us = batch_cpu.us_per(answered as u64);
+    let inproc_all = baseline["qps_all_threads"].as_f64().unwrap_or(1.0);
+    eprintln!(
+        "  {batch_qps:.0} queries/s ({:.2}x the in-process all-threads rate); server CPU {} us \
+         a query (in process: {inproc_us:.2} us)",
+        batch_qps / inproc_all,
+        cpu_figure(&json!(batch_cpu_us)),
+    );
     report.insert(
         "query_batch".into(),
-        json!({ "queries": answered, "matches": matched, "seconds": batch_secs, "qps": batch_qps }),
+        json!({ "queries": answered, "matches": matched, "seconds": batch_secs, "qps": batch_qps,
+                "server_cpu_us_per_query": batch_cpu_us }),
     );
 
     // The gRPC cost per query against the in-process index, measured above.
-    let inproc_us = baseline["us_per_query_one_thread"].as_f64().unwrap_or(0.0);
-    let inproc_all = baseline["qps_all_threads"].as_f64().unwrap_or(1.0);
     let unary_p50 = unary.first().and_then(|u| u["p50_us"].as_f64()).unwrap_or(0.0);
+    // Server CPU per unary query, over the Query slices of every rate.
+    let unary_cpu: Vec<Value> = unary
+        .iter()
+        .map(|u| {
+            json!({ "offered_qps": u["offered_qps"], "server_cpu_us_per_query":
+                         u["server_cpu_us_per_call"] })
+        })
+        .collect();
     report.insert(
         "grpc_cost".into(),
         json!({
+            "in_process_cpu_us_per_query": inproc_us,
+            "unary_server_cpu": unary_cpu,
+            "batch_server_cpu_us_per_query": batch_cpu_us,
             "unary_p50_minus_in_process_us": unary_p50 - inproc_us,
-            "batch_cpu_us_per_query": 2.0 * 1e6 * (1.0 / batch_qps - 1.0 / inproc_all),
             "batch_qps_fraction_of_in_process": batch_qps / inproc_all,
         }),
     );
@@ -649,6 +681,11 @@ pub async fn run(args: ServiceArgs) -> Result<(), String> {
     }
     println!("{}", Value::Object(report));
     Ok(())
+}
+
+/// A CPU figure in microseconds as printed: one decimal, or "n/a" without a measurement.
+fn cpu_figure(v: &Value) -> String {
+    v.as_f64().map_or_else(|| "n/a".to_string(), |x| format!("{x:.1}"))
 }
 
 /// Runs `neardup-bench service` on a multi-threaded tokio runtime of its own.
