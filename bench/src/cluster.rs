@@ -312,6 +312,7 @@ async fn measure(
             rate,
             seconds: args.seconds,
             kinds: vec![Kind::Query, Kind::Health, Kind::Echo],
+            server_pid: None,
         };
         let r = load.measure().await?;
         unary.push(json!({
@@ -362,6 +363,7 @@ async fn kill_phase(
         rate: args.kill_rate,
         seconds: args.kill_seconds.max(2),
         kinds: vec![Kind::Query],
+        server_pid: None,
     };
     let reads = tokio::spawn(load.measure());
     let options =

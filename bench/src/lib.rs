@@ -12,6 +12,7 @@
 mod bruteforce;
 mod cluster;
 mod cluster_map;
+mod cpu;
 mod decode;
 mod designs;
 mod disk;
@@ -19,6 +20,7 @@ mod eval;
 mod eval_online;
 mod eval_set_stats;
 mod fingerprint;
+mod h2call;
 mod index;
 mod join;
 mod latency;

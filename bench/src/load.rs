@@ -6,8 +6,10 @@
 //!
 //! The generator is lean so that it takes as little as it can of the two cores it shares
 //! with the server: one thread runs a single-threaded runtime that owns the connections and
-//! the response handling, and paces the requests with a `timerfd` (tokio's timer ticks in
-//! whole milliseconds, which would bunch the requests and add its lag to every latency).
+//! the response handling, calls through [`crate::h2call`] (HTTP/2 without a gRPC stack: a
+//! request leaves in one write, an answer is checked by its status), and paces the requests
+//! with a `timerfd` (tokio's timer ticks in whole milliseconds, which would bunch the
+//! requests and add its lag to every latency).
 //!
 //! Next to the Query calls it measures, in interleaved one-second slices so that both see the
 //! same moments of a shared machine:
@@ -15,24 +17,31 @@
 //!   work;
 //! - a 16-byte TCP echo over loopback to a plain thread: what the machine itself gives, the
 //!   floor under any server.
+//!
+//! For each kind it also counts CPU time over that kind's slices: the server process's (when
+//! its pid is given; for the echo, what the idle server spends meanwhile) and the
+//! generator's own thread's, each divided by the calls answered, so that the cost of a
+//! request is told apart from the machine's load and from the generator's own share.
 
-use std::future::Future;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use neardup_proto::v1::neardup_client::NeardupClient;
 use neardup_proto::v1::{
     CheckAndInsertRequest, Document, QueryRequest, QueryTarget, document, query_target,
 };
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic_health::pb::HealthCheckRequest;
-use tonic_health::pb::health_client::HealthClient;
 
+use crate::cpu::{CpuMeter, thread_cpu_seconds};
+use crate::h2call::{UnaryConn, frame};
 use crate::latency::Latencies;
+
+/// The deadline every call carries (`grpc-timeout`), and how long the generator waits for
+/// an answer.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What one slice of load sends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,6 +88,8 @@ pub struct Load {
     pub seconds: u64,
     /// The kinds, interleaved.
     pub kinds: Vec<Kind>,
+    /// The server's process id, to count its CPU time per call (`None`: not counted).
+    pub server_pid: Option<u32>,
 }
 
 /// Latencies and errors of one kind.
@@ -87,6 +98,10 @@ struct Tally {
     latencies: Latencies,
     errors: u64,
     busy: Duration,
+    /// The server's CPU over this kind's slices.
+    server_cpu: CpuMeter,
+    /// The generator thread's CPU over this kind's slices, in seconds.
+    generator_cpu: f64,
 }
 
 impl Load {
@@ -113,33 +128,40 @@ impl Load {
     }
 
     async fn drive(self) -> Result<serde_json::Map<String, Value>, String> {
-        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr))
-            .map_err(|e| format!("bad address {}: {e}", self.addr))?
-            .tcp_nodelay(true);
-        let channel = if self.kinds.iter().any(|k| *k != Kind::Echo) {
-            endpoint.connect().await.map_err(|e| format!("cannot connect to {}: {e}", self.addr))?
+        let rpc = if self.kinds.iter().any(|k| *k != Kind::Echo) {
+            Some(UnaryConn::connect(&self.addr, CALL_TIMEOUT).await?)
         } else {
-            endpoint.connect_lazy()
+            None
         };
-        let query = NeardupClient::new(channel.clone());
-        let health = HealthClient::new(channel);
         let mut echo =
             if self.kinds.contains(&Kind::Echo) { Some(Echo::start().await?) } else { None };
         let timer = Timer::new().map_err(|e| format!("cannot create a timer: {e}"))?;
-        let mut tallies: Vec<Tally> = self.kinds.iter().map(|_| Tally::default()).collect();
+        let mut tallies: Vec<Tally> = self
+            .kinds
+            .iter()
+            .map(|_| Tally { server_cpu: CpuMeter::of(self.server_pid), ..Tally::default() })
+            .collect();
         let mut sent = 0usize;
         for _ in 0..self.seconds {
             for (kind, tally) in self.kinds.iter().zip(tallies.iter_mut()) {
                 let t = Instant::now();
+                let cpu = thread_cpu_seconds();
+                tally.server_cpu.start();
                 match kind {
                     Kind::Query | Kind::Admit | Kind::AdmitPlain | Kind::Health => {
-                        self.rpc_slice(*kind, &timer, &query, &health, sent, tally).await?
+                        let rpc = rpc.as_ref().expect("connected when asked for");
+                        self.rpc_slice(*kind, &timer, rpc, sent, tally).await?
                     }
                     Kind::Echo => {
                         let echo = echo.as_mut().expect("started when asked for");
                         echo.slice(&timer, self.rate, tally).await?
                     }
                 }
+                tally.server_cpu.stop();
+                tally.generator_cpu += match (cpu, thread_cpu_seconds()) {
+                    (Some(a), Some(b)) => b - a,
+                    _ => 0.0,
+                };
                 tally.busy += t.elapsed();
             }
             sent += self.rate as usize;
@@ -158,6 +180,9 @@ impl Load {
                     "p99_us": lat.percentile_us(0.99),
                     "p999_us": lat.percentile_us(0.999),
                     "max_us": lat.max_us(),
+                    "server_cpu_us_per_call": tally.server_cpu.us_per(lat.len()),
+                    "generator_cpu_us_per_call":
+                        tally.generator_cpu * 1e6 / lat.len().max(1) as f64,
                 }),
             );
         }
@@ -169,19 +194,23 @@ impl Load {
         &self,
         kind: Kind,
         timer: &Timer,
-        query: &NeardupClient<tonic::transport::Channel>,
-        health: &HealthClient<tonic::transport::Channel>,
+        rpc: &UnaryConn,
         first: usize,
         tally: &mut Tally,
     ) -> Result<(), String> {
+        let uri = rpc.uri(match kind {
+            Kind::Query => "/neardup.v1.Neardup/Query",
+            Kind::Admit | Kind::AdmitPlain => "/neardup.v1.Neardup/CheckAndInsert",
+            Kind::Health | Kind::Echo => "/grpc.health.v1.Health/Check",
+        })?;
+        let health = frame(&HealthCheckRequest { service: String::new() });
         let mut calls = Vec::with_capacity(self.rate as usize);
         for (i, due) in schedule(self.rate).enumerate() {
             timer.sleep_until(due).await.map_err(|e| format!("timer: {e}"))?;
-            let call: Pin<Box<dyn Future<Output = bool> + Send>> = match kind {
+            let body = match kind {
                 Kind::Query => {
-                    let mut rpc = query.clone();
                     let q = self.queries[(first + i) % self.queries.len()];
-                    let mut req = tonic::Request::new(QueryRequest {
+                    frame(&QueryRequest {
                         target: Some(QueryTarget {
                             target: Some(query_target::Target::Fingerprint(q)),
                             sketch: Vec::new(),
@@ -189,16 +218,13 @@ impl Load {
                         k: Some(self.k),
                         limit: 100,
                         ..Default::default()
-                    });
-                    req.set_timeout(Duration::from_secs(10));
-                    Box::pin(async move { rpc.query(req).await.is_ok() })
+                    })
                 }
                 Kind::Admit | Kind::AdmitPlain => {
-                    let mut rpc = query.clone();
                     let n = first + i;
                     let q = self.queries[n % self.queries.len()];
                     let plain = kind == Kind::AdmitPlain;
-                    let mut req = tonic::Request::new(CheckAndInsertRequest {
+                    frame(&CheckAndInsertRequest {
                         document: Some(Document {
                             id: format!("https://bench.example/{}/{n}", kind.name()),
                             content: Some(document::Content::Fingerprint(q)),
@@ -209,18 +235,11 @@ impl Load {
                         limit: 100,
                         verify_jaccard: plain.then_some(0.0),
                         ..Default::default()
-                    });
-                    req.set_timeout(Duration::from_secs(10));
-                    Box::pin(async move { rpc.check_and_insert(req).await.is_ok() })
+                    })
                 }
-                Kind::Health | Kind::Echo => {
-                    let mut rpc = health.clone();
-                    let mut req =
-                        tonic::Request::new(HealthCheckRequest { service: String::new() });
-                    req.set_timeout(Duration::from_secs(10));
-                    Box::pin(async move { rpc.check(req).await.is_ok() })
-                }
+                Kind::Health | Kind::Echo => health.clone(),
             };
+            let call = rpc.call(&uri, body, CALL_TIMEOUT).await;
             calls.push(tokio::spawn(async move {
                 let ok = call.await;
                 (ok, due.elapsed().as_nanos() as u64)
@@ -447,6 +466,7 @@ mod tests {
             rate,
             seconds,
             kinds: vec![kind],
+            server_pid: None,
         }
     }
 

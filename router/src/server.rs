@@ -11,6 +11,7 @@
 use std::future::Future;
 
 use neardup_proto::v1::neardup_server::NeardupServer;
+use neardup_server::transport::GrpcServices;
 use tokio::net::TcpListener;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
@@ -63,15 +64,17 @@ pub async fn serve(
     let reflection_v1alpha = reflection().build_v1alpha().expect("the descriptor sets are valid");
     let max = router.limits().max_message_bytes;
     let http2 = router.limits().http2();
-    let routes = tonic::service::Routes::new(health)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
-        .add_service(
+    // The public service first: the table is searched in order.
+    let services = GrpcServices::new()
+        .with(
             NeardupServer::new(router)
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
-        );
-    let result = neardup_server::transport::serve_http2(listener, routes, http2, shutdown).await;
+        )
+        .with(health)
+        .with(reflection_v1)
+        .with(reflection_v1alpha);
+    let result = neardup_server::transport::serve_http2(listener, services, http2, shutdown).await;
     follow.abort();
     result
 }

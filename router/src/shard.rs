@@ -99,6 +99,10 @@ pub fn health_of(shard: &neardup_server::Shard) -> watch::Receiver<ShardHealth> 
 }
 
 /// A shard service in this process (embedded mode): the router calls it directly.
+///
+/// The calls carry no deadline: the shard service reads none (its work is bounded by its
+/// own budgets), and the router gives up at the caller's deadline around every call, so
+/// writing one into each request's metadata would only cost time.
 pub struct InProcess<S> {
     service: S,
     health: watch::Receiver<ShardHealth>,
@@ -116,34 +120,34 @@ impl<S: ShardRpc> ShardApi for InProcess<S> {
     async fn write(
         &self,
         req: WriteRequest,
-        deadline: Option<Instant>,
+        _deadline: Option<Instant>,
     ) -> Result<WriteResponse, Status> {
-        Ok(self.service.write(request(req, deadline)).await?.into_inner())
+        Ok(self.service.write(Request::new(req)).await?.into_inner())
     }
 
-    async fn wait_durable(&self, seq: u64, deadline: Option<Instant>) -> Result<(), Status> {
-        self.service.wait_durable(request(WaitDurableRequest { seq }, deadline)).await?;
+    async fn wait_durable(&self, seq: u64, _deadline: Option<Instant>) -> Result<(), Status> {
+        self.service.wait_durable(Request::new(WaitDurableRequest { seq })).await?;
         Ok(())
     }
 
     async fn probe(
         &self,
         req: ProbeRequest,
-        deadline: Option<Instant>,
+        _deadline: Option<Instant>,
     ) -> Result<ProbeResponse, Status> {
-        Ok(self.service.probe(request(req, deadline)).await?.into_inner())
+        Ok(self.service.probe(Request::new(req)).await?.into_inner())
     }
 
     async fn admit(
         &self,
         req: AdmitRequest,
-        deadline: Option<Instant>,
+        _deadline: Option<Instant>,
     ) -> Result<AdmitResponse, Status> {
-        Ok(self.service.admit(request(req, deadline)).await?.into_inner())
+        Ok(self.service.admit(Request::new(req)).await?.into_inner())
     }
 
-    async fn stats(&self, deadline: Option<Instant>) -> Result<StatsResponse, Status> {
-        let r = self.service.stats(request(ShardStatsRequest {}, deadline)).await?;
+    async fn stats(&self, _deadline: Option<Instant>) -> Result<StatsResponse, Status> {
+        let r = self.service.stats(Request::new(ShardStatsRequest {})).await?;
         r.into_inner().stats.ok_or_else(|| Status::internal("the shard sent no statistics"))
     }
 

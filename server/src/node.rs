@@ -24,7 +24,7 @@ use crate::data_api::{DataService, NodeApi};
 use crate::node_store::NodeStore;
 use crate::service::{RaftService, ShardService};
 use crate::shard::{Shard, Status};
-use crate::transport::{Http2Limits, serve_http2};
+use crate::transport::{GrpcServices, Http2Limits, serve_http2};
 
 /// Serves `shard` on `listener` until `shutdown` completes; returns once requests in
 /// flight are answered. Does not stop the shard: call [`Shard::shutdown`] after.
@@ -42,10 +42,9 @@ pub async fn serve(
     let shard_service = ShardServer::new(ShardService::new(shard))
         .max_decoding_message_size(max_message_bytes)
         .max_encoding_message_size(max_message_bytes);
-    let routes = tonic::service::Routes::new(health)
-        .add_service(shard_service)
-        .add_service(RaftServer::new(RaftService));
-    let result = serve_http2(listener, routes, http2, shutdown).await;
+    let services =
+        GrpcServices::new().with(health).with(shard_service).with(RaftServer::new(RaftService));
+    let result = serve_http2(listener, services, http2, shutdown).await;
     follow.abort();
     result
 }
@@ -68,14 +67,15 @@ pub async fn serve_cluster(
     let data = DataServer::new(DataService::new(data))
         .max_decoding_message_size(max_message_bytes)
         .max_encoding_message_size(max_message_bytes);
-    let routes = tonic::service::Routes::new(health)
-        .add_service(data)
-        .add_service(
+    let services = GrpcServices::new()
+        .with(health)
+        .with(data)
+        .with(
             RaftServer::new(RaftRpc::new(cluster.clone()))
                 .max_decoding_message_size(max_message_bytes),
         )
-        .add_service(AdminServer::new(AdminService::new(cluster)));
-    let result = serve_http2(listener, routes, http2, shutdown).await;
+        .with(AdminServer::new(AdminService::new(cluster)));
+    let result = serve_http2(listener, services, http2, shutdown).await;
     follow.abort();
     result
 }

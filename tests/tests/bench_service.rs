@@ -43,7 +43,11 @@ fn the_service_benchmark_runs_every_phase_and_reports_the_floors() {
         assert_eq!(u["sent"], rate, "one second of queries at {rate}/s");
         assert_eq!(u["errors"], 0);
         assert!(u["p99_us"].as_f64().unwrap() >= u["p50_us"].as_f64().unwrap());
+        // CPU per call, of the server and of the generator: figures, not nulls.
+        assert!(u["server_cpu_us_per_call"].as_f64().unwrap() >= 0.0);
+        assert!(u["generator_cpu_us_per_call"].as_f64().unwrap() >= 0.0);
         for floor in ["grpc_health", "tcp_echo"] {
+            assert!(u["floor"][floor]["server_cpu_us_per_call"].as_f64().unwrap() >= 0.0);
             assert_eq!(u["floor"][floor]["sent"], rate, "{floor} at {rate}/s");
             assert_eq!(u["floor"][floor]["errors"], 0, "{floor} at {rate}/s");
             assert!(u["floor"][floor]["p50_us"].as_f64().unwrap() > 0.0);
@@ -52,6 +56,9 @@ fn the_service_benchmark_runs_every_phase_and_reports_the_floors() {
 
     // Every QueryBatch query is answered.
     assert_eq!(r["query_batch"]["queries"], 2000);
+    assert!(r["query_batch"]["server_cpu_us_per_query"].as_f64().unwrap() >= 0.0);
+    assert!(r["query_batch"]["client_cpu_us_per_query"].as_f64().unwrap() >= 0.0);
+    assert!(r["in_process"]["cpu_us_per_query_one_thread"].as_f64().unwrap() > 0.0);
     assert_eq!(r["mixed"]["reads"]["sent"], 100);
     assert_eq!(r["mixed"]["reads"]["errors"], 0);
     assert_eq!(r["mixed"]["documents_written"], 500);

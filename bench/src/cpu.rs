@@ -1,0 +1,97 @@
+//! CPU time of a process and of the calling thread, for the "CPU per request" figures of the
+//! service benchmarks: wall-clock rates on a shared 2-core machine say little about what a
+//! request costs, the CPU time spent over a phase divided by the requests it answered does.
+
+/// CPU time (user + system) a process has used so far, over all its threads, living and
+/// ended, in seconds: `utime + stime` of `/proc/<pid>/stat`. `None` where there is no such
+/// file (another OS, or the process is gone).
+pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count from after it.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    // Fields 14 and 15 of proc(5); `rest` starts at field 3.
+    let utime: u64 = fields.nth(11)?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    // SAFETY: sysconf only reads a configuration value.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (ticks > 0).then(|| (utime + stime) as f64 / ticks as f64)
+}
+
+/// CPU time of the calling thread, in seconds (`CLOCK_THREAD_CPUTIME_ID`).
+pub fn thread_cpu_seconds() -> Option<f64> {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec; the call only writes it.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    (rc == 0).then_some(ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9)
+}
+
+/// CPU time a process spends over a stretch of work: [`start`](CpuMeter::start) it, then
+/// [`stop`](CpuMeter::stop) it; stretches add up.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuMeter {
+    pid: Option<u32>,
+    started: Option<f64>,
+    /// Seconds measured so far; `None` once a reading failed.
+    total: Option<f64>,
+}
+
+impl CpuMeter {
+    /// A meter of process `pid` (`None`: measures nothing, [`seconds`](Self::seconds) is
+    /// `None`).
+    pub fn of(pid: Option<u32>) -> CpuMeter {
+        CpuMeter { pid, started: None, total: pid.map(|_| 0.0) }
+    }
+
+    /// Starts a stretch.
+    pub fn start(&mut self) {
+        self.started = self.pid.and_then(process_cpu_seconds);
+    }
+
+    /// Ends the stretch started last and adds it.
+    pub fn stop(&mut self) {
+        let now = self.pid.and_then(process_cpu_seconds);
+        self.total = match (self.total, self.started.take(), now) {
+            (Some(t), Some(a), Some(b)) => Some(t + (b - a).max(0.0)),
+            _ => None,
+        };
+    }
+
+    /// Microseconds of CPU per item, over `items` items; `None` without a measurement or
+    /// items.
+    pub fn us_per(&self, items: u64) -> Option<f64> {
+        self.total.filter(|_| items > 0).map(|s| s * 1e6 / items as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_uses_cpu_when_it_spins() {
+        let me = std::process::id();
+        let mut meter = CpuMeter::of(Some(me));
+        meter.start();
+        // Spin until this thread has used 50 ms of CPU (however long that takes on a shared
+        // machine): the process's count, in ticks of at most 10 ms, must see most of it.
+        let t0 = thread_cpu_seconds().unwrap();
+        let mut x = 0u64;
+        while thread_cpu_seconds().unwrap() - t0 < 0.05 {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        meter.stop();
+        let seen = meter.us_per(1).unwrap();
+        assert!(seen >= 30_000.0, "{seen} us of CPU seen for 50 ms spent");
+        assert_eq!(meter.us_per(0), None);
+    }
+
+    #[test]
+    fn no_process_no_figure() {
+        let mut meter = CpuMeter::of(None);
+        meter.start();
+        meter.stop();
+        assert_eq!(meter.us_per(1), None);
+        assert_eq!(process_cpu_seconds(u32::MAX), None);
+    }
+}
