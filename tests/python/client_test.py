@@ -67,7 +67,7 @@ def main(addr):
         assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
 
     s = stub.Stats(pb.StatsRequest(), timeout=10)
-    assert s.documents == 5 and s.max_k == 3, s
+    assert s.documents == 5 and s.max_k == 6 and s.design == "8c2", s
     print("python client: all checks passed")
 
 
