@@ -229,12 +229,48 @@ async fn grow_to_five_and_remove_one_while_a_client_reads_status() {
             s.nodes.len() == 5 && s.nodes.iter().all(|n| n.role == Role::Voter as i32)
         })
         .await;
-    let leader = members[0].status().await.unwrap().leader;
+    // The leader refuses a removal while it does not see a quorum of the other voters
+    // caught up (a loaded machine delays followers): wait until it sees every voter caught
+    // up, and retry a refusal for that reason for a while.
+    let all_caught_up = Instant::now() + Duration::from_secs(120);
+    let leader = 'seen: loop {
+        for m in members.iter() {
+            if let Ok(s) = m.status().await
+                && s.leader == s.node_id
+                && s.nodes.len() == 5
+                && s.nodes.iter().all(|n| n.caught_up)
+            {
+                break 'seen s.leader;
+            }
+        }
+        assert!(Instant::now() < all_caught_up, "no leader saw every voter caught up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     let via = members.iter().find(|m| m.id != leader && m.id != 2).unwrap().internal.clone();
-    let r = retry(|| async {
-        Ok(admin(&via).await?.remove_node(RemoveNodeRequest { node_id: 2 }).await?.into_inner())
-    })
-    .await;
+    let until = Instant::now() + Duration::from_secs(60);
+    let r = loop {
+        let r = retry(|| async {
+            match admin(&via).await?.remove_node(RemoveNodeRequest { node_id: 2 }).await {
+                Ok(r) => Ok(Ok(r.into_inner())),
+                Err(s)
+                    if s.code() == tonic::Code::FailedPrecondition
+                        && s.message().contains("would lose quorum")
+                        && Instant::now() < until =>
+                {
+                    Ok(Err(s))
+                }
+                Err(s) => Err(s),
+            }
+        })
+        .await;
+        match r {
+            Ok(r) => break r,
+            Err(s) => {
+                eprintln!("removal refused for now: {}", s.message());
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
     assert!(r.epoch >= 1);
     acked.remove(&2);
     let mut rest: Vec<&mut Member> = members.iter_mut().filter(|m| m.id != 2).collect();
