@@ -14,6 +14,11 @@
 //! run and instead of scanning the buffer, so its cost stays near that of the large runs
 //! alone while documents stream in.
 //!
+//! A server that wants no run built under its write lock freezes the full buffer instead
+//! ([`Index::freeze_buffer`]): the frozen buffer stays queryable as the buffer was while the
+//! owner builds its run on another thread ([`SealJob::run`]) and installs it
+//! ([`Index::finish_seal`]); deletes made in the meantime are carried over.
+//!
 //! Merges run inline by default ([`IndexConfig::auto_merge`]). A server that wants them off
 //! its write path turns that off, takes a [`MergeJob`] with [`Index::next_merge`], runs it on
 //! another thread and installs the result with [`Index::finish_merge`]; deletes made in the
@@ -237,6 +242,29 @@ impl MergeJob {
     }
 }
 
+/// A frozen write buffer to build into a run off the write path: see
+/// [`Index::freeze_buffer`].
+#[derive(Debug)]
+pub struct SealJob {
+    id: u64,
+    docs: Vec<Doc>,
+    ctx: Arc<BuildContext>,
+    /// Fingerprints in the largest run.
+    beside: usize,
+}
+
+impl SealJob {
+    /// Builds the run. Needs no access to the index; may run on any thread.
+    pub fn run(&self) -> Result<Run> {
+        Run::build(self.id, &self.docs, &self.ctx, self.beside)
+    }
+
+    /// The id the run will have.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
 /// Memory held by one table across all runs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TableMemory {
@@ -283,7 +311,7 @@ impl MemoryReport {
 pub struct IndexStats {
     /// Live documents.
     pub docs: usize,
-    /// Documents in the write buffer.
+    /// Documents in the write buffer and in frozen buffers.
     pub buffered: usize,
     /// Immutable runs.
     pub runs: usize,
@@ -304,6 +332,9 @@ pub struct Index {
     for_k: Vec<Vec<usize>>,
     runs: Vec<Arc<Run>>,
     buffer: Buffer,
+    /// Frozen buffers whose runs are being built elsewhere, by the id their run will have,
+    /// oldest first; queried as the buffer is.
+    frozen: Vec<(u64, Buffer)>,
     /// The buffer's and the small runs' fingerprints (see the module docs); empty when
     /// `recent_docs` is 0.
     recent: RecentTables,
@@ -332,6 +363,7 @@ impl Index {
             for_k,
             runs: Vec::new(),
             buffer: Buffer::default(),
+            frozen: Vec::new(),
             covered: HashSet::new(),
             direct: Vec::new(),
             small: Vec::new(),
@@ -371,6 +403,7 @@ impl Index {
         self.next_run_id = ids.last().map_or(1, |&m| m + 1).max(self.next_run_id);
         self.runs = runs.into_iter().map(Arc::new).collect();
         self.buffer.clear();
+        self.frozen.clear();
         self.recent = RecentTables::new(&self.config.design);
         self.covered.clear();
         self.sync_recent();
@@ -408,7 +441,7 @@ impl Index {
             }
         }
         if self.buffer.len() >= self.config.buffer_docs {
-            self.flush()?;
+            self.seal_and_tidy()?;
         }
         Ok(())
     }
@@ -439,7 +472,7 @@ impl Index {
             // Usable again once nothing it should cover is left: no small run, no buffer.
             let small_left = (0..self.runs.len())
                 .any(|i| Some(i) != largest && self.runs[i].live_len() < self.config.recent_docs);
-            if small_left || !self.buffer.is_empty() {
+            if small_left || !self.buffer.is_empty() || !self.frozen.is_empty() {
                 self.direct.extend(0..self.runs.len());
                 return;
             }
@@ -448,7 +481,7 @@ impl Index {
         }
         let present: HashSet<u64> = self.runs.iter().map(|r| r.id()).collect();
         self.covered.retain(|id| present.contains(id));
-        let mut held = self.buffer.len();
+        let mut held = self.buffer.len() + self.frozen_len();
         for (i, r) in self.runs.iter().enumerate() {
             if Some(i) != largest && r.live_len() < self.config.recent_docs {
                 self.small.push(i);
@@ -471,6 +504,9 @@ impl Index {
             self.recent = RecentTables::new(&self.config.design);
             self.covered.clear();
             let mut fps: Vec<u64> = self.buffer.docs().iter().map(|d| d.fp).collect();
+            for (_, b) in &self.frozen {
+                fps.extend(b.docs().iter().map(|d| d.fp));
+            }
             for &i in &self.small {
                 let r = &self.runs[i];
                 self.covered.insert(r.id());
@@ -497,7 +533,7 @@ impl Index {
     /// own directly.
     pub fn insert_batch(&mut self, docs: &[Doc]) -> Result<()> {
         if docs.len() >= self.config.buffer_docs {
-            self.flush()?;
+            self.seal_buffer()?;
             let beside = self.largest_run();
             let run = Run::build(self.take_run_id(), docs, &self.ctx, beside)?;
             self.runs.push(Arc::new(run));
@@ -522,18 +558,26 @@ impl Index {
                 }
             }
             if self.buffer.len() >= self.config.buffer_docs {
-                self.flush()?;
+                self.seal_and_tidy()?;
             }
             rest = later;
         }
         Ok(())
     }
 
-    /// Turns the write buffer into a run now (no-op when it is empty).
+    /// Turns the write buffer, and any frozen buffer, into runs now (no-op when both are
+    /// empty). Seal jobs of the frozen buffers then fail to finish.
     pub fn flush(&mut self) -> Result<()> {
-        if self.buffer.is_empty() {
+        if self.buffer.is_empty() && self.frozen.is_empty() {
             return Ok(());
         }
+        self.seal_frozen()?;
+        self.seal_and_tidy()
+    }
+
+    /// Builds the full buffer into a run, then merges as the policy wants (frozen buffers
+    /// are left to their seal jobs).
+    fn seal_and_tidy(&mut self) -> Result<()> {
         self.seal_buffer()?;
         self.maybe_merge()?;
         self.sync_recent();
@@ -555,11 +599,81 @@ impl Index {
         Ok(())
     }
 
+    /// Freezes the write buffer (`None` when it is empty) and returns the job that builds
+    /// its run. The frozen documents stay queryable, and deletable, until the owner installs
+    /// the run with [`finish_seal`](Self::finish_seal); no run is built here.
+    pub fn freeze_buffer(&mut self) -> Option<SealJob> {
+        if self.buffer.is_empty() {
+            return None;
+        }
+        let id = self.take_run_id();
+        let buffer = std::mem::take(&mut self.buffer);
+        let job = SealJob {
+            id,
+            docs: buffer.docs().to_vec(),
+            ctx: self.ctx.clone(),
+            beside: self.largest_run(),
+        };
+        self.frozen.push((id, buffer));
+        Some(job)
+    }
+
+    /// Installs the run built from `job` in place of its frozen buffer. Documents deleted
+    /// from the frozen buffer since it was frozen are deleted from the run too. Fails,
+    /// changing nothing, if the frozen buffer is gone (sealed by [`flush`](Self::flush)
+    /// or [`compact`](Self::compact) meanwhile, or the index restored).
+    pub fn finish_seal(&mut self, job: SealJob, run: Run) -> Result<()> {
+        if run.id() != job.id {
+            return Err(Error::InvalidConfig("the run does not belong to this seal job".into()));
+        }
+        let Some(pos) = self.frozen.iter().position(|(id, _)| *id == job.id) else {
+            return Err(Error::InvalidConfig("the frozen buffer is gone from the index".into()));
+        };
+        let (_, left) = self.frozen.remove(pos);
+        let kept: HashSet<u64> = left.docs().iter().map(|d| d.id).collect();
+        for d in job.docs.iter().filter(|d| !kept.contains(&d.id)) {
+            run.delete_doc(d.id, d.fp);
+        }
+        // Every frozen fingerprint is in the recent tables already.
+        if self.recent_on() {
+            self.covered.insert(run.id());
+        }
+        self.runs.push(Arc::new(run));
+        self.maybe_merge()?;
+        self.sync_recent();
+        Ok(())
+    }
+
+    /// Frozen buffers not yet installed as runs.
+    pub fn frozen_buffers(&self) -> usize {
+        self.frozen.len()
+    }
+
+    fn frozen_len(&self) -> usize {
+        self.frozen.iter().map(|(_, b)| b.len()).sum()
+    }
+
+    /// Builds every frozen buffer into its run here and now, oldest first.
+    fn seal_frozen(&mut self) -> Result<()> {
+        for (id, b) in std::mem::take(&mut self.frozen) {
+            let beside = self.largest_run();
+            let run = Run::build(id, b.docs(), &self.ctx, beside)?;
+            if self.recent_on() {
+                self.covered.insert(run.id());
+            }
+            self.runs.push(Arc::new(run));
+        }
+        Ok(())
+    }
+
     /// Deletes every document whose id is in `ids`; returns how many were deleted. Scans
     /// the id columns once per call, so batch deletes.
     pub fn delete(&mut self, ids: &[u64]) -> Result<usize> {
         let set: HashSet<u64> = ids.iter().copied().collect();
         let mut n = self.buffer.retain(|d| !set.contains(&d.id));
+        for (_, b) in &mut self.frozen {
+            n += b.retain(|d| !set.contains(&d.id));
+        }
         for r in &self.runs {
             n += r.delete_ids(&set);
         }
@@ -571,7 +685,7 @@ impl Index {
     /// Deletes the document with this id and fingerprint; true if it was found. Costs one
     /// block lookup per run.
     pub fn delete_doc(&mut self, id: u64, fp: u64) -> Result<bool> {
-        if self.buffer.remove(id, fp) {
+        if self.buffer.remove(id, fp) || self.frozen.iter_mut().any(|(_, b)| b.remove(id, fp)) {
             return Ok(true);
         }
         let found = self.runs.iter().any(|r| r.delete_doc(id, fp));
@@ -697,6 +811,7 @@ impl Index {
     /// Merges every run into one (and the buffer with them): after a burst of writes, so
     /// queries visit a single run again. Costs a rewrite of every document.
     pub fn compact(&mut self) -> Result<()> {
+        self.seal_frozen()?;
         self.seal_buffer()?;
         if self.compactable() {
             let merged = self.merge_now(0..self.runs.len())?;
@@ -759,6 +874,11 @@ impl Index {
     pub fn for_each_live(&self, mut f: impl FnMut(Doc)) {
         for r in &self.runs {
             r.for_each_live(|fp, id, ts| f(Doc { id, fp, ts }));
+        }
+        for (_, b) in &self.frozen {
+            for d in b.docs() {
+                f(*d);
+            }
         }
         for d in self.buffer.docs() {
             f(*d);
@@ -824,6 +944,9 @@ impl Index {
             self.runs[i].finish(fp, k, design, staged, hits, out);
         }
         if !on {
+            for (_, b) in &self.frozen {
+                b.scan(fp, k, out);
+            }
             self.buffer.scan(fp, k, out);
             return Ok(());
         }
@@ -833,6 +956,9 @@ impl Index {
         for &f in recent.iter() {
             for &i in &self.small {
                 self.runs[i].matches_of(f, fp, out);
+            }
+            for (_, b) in &self.frozen {
+                b.matches_of(f, fp, out);
             }
             self.buffer.matches_of(f, fp, out);
         }
@@ -866,7 +992,9 @@ impl Index {
 
     /// Number of live documents.
     pub fn len(&self) -> usize {
-        self.buffer.len() + self.runs.iter().map(|r| r.live_len()).sum::<usize>()
+        self.buffer.len()
+            + self.frozen_len()
+            + self.runs.iter().map(|r| r.live_len()).sum::<usize>()
     }
 
     /// Whether no live document is stored.
@@ -879,7 +1007,12 @@ impl Index {
         &self.runs
     }
 
-    /// The documents in the write buffer, oldest first.
+    /// Documents not yet in a run: in the write buffer and in frozen buffers.
+    pub fn unsealed(&self) -> usize {
+        self.buffer.len() + self.frozen_len()
+    }
+
+    /// The documents in the write buffer, oldest first (not those of frozen buffers).
     pub fn buffered(&self) -> &[Doc] {
         self.buffer.docs()
     }
@@ -888,7 +1021,7 @@ impl Index {
     pub fn stats(&self) -> IndexStats {
         IndexStats {
             docs: self.len(),
-            buffered: self.buffer.len(),
+            buffered: self.buffer.len() + self.frozen_len(),
             runs: self.runs.len(),
             deleted_pending: self.runs.iter().map(|r| r.deleted()).sum(),
             merges: self.merges,
@@ -931,7 +1064,8 @@ impl Index {
             t.bits_per_fp =
                 if t.entries == 0 { 0.0 } else { t.bytes as f64 * 8.0 / t.entries as f64 };
         }
-        let buffer_bytes = self.buffer.heap_bytes();
+        let buffer_bytes = self.buffer.heap_bytes()
+            + self.frozen.iter().map(|(_, b)| b.heap_bytes()).sum::<usize>();
         let recent_bytes = self.recent.heap_bytes();
         let total_bytes = tables.iter().map(|t| t.bytes).sum::<usize>()
             + doc_bytes

@@ -100,6 +100,7 @@ fn exercise(config: IndexConfig, shape: Shape, seed: u64, steps: usize) -> Index
     let mut model = Model::default();
     let mut g = Gen::new(seed, shape);
     let mut pending: Option<MergeJob> = None;
+    let mut seals: Vec<SealJob> = Vec::new();
     for step in 0..steps {
         match g.rng.below(10) {
             0..=3 => {
@@ -137,7 +138,25 @@ fn exercise(config: IndexConfig, shape: Shape, seed: u64, steps: usize) -> Index
                 assert!(index.delete_doc(d.id, d.fp).unwrap());
                 assert!(!index.delete_doc(d.id, d.fp).unwrap());
             }
-            8 => index.flush().unwrap(),
+            8 => {
+                index.flush().unwrap();
+                // The flush built the frozen buffers: their jobs are refused.
+                for job in seals.drain(..) {
+                    let run = job.run().unwrap();
+                    assert!(index.finish_seal(job, run).is_err());
+                }
+            }
+            9 if g.rng.below(2) == 0 => {
+                // Seals off the write path: freeze the buffer, or install the run of any
+                // frozen buffer (in any order).
+                if !seals.is_empty() && g.rng.below(2) == 0 {
+                    let job = seals.remove(g.rng.below(seals.len() as u64) as usize);
+                    let run = job.run().unwrap();
+                    index.finish_seal(job, run).unwrap();
+                } else if let Some(job) = index.freeze_buffer() {
+                    seals.push(job);
+                }
+            }
             _ => {
                 if let Some(job) = pending.take() {
                     let merged = job.run().unwrap();
@@ -164,6 +183,13 @@ fn exercise(config: IndexConfig, shape: Shape, seed: u64, steps: usize) -> Index
             r => r.unwrap(),
         }
     }
+    check_all_k(&index, &model, &mut g, 40);
+    for job in seals.drain(..) {
+        let run = job.run().unwrap();
+        index.finish_seal(job, run).unwrap();
+    }
+    assert_eq!(index.frozen_buffers(), 0);
+    assert_eq!(index.len(), model.docs.len());
     check_all_k(&index, &model, &mut g, 40);
     index
 }
@@ -530,6 +556,8 @@ enum Op {
     DeleteDoc(usize),
     Flush,
     Merge,
+    /// Freezes the buffer, or installs the oldest frozen buffer's run.
+    Seal,
     Query(u64, u32),
 }
 
@@ -548,6 +576,7 @@ fn op_strategy() -> impl proptest::strategy::Strategy<Value = Op> {
         1 => (0usize..1000).prop_map(Op::DeleteDoc),
         1 => Just(Op::Flush),
         1 => Just(Op::Merge),
+        1 => Just(Op::Seal),
         3 => (fp, 0u32..4).prop_map(|(q, k)| Op::Query(q, k)),
     ]
 }
@@ -565,6 +594,7 @@ proptest::proptest! {
         let mut model = Model::default();
         let mut next_id = 1u64;
         let mut pending: Option<MergeJob> = None;
+        let mut seals: std::collections::VecDeque<SealJob> = Default::default();
         for op in ops {
             match op {
                 Op::Insert(fp) => {
@@ -591,7 +621,18 @@ proptest::proptest! {
                     let d = model.docs.remove(i % model.docs.len());
                     proptest::prop_assert!(index.delete_doc(d.id, d.fp).unwrap());
                 }
-                Op::Flush => index.flush().unwrap(),
+                Op::Flush => {
+                    index.flush().unwrap();
+                    seals.clear();
+                }
+                Op::Seal => match seals.len() {
+                    2.. => {
+                        let job = seals.pop_front().unwrap();
+                        let run = job.run().unwrap();
+                        index.finish_seal(job, run).unwrap();
+                    }
+                    _ => seals.extend(index.freeze_buffer()),
+                },
                 Op::Merge => match pending.take() {
                     Some(job) => {
                         let merged = job.run().unwrap();
