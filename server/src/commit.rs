@@ -163,8 +163,20 @@ impl Committer {
 
     /// A sync outside group commit (checkpoints, snapshots, shutdown), under the same rule:
     /// refused once a sync has failed, and its own failure stops group commit.
+    ///
+    /// The logs are synced under the group-commit rule; the rest of the store (sled's
+    /// flush, which can take a while when a checkpoint wrote a run) is synced outside it, so
+    /// group commit goes on meanwhile. Its failure is final too.
     pub fn sync(&self) -> Result<()> {
-        sync_once(&self.inner, || {})
+        sync_log_once(&self.inner, || {})?;
+        let inner = &self.inner;
+        if let Some(msg) = inner.failed.get() {
+            return Err(Error::SyncFailed(msg.clone()));
+        }
+        match inner.store.sync_rest() {
+            Ok(()) => Ok(()),
+            Err(e) => Err(fail(inner, e)),
+        }
     }
 
     /// Stops the sync thread after a last sync, and waits for it.
@@ -180,31 +192,42 @@ impl Committer {
     }
 }
 
-/// Syncs the store and calls `synced` while no other sync can fail in between; after a
-/// failure (this one or an earlier one) returns [`Error::SyncFailed`] and syncs nothing.
-fn sync_once(inner: &Inner, synced: impl FnOnce()) -> Result<()> {
+/// Syncs the store's logs ([`Store::sync_log`]) and calls `synced` while no other sync can fail in
+/// between; after a failure (this one or an earlier one) returns [`Error::SyncFailed`] and syncs nothing.
+fn sync_log_once(inner: &Inner, synced: impl FnOnce()) -> Result<()> {
+    sync_with(inner, synced, |s| s.sync_log())
+}
+
+fn sync_with(
+    inner: &Inner,
+    synced: impl FnOnce(),
+    sync: impl FnOnce(&dyn Store) -> Result<()>,
+) -> Result<()> {
     let _one = inner.syncing.lock();
     if let Some(msg) = inner.failed.get() {
         return Err(Error::SyncFailed(msg.clone()));
     }
     let started = Instant::now();
-    match inner.store.sync() {
+    match sync(&*inner.store) {
         Ok(()) => {
             inner.metrics.observe_sync(started.elapsed().as_secs_f64());
             synced();
             Ok(())
         }
-        Err(e) => {
-            let msg = e.to_string();
-            tracing::error!(error = %msg,
-                "store sync failed; nothing more is acknowledged until the shard is restarted");
-            let _ = inner.failed.set(msg.clone());
-            (inner.on_failure)(&msg);
-            // Wake the waiters so they report the failure.
-            inner.durable.send_modify(|_| {});
-            Err(Error::SyncFailed(msg))
-        }
+        Err(e) => Err(fail(inner, e)),
     }
+}
+
+/// Records the first failed sync (see the module docs) and wakes the waiters.
+fn fail(inner: &Inner, e: Error) -> Error {
+    let msg = e.to_string();
+    tracing::error!(error = %msg,
+        "store sync failed; nothing more is acknowledged until the shard is restarted");
+    let _ = inner.failed.set(msg.clone());
+    (inner.on_failure)(&msg);
+    // Wake the waiters so they report the failure.
+    inner.durable.send_modify(|_| {});
+    Error::SyncFailed(msg)
 }
 
 fn sync_loop(inner: &Inner) {
@@ -220,7 +243,7 @@ fn sync_loop(inner: &Inner) {
         // Everything appended before the sync starts is covered by it.
         let target = inner.appended.load(Ordering::Acquire);
         let advance = || inner.durable.send_modify(|d| *d = (*d).max(target));
-        if sync_once(inner, advance).is_err() {
+        if sync_log_once(inner, advance).is_err() {
             // Final: see the module docs.
             return;
         }

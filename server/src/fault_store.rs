@@ -121,7 +121,30 @@ impl Store for FaultyStore {
         Ok(Arc::new(FaultySpace { inner: self.inner.space(name)?, faults: self.faults.clone() }))
     }
 
+    fn log(&self, name: &str) -> Result<Arc<dyn Space>> {
+        Ok(Arc::new(FaultySpace { inner: self.inner.log(name)?, faults: self.faults.clone() }))
+    }
+
     fn sync(&self) -> Result<()> {
+        self.faulty_sync(|s| s.sync())
+    }
+
+    fn sync_log(&self) -> Result<()> {
+        self.faulty_sync(|s| s.sync_log())
+    }
+
+    fn sync_rest(&self) -> Result<()> {
+        self.faulty_sync(|s| s.sync_rest())
+    }
+
+    fn disk_bytes(&self) -> Result<u64> {
+        self.inner.disk_bytes()
+    }
+}
+
+impl FaultyStore {
+    /// A sync of the inner store (`sync`), failed as the faults say.
+    fn faulty_sync(&self, sync: impl FnOnce(&dyn Store) -> Result<()>) -> Result<()> {
         let f = &self.faults;
         let fail = f
             .fail_syncs
@@ -132,17 +155,13 @@ impl Store for FaultyStore {
         } else if f.writes_left.load(Ordering::Acquire) == 0 {
             Err(Error::Storage("injected crash: the store is gone".into()))
         } else {
-            self.inner.sync()
+            sync(&*self.inner)
         };
         match r {
             Ok(()) => f.syncs_ok.fetch_add(1, Ordering::AcqRel),
             Err(_) => f.syncs_failed.fetch_add(1, Ordering::AcqRel),
         };
         r
-    }
-
-    fn disk_bytes(&self) -> Result<u64> {
-        self.inner.disk_bytes()
     }
 }
 

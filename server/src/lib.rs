@@ -48,6 +48,7 @@ pub mod service;
 pub mod shard;
 pub mod storage;
 pub mod transport;
+pub mod wal;
 
 pub use data_api::{DataError, DataResult, DataService, NodeApi};
 pub use data_types::{DocInfo, DocOp, TabletHit, TabletOp};

@@ -18,6 +18,7 @@ use std::path::Path;
 use std::sync::{Arc, Once};
 
 use crate::error::{Error, Result};
+use crate::wal::SegmentLog;
 
 /// A key and its value.
 pub type Entry = (Vec<u8>, Vec<u8>);
@@ -43,8 +44,28 @@ pub type Entry = (Vec<u8>, Vec<u8>);
 pub trait Store: Send + Sync + 'static {
     /// Opens (creating if needed) the keyspace `name`.
     fn space(&self, name: &str) -> Result<Arc<dyn Space>>;
+    /// Opens (creating if needed) the keyspace `name` for a log: keys (8 bytes, big-endian)
+    /// only ever put in increasing order and removed from the oldest end. An engine may keep
+    /// it apart (sled's store keeps it in segment files, [`crate::wal`]); by default it is
+    /// an ordinary keyspace. The contract above holds for it with the rest of the store.
+    fn log(&self, name: &str) -> Result<Arc<dyn Space>> {
+        self.space(name)
+    }
     /// Makes every write that returned before this call durable (see the contract).
     fn sync(&self) -> Result<()>;
+    /// Makes every write to the logs ([`log`](Store::log)) that returned before this call
+    /// durable; other keyspaces may wait for [`sync`](Store::sync). Group commit needs no
+    /// more: what else a write changes is written again from the log on recovery. By
+    /// default the same as `sync`.
+    fn sync_log(&self) -> Result<()> {
+        self.sync()
+    }
+    /// Makes durable every write that returned before this call other than those
+    /// [`sync_log`](Store::sync_log) covers; `sync_log` then `sync_rest` is a
+    /// [`sync`](Store::sync). By default the same as `sync`.
+    fn sync_rest(&self) -> Result<()> {
+        self.sync()
+    }
     /// Bytes the database takes on disk.
     fn disk_bytes(&self) -> Result<u64>;
     /// [`disk_bytes`](Store::disk_bytes) by kind of file, for reports (names are the
@@ -142,6 +163,9 @@ fn sled_error(e: sled::Error) -> Error {
 /// flush only bounds how much unacknowledged data a crash can lose.
 #[derive(Clone)]
 pub struct SledStore {
+    /// Logs opened (see [`Store::log`]), by name; each synced before the database. Declared
+    /// before `db` so that they are closed before the database's lock is released.
+    logs: Arc<parking_lot::Mutex<std::collections::HashMap<String, Arc<SegmentLog>>>>,
     db: sled::Db,
     path: std::path::PathBuf,
 }
@@ -164,7 +188,13 @@ impl SledStore {
                     .open())
             });
             let e = match opened {
-                Ok(Ok(db)) => return Ok(SledStore { db, path: path.to_path_buf() }),
+                Ok(Ok(db)) => {
+                    return Ok(SledStore {
+                        db,
+                        path: path.to_path_buf(),
+                        logs: Default::default(),
+                    });
+                }
                 Ok(Err(e)) => e,
                 Err(Error::CorruptTablet(msg)) => {
                     return Err(Error::DataDir { path: path.display().to_string(), reason: msg });
@@ -200,12 +230,63 @@ impl Store for SledStore {
         Ok(Arc::new(SledSpace { tree }))
     }
 
+    /// A log in segment files under `wal/` in the database's directory ([`crate::wal`]).
+    /// A log an older version kept as a tree is moved there the first time it is opened.
+    fn log(&self, name: &str) -> Result<Arc<dyn Space>> {
+        let mut logs = self.logs.lock();
+        if let Some(l) = logs.get(name) {
+            return Ok(l.clone());
+        }
+        let log = Arc::new(SegmentLog::open(&self.path.join("wal").join(name.replace('/', "_")))?);
+        let had_tree = guarded("listing keyspaces", || {
+            Ok(self.db.tree_names().iter().any(|t| t.as_ref() == name.as_bytes()))
+        })?;
+        if had_tree {
+            let tree =
+                guarded("opening a keyspace", || self.db.open_tree(name).map_err(sled_error))?;
+            let old = SledSpace { tree };
+            let newest = log.last_in(&[], &[0xFF; 9])?.map(|(k, _)| k);
+            for e in old.scan(&[], &[0xFF; 9]) {
+                let (k, v) = e?;
+                if newest.as_ref().is_none_or(|n| &k > n) {
+                    log.put(&k, &v)?;
+                }
+            }
+            log.sync()?;
+            guarded("dropping a keyspace", || {
+                self.db.drop_tree(name).map(drop).map_err(sled_error)
+            })?;
+            tracing::info!(name, "the write-ahead log moved from the database to its own files");
+        }
+        logs.insert(name.to_string(), log.clone());
+        Ok(log)
+    }
+
+    /// Syncs every log, then the database: a log record is durable before anything the
+    /// database holds that was written after it.
     fn sync(&self) -> Result<()> {
+        self.sync_log()?;
         guarded("sync", || self.db.flush().map(drop).map_err(sled_error))
     }
 
+    /// The database alone.
+    fn sync_rest(&self) -> Result<()> {
+        guarded("sync", || self.db.flush().map(drop).map_err(sled_error))
+    }
+
+    /// Syncs the logs' segment files only: the database's work (its own flushes, large
+    /// removals) never holds up group commit.
+    fn sync_log(&self) -> Result<()> {
+        let logs: Vec<Arc<SegmentLog>> = self.logs.lock().values().cloned().collect();
+        for l in logs {
+            l.sync()?;
+        }
+        Ok(())
+    }
+
     fn disk_bytes(&self) -> Result<u64> {
-        guarded("size", || self.db.size_on_disk().map_err(sled_error))
+        let logs: u64 = self.logs.lock().values().map(|l| l.disk_bytes()).sum();
+        Ok(guarded("size", || self.db.size_on_disk().map_err(sled_error))? + logs)
     }
 
     fn disk_parts(&self) -> Result<Vec<(String, u64)>> {
@@ -224,7 +305,9 @@ impl Store for SledStore {
                 }
             }
         }
+        let wal: u64 = self.logs.lock().values().map(|l| l.disk_bytes()).sum();
         Ok(vec![
+            ("wal".to_string(), wal),
             ("db".to_string(), len(&self.path.join("db"))),
             ("blobs".to_string(), blobs),
             ("blob_files".to_string(), blob_files),
@@ -253,8 +336,20 @@ impl Store for PrefixedStore {
         self.inner.space(&format!("{}{name}", self.prefix))
     }
 
+    fn log(&self, name: &str) -> Result<Arc<dyn Space>> {
+        self.inner.log(&format!("{}{name}", self.prefix))
+    }
+
     fn sync(&self) -> Result<()> {
         self.inner.sync()
+    }
+
+    fn sync_log(&self) -> Result<()> {
+        self.inner.sync_log()
+    }
+
+    fn sync_rest(&self) -> Result<()> {
+        self.inner.sync_rest()
     }
 
     /// The whole shared database's size.
@@ -376,5 +471,38 @@ mod tests {
         // Reopened, the synced data is there.
         let store = SledStore::open(dir.path(), 1 << 20).unwrap();
         assert_eq!(store.space("t").unwrap().get(b"c").unwrap().as_deref(), Some(&b"3"[..]));
+    }
+
+    /// A log kept as a tree by an older version moves to segment files the first time it
+    /// is opened as a log, and appends go on after it.
+    #[test]
+    fn a_log_in_the_database_moves_to_its_own_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path(), 1 << 20).unwrap();
+        let old = store.space("t0/log").unwrap();
+        for n in 1..=100u64 {
+            old.put(&n.to_be_bytes(), format!("record {n}").as_bytes()).unwrap();
+        }
+        store.sync().unwrap();
+        drop((old, store));
+        let store = SledStore::open(dir.path(), 1 << 20).unwrap();
+        let log = store.log("t0/log").unwrap();
+        log.put(&101u64.to_be_bytes(), b"record 101").unwrap();
+        store.sync().unwrap();
+        let names: Vec<sled::IVec> = store.db.tree_names();
+        assert!(!names.iter().any(|n| n.as_ref() == b"t0/log"), "the tree is dropped");
+        drop((log, store));
+        let store = SledStore::open(dir.path(), 1 << 20).unwrap();
+        let got: Vec<(Vec<u8>, Vec<u8>)> = store
+            .log("t0/log")
+            .unwrap()
+            .scan(&[], &[0xFF; 9])
+            .collect::<Result<_>>()
+            .unwrap();
+        let want: Vec<(Vec<u8>, Vec<u8>)> = (1..=101u64)
+            .map(|n| (n.to_be_bytes().to_vec(), format!("record {n}").into_bytes()))
+            .collect();
+        assert_eq!(got, want);
+        assert!(dir.path().join("wal/t0_log").is_dir());
     }
 }

@@ -182,8 +182,11 @@ impl Shard {
         Ok(seq)
     }
 
-    /// The document's stored sketch bytes, if it has one.
+    /// The document's stored sketch bytes, if it has one (queued or in the store).
     fn sketch_bytes(&self, id: u64) -> Result<Option<Vec<u8>>> {
+        if let Some(q) = self.pending_sketches.lock().get(&id) {
+            return Ok(q.clone());
+        }
         self.spaces.sketches.get(&key64(id))
     }
 

@@ -30,6 +30,9 @@ impl Shard {
                 st.index.runs().iter().map(|r| (RunKey::of(&st, r), r.clone())).collect();
             (runs, st.covered, st.last_seq, self.live(&st) as u64)
         };
+        // The records the runs hold are durable before anything that names them is written:
+        // the log and the database are synced apart (see `Store::sync`).
+        self.sync()?;
         let design = self.config.index.design.clone();
         let mut bytes = 0u64;
         let mut sids = Vec::with_capacity(runs.len());
@@ -121,6 +124,10 @@ impl Shard {
             let st = self.state.read();
             (st.last_seq, st.docs.next_id())
         };
+        // Records up to `covered` leave the log once the snapshot is written, and recovery
+        // writes no sketch of theirs again: they are stored and durable first.
+        self.drain_sketches()?;
+        self.sync()?;
         let id = ck.docsnap.id + 1;
         let mut slot = 0;
         let mut chunks = 0u32;

@@ -1,14 +1,15 @@
 //! Background maintenance: merges off the request path, idle flushes and compaction, the
 //! rebuild of an index with too many runs, and the decision to checkpoint or snapshot.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use neardup_core::index::MergeJob;
+use neardup_core::index::{MergeJob, Run, SealJob};
 use neardup_core::{Doc, Index};
 
-use super::{Shard, State, Status};
+use super::{MAX_FROZEN, PendingSeal, Shard, State, Status};
 use crate::doc_table::DocTable;
 use crate::error::{Error, Result};
 use crate::persist::key64;
@@ -121,13 +122,14 @@ impl Shard {
         {
             let idle = {
                 let st = self.state.read();
-                !st.index.buffered().is_empty() && st.last_write.elapsed() >= self.config.idle_flush
+                st.index.unsealed() > 0 && st.last_write.elapsed() >= self.config.idle_flush
             };
             if idle {
                 let mut st = self.state.write();
-                if !st.index.buffered().is_empty() {
+                if st.index.unsealed() > 0 {
                     st.index.flush()?;
                     st.covered = st.last_seq;
+                    st.seals.clear();
                 }
             }
         }
@@ -196,6 +198,7 @@ impl Shard {
             last_write: Instant::now(),
             log_bytes: 0,
             generation: 0,
+            seals: VecDeque::new(),
         };
         drop(docs);
         // Catch up without the lock, then the remainder under it.
@@ -225,19 +228,92 @@ impl Shard {
         }
         st.index = fresh.index;
         st.covered = fresh.covered;
+        // Frozen buffers went with the old index; their seal jobs find no match.
+        st.seals.clear();
         st.generation += 1;
         drop(st);
         tracing::info!(seconds = started.elapsed().as_secs_f64(), "index rebuilt as one run");
         Ok(())
     }
 
+    /// Before applying a live record that fills the write buffer: freezes the buffer for
+    /// the sealing thread ([`seal_loop`]), which builds its run off the write lock, instead of
+    /// letting [`apply_index`](Self::apply_index) build it under the lock. With
+    /// [`MAX_FROZEN`] frozen already (the thread is behind) or no thread, `apply_index`
+    /// builds them all here, as it does when replaying the log.
+    ///
+    /// The runs always hold exactly the records up to `covered`: frozen buffers are
+    /// installed in the order they were frozen, each moving `covered` to the record
+    /// before the one that froze it.
+    pub(super) fn freeze_if_full(&self, st: &mut State, seq: u64, ops: &[Op<'_>]) -> Result<()> {
+        let puts = ops.iter().filter(|o| matches!(o, Op::Put { .. })).count();
+        let buffered = st.index.buffered().len();
+        if buffered == 0
+            || buffered + puts < self.config.index.buffer_docs
+            || st.index.frozen_buffers() >= MAX_FROZEN
+        {
+            return Ok(());
+        }
+        let sealer = self.sealer.lock();
+        let Some((tx, _)) = sealer.as_ref() else { return Ok(()) };
+        let Some(job) = st.index.freeze_buffer() else { return Ok(()) };
+        let run = job.id();
+        if tx.send((st.generation, job)).is_ok() {
+            st.seals.push_back(PendingSeal { generation: st.generation, run, upto: seq - 1 });
+        } else {
+            // The thread is gone (shutting down): build here.
+            st.index.flush()?;
+            st.covered = seq - 1;
+            st.seals.clear();
+        }
+        Ok(())
+    }
+
+    /// Installs a run the sealing thread built, if its frozen buffer is still the oldest
+    /// one pending (it is not when a flush built it meanwhile or the index was rebuilt).
+    fn finish_seal(&self, generation: u64, job: SealJob, built: Result<Run>) {
+        let mut st = self.state.write();
+        let front = st.seals.front().map(|s| (s.generation, s.run));
+        if front != Some((generation, job.id())) {
+            return;
+        }
+        let installed = built.and_then(|run| Ok(st.index.finish_seal(job, run)?));
+        match installed {
+            Ok(()) => {
+                if let Some(s) = st.seals.pop_front() {
+                    st.covered = s.upto;
+                }
+                #[cfg(test)]
+                self.sealed_off_lock.fetch_add(1, Ordering::Relaxed);
+                if st.index.runs().len() >= self.config.index.merge_fanout {
+                    self.wake();
+                }
+            }
+            // The frozen buffer stays; the next flush builds it under the lock.
+            Err(e) => tracing::error!(error = %e, "building a frozen write buffer failed"),
+        }
+    }
+
+    /// Starts the sealing thread (after recovery).
+    pub(super) fn start_sealer(self: &Arc<Self>) {
+        let (tx, rx) = std::sync::mpsc::channel::<(u64, SealJob)>();
+        let me = Arc::downgrade(self);
+        let handle = std::thread::Builder::new()
+            .name("neardup-seal".into())
+            .spawn(move || seal_loop(me, rx))
+            .expect("spawn the sealing thread");
+        *self.sealer.lock() = Some((tx, handle));
+    }
+
     /// Applies a record to the index only (the document table already has it).
     pub(super) fn apply_index(st: &mut State, seq: u64, ops: &[Op<'_>]) -> Result<()> {
         let puts = ops.iter().filter(|o| matches!(o, Op::Put { .. })).count();
         let cap = st.index.config().buffer_docs;
-        if !st.index.buffered().is_empty() && st.index.buffered().len() + puts >= cap {
+        if st.index.unsealed() > 0 && st.index.buffered().len() + puts >= cap {
+            // Builds the frozen buffers too: every record before this one is in the runs.
             st.index.flush()?;
             st.covered = seq - 1;
+            st.seals.clear();
         }
         for op in ops {
             match *op {
@@ -248,5 +324,27 @@ impl Shard {
             }
         }
         Ok(())
+    }
+}
+
+/// The sealing thread: builds each frozen buffer's run and installs it, and writes the
+/// queued sketches ([`Shard::drain_sketches`]) at least every 50 ms. Holds the shard only
+/// while doing so, so the shard can be dropped while it waits.
+fn seal_loop(shard: Weak<Shard>, rx: std::sync::mpsc::Receiver<(u64, SealJob)>) {
+    use std::sync::mpsc::RecvTimeoutError;
+    loop {
+        let job = match rx.recv_timeout(Duration::from_millis(50)) {
+            Ok(j) => Some(j),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => return,
+        };
+        let built = job.as_ref().map(|(_, job)| job.run().map_err(Error::from));
+        let Some(shard) = shard.upgrade() else { return };
+        if let (Some((generation, job)), Some(built)) = (job, built) {
+            shard.finish_seal(generation, job, built);
+        }
+        if let Err(e) = shard.drain_sketches() {
+            tracing::error!(error = %e, "writing sketches to the store failed; retrying");
+        }
     }
 }

@@ -50,13 +50,13 @@ mod shard_types;
 mod status;
 mod write_path;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use neardup_core::index::Run;
+use neardup_core::index::{Run, SealJob};
 use neardup_core::{Index, IndexConfig};
 use parking_lot::{Condvar, Mutex, RwLock};
 
@@ -156,7 +156,29 @@ struct State {
     /// Which index the runs belong to: a rebuilt index ([`Shard::compact_all`]) numbers
     /// its runs afresh, so a run is named by this and its id ([`RunKey`]).
     generation: u64,
+    /// Frozen write buffers whose runs the sealing thread is building, oldest first
+    /// ([`Shard::freeze_if_full`]).
+    seals: VecDeque<PendingSeal>,
 }
+
+/// A frozen write buffer whose run is being built off the write lock.
+#[derive(Debug, Clone, Copy)]
+struct PendingSeal {
+    /// The index it belongs to ([`State::generation`]).
+    generation: u64,
+    /// The id its run will have.
+    run: u64,
+    /// Its run holds every record up to this sequence that the runs before it do not:
+    /// `covered` once it is installed.
+    upto: u64,
+}
+
+/// Frozen write buffers the write path may leave to the sealing thread before it builds
+/// them under its lock itself (the thread is behind).
+const MAX_FROZEN: usize = 4;
+
+/// The sending side of the sealing thread's queue, and the thread.
+type Sealer = (std::sync::mpsc::Sender<(u64, SealJob)>, std::thread::JoinHandle<()>);
 
 /// A run of the index in memory: its index's generation and its id there
 /// ([`Run::id`], unique within one index).
@@ -215,6 +237,13 @@ pub struct Shard {
     wake: (Mutex<bool>, Condvar),
     stop: AtomicBool,
     maintenance: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Builds frozen write buffers into runs off the write lock (see
+    /// [`Shard::freeze_if_full`]) and writes queued sketches; `None` before recovery and
+    /// after shutdown.
+    sealer: Mutex<Option<Sealer>>,
+    /// Sketch changes logged but not yet written to the sketch store, by internal id
+    /// (`None`: removed); see [`Shard::queue_sketches`].
+    pending_sketches: Mutex<HashMap<u64, Option<Vec<u8>>>>,
     /// One round of maintenance at a time (merges must not overlap).
     maintaining: Mutex<()>,
     metrics: ShardMetrics,
@@ -225,6 +254,9 @@ pub struct Shard {
     /// that had to query again (tests check both paths run).
     #[cfg(test)]
     admissions_by_delta: (std::sync::atomic::AtomicU64, std::sync::atomic::AtomicU64),
+    /// Runs the sealing thread built and installed (tests check the path runs).
+    #[cfg(test)]
+    sealed_off_lock: std::sync::atomic::AtomicU64,
     /// The expectation file ([`crate::expect`]) and what it held at open; `None` over a
     /// store the caller opened.
     expect: Option<(ExpectFile, Option<Expectation>)>,
@@ -287,7 +319,7 @@ impl Shard {
         let config = checked(config)?;
         let spaces = Spaces {
             meta: store.space("meta")?,
-            log: store.space("log")?,
+            log: store.log("log")?,
             run_meta: store.space("run_meta")?,
             run_tables: store.space("run_tables")?,
             run_blocks: store.space("run_blocks")?,
@@ -322,6 +354,7 @@ impl Shard {
                 last_write: Instant::now(),
                 log_bytes: 0,
                 generation: 0,
+                seals: VecDeque::new(),
             }),
             status: Arc::new(tokio::sync::watch::Sender::new(Status::Recovering)),
             commit: std::sync::OnceLock::new(),
@@ -335,12 +368,16 @@ impl Shard {
             wake: (Mutex::new(false), Condvar::new()),
             stop: AtomicBool::new(false),
             maintenance: Mutex::new(None),
+            sealer: Mutex::new(None),
+            pending_sketches: Mutex::new(HashMap::new()),
             maintaining: Mutex::new(()),
             // Four write buffers of documents: what a shard stores during an admission's
             // query at hundreds of thousands of documents a second.
             recent: Mutex::new(recent_puts::RecentPuts::new(4 * config.index.buffer_docs)),
             #[cfg(test)]
             admissions_by_delta: Default::default(),
+            #[cfg(test)]
+            sealed_off_lock: Default::default(),
             metrics,
             config,
             expect: None,
@@ -389,11 +426,13 @@ impl Shard {
         if serving {
             {
                 let mut st = self.state.write();
-                if !st.index.buffered().is_empty() {
+                if st.index.unsealed() > 0 {
                     st.index.flush()?;
                     st.covered = st.last_seq;
+                    st.seals.clear();
                 }
             }
+            self.drain_sketches()?;
             self.checkpoint()?;
         }
         if let Some(c) = self.commit.get() {
@@ -454,6 +493,14 @@ impl Shard {
         self.wake();
         if let Some(h) = self.maintenance.lock().take() {
             let _ = h.join();
+        }
+        // Dropping the sender ends the sealing thread once it has finished its queue.
+        let sealer = self.sealer.lock().take();
+        if let Some((tx, h)) = sealer {
+            drop(tx);
+            if h.thread().id() != std::thread::current().id() {
+                let _ = h.join();
+            }
         }
         serving
     }

@@ -36,7 +36,12 @@ impl Shard {
     /// The stored sketch of internal id `id`, if it has one. A stored sketch that does not
     /// decode (damage) counts as none: its matches are reported unverified.
     pub(super) fn sketch_of(&self, id: u64) -> Result<Option<Sketch>> {
-        Ok(self.spaces.sketches.get(&key64(id))?.and_then(|b| match Sketch::from_bytes(&b) {
+        let queued = self.pending_sketches.lock().get(&id).cloned();
+        let bytes = match queued {
+            Some(q) => q,
+            None => self.spaces.sketches.get(&key64(id))?,
+        };
+        Ok(bytes.and_then(|b| match Sketch::from_bytes(&b) {
             Ok(s) => Some(s),
             Err(e) => {
                 tracing::warn!(id, error = %e, "stored sketch does not decode; unverified");

@@ -46,6 +46,7 @@ impl Shard {
                     .spawn(move || me.maintenance_loop())
                     .expect("spawn the maintenance thread");
                 *self.maintenance.lock() = Some(handle);
+                self.start_sealer();
                 Ok(())
             }
             Err(e) => {
@@ -118,6 +119,11 @@ impl Shard {
                     persist::rewrite_tables(s, *sid, &index.runs()[pos], tables)?;
                 }
             }
+            // Sketches of documents whose records a crash lost (the database kept them, the
+            // log did not): their ids are handed out again, so they go.
+            if self.config.names {
+                s.sketches.remove_range(&key64(docs.next_id()), &[0xFF; 9])?;
+            }
             for sid in persist::stored_run_ids(s)? {
                 if !manifest.runs.contains(&sid) {
                     persist::remove_run(s, sid)?;
@@ -149,6 +155,7 @@ impl Shard {
             last_write: Instant::now(),
             log_bytes,
             generation: 0,
+            seals: Default::default(),
         };
         drop(st);
         let status = self.status.clone();
