@@ -493,12 +493,8 @@ mod tests {
         assert!(!names.iter().any(|n| n.as_ref() == b"t0/log"), "the tree is dropped");
         drop((log, store));
         let store = SledStore::open(dir.path(), 1 << 20).unwrap();
-        let got: Vec<(Vec<u8>, Vec<u8>)> = store
-            .log("t0/log")
-            .unwrap()
-            .scan(&[], &[0xFF; 9])
-            .collect::<Result<_>>()
-            .unwrap();
+        let got: Vec<(Vec<u8>, Vec<u8>)> =
+            store.log("t0/log").unwrap().scan(&[], &[0xFF; 9]).collect::<Result<_>>().unwrap();
         let want: Vec<(Vec<u8>, Vec<u8>)> = (1..=101u64)
             .map(|n| (n.to_be_bytes().to_vec(), format!("record {n}").into_bytes()))
             .collect();
