@@ -55,17 +55,32 @@ pub struct SledKv {
 
 impl SledKv {
     /// Opens (or creates) the database in `dir`.
+    ///
+    /// A database closed a moment ago in this process may still hold its lock while sled's
+    /// background threads finish, so a held lock is retried for up to 3 s.
     pub fn open(dir: &Path) -> Result<SledKv, ClusterError> {
         std::fs::create_dir_all(dir)
             .map_err(|e| ClusterError::Storage(format!("cannot create {}: {e}", dir.display())))?;
-        let db = sled::Config::new().path(dir).open().map_err(|e| match e {
-            sled::Error::Io(io) => ClusterError::Storage(format!(
-                "cannot open {}: {io} (is another process using it?)",
-                dir.display()
-            )),
-            e => ClusterError::from(e),
-        })?;
-        Ok(SledKv { db })
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+        loop {
+            match sled::Config::new().path(dir).open() {
+                Ok(db) => return Ok(SledKv { db }),
+                Err(sled::Error::Io(io))
+                    if (io.kind() == std::io::ErrorKind::WouldBlock
+                        || io.to_string().starts_with("could not acquire lock"))
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(sled::Error::Io(io)) => {
+                    return Err(ClusterError::Storage(format!(
+                        "cannot open {}: {io} (is another process using it?)",
+                        dir.display()
+                    )));
+                }
+                Err(e) => return Err(ClusterError::from(e)),
+            }
+        }
     }
 }
 
