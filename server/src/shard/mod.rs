@@ -242,8 +242,8 @@ pub struct Shard {
     /// after shutdown.
     sealer: Mutex<Option<Sealer>>,
     /// Sketch changes logged but not yet written to the sketch store, by internal id
-    /// (`None`: removed); see [`Shard::queue_sketches`].
-    pending_sketches: Mutex<HashMap<u64, Option<Vec<u8>>>>,
+    /// (`None`: removed), with the sequence of the record; see [`Shard::queue_sketches`].
+    pending_sketches: Mutex<HashMap<u64, (u64, Option<Vec<u8>>)>>,
     /// One round of maintenance at a time (merges must not overlap).
     maintaining: Mutex<()>,
     metrics: ShardMetrics,

@@ -36,7 +36,7 @@ impl Shard {
     /// The stored sketch of internal id `id`, if it has one. A stored sketch that does not
     /// decode (damage) counts as none: its matches are reported unverified.
     pub(super) fn sketch_of(&self, id: u64) -> Result<Option<Sketch>> {
-        let queued = self.pending_sketches.lock().get(&id).cloned();
+        let queued = self.pending_sketches.lock().get(&id).map(|(_, v)| v.clone());
         let bytes = match queued {
             Some(q) => q,
             None => self.spaces.sketches.get(&key64(id))?,

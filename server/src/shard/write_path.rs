@@ -160,7 +160,7 @@ impl Shard {
             // After the log record: its sketches go to the store off the write path
             // (`queue_sketches`), and recovery writes them again from the log.
             if self.config.names {
-                self.queue_sketches(ops);
+                self.queue_sketches(seq, ops);
             }
             self.freeze_if_full(st, seq, ops)?;
             Self::apply(st, seq, ops, self.config.names)?;
@@ -186,27 +186,36 @@ impl Shard {
     /// write ([`drain_sketches`](Self::drain_sketches)): the store is written off the
     /// shard's write lock, and its work (sled rewriting pages, checkpoints removing runs)
     /// never holds up a write. Until written, [`sketch_of`](Self::sketch_of) answers from
-    /// the queue.
-    fn queue_sketches(&self, ops: &[Op<'_>]) {
+    /// the queue. `seq` is the record's log sequence.
+    fn queue_sketches(&self, seq: u64, ops: &[Op<'_>]) {
         let mut q = self.pending_sketches.lock();
         for op in ops {
             match *op {
                 Op::Put { id, sketch: Some(s), .. } => {
-                    q.insert(id, Some(s.to_vec()));
+                    q.insert(id, (seq, Some(s.to_vec())));
                 }
                 Op::Put { sketch: None, .. } => {}
                 Op::Remove { id, .. } => {
-                    q.insert(id, None);
+                    q.insert(id, (seq, None));
                 }
             }
         }
     }
 
     /// Writes the queued sketches to the store (see [`queue_sketches`](Self::queue_sketches));
-    /// durable at the next full sync. Entries changed meanwhile stay queued.
+    /// durable at the next full sync. Entries changed meanwhile stay queued. A removal waits
+    /// until its record is durable: a crash must not keep the removal of a sketch whose
+    /// document the log still holds. (A stored sketch whose record a crash lost is harmless:
+    /// recovery drops every sketch past the recovered documents.)
     pub(super) fn drain_sketches(&self) -> Result<()> {
-        let batch: Vec<(u64, Option<Vec<u8>>)> =
-            self.pending_sketches.lock().iter().map(|(&id, v)| (id, v.clone())).collect();
+        let durable = self.committer().map(|c| c.durable()).unwrap_or(0);
+        let batch: Vec<(u64, (u64, Option<Vec<u8>>))> = self
+            .pending_sketches
+            .lock()
+            .iter()
+            .filter(|(_, (seq, v))| v.is_some() || *seq <= durable)
+            .map(|(&id, v)| (id, v.clone()))
+            .collect();
         if batch.is_empty() {
             return Ok(());
         }
@@ -215,9 +224,9 @@ impl Shard {
         // read then splits, rewriting it whole as a file of its own (a quarter of a second
         // at ten million documents, in a request).
         for chunk in batch.chunks(16) {
-            self.spaces
-                .sketches
-                .apply(chunk.iter().map(|(id, v)| (key64(*id).to_vec(), v.clone())).collect())?;
+            self.spaces.sketches.apply(
+                chunk.iter().map(|(id, (_, v))| (key64(*id).to_vec(), v.clone())).collect(),
+            )?;
         }
         let mut q = self.pending_sketches.lock();
         for (id, v) in batch {
