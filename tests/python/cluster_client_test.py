@@ -6,6 +6,7 @@ Run by tests/tests/cluster_data.rs with stubs generated from proto/ at test time
     python3 cluster_client_test.py HOST:PORT HOST:PORT HOST:PORT
 """
 
+import json
 import sys
 
 import grpc
@@ -14,8 +15,29 @@ from neardup.v1 import neardup_pb2 as pb
 from neardup.v1 import neardup_pb2_grpc as rpc
 
 
+# UNAVAILABLE is the API's "retry" (the cluster map moved during the request, as it does
+# while replicas finish filling): the channels retry it, as a client's retry policy does.
+RETRY = json.dumps(
+    {
+        "methodConfig": [
+            {
+                "name": [{"service": "neardup.v1.Neardup"}],
+                "retryPolicy": {
+                    "maxAttempts": 5,
+                    "initialBackoff": "0.1s",
+                    "maxBackoff": "1s",
+                    "backoffMultiplier": 2,
+                    "retryableStatusCodes": ["UNAVAILABLE"],
+                },
+            }
+        ]
+    }
+)
+
+
 def main(addrs):
-    stubs = [rpc.NeardupStub(grpc.insecure_channel(a)) for a in addrs]
+    options = [("grpc.enable_retries", 1), ("grpc.service_config", RETRY)]
+    stubs = [rpc.NeardupStub(grpc.insecure_channel(a, options=options)) for a in addrs]
     base = 0x5A5A_1234_5678_9ABC
     docs = {}
     # Through node i: three documents, one of them near a document of the node before.

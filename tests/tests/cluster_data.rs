@@ -600,6 +600,7 @@ async fn python_client_through_each_of_three_nodes() {
         .unwrap();
     assert!(generated.status.success(), "{}", String::from_utf8_lossy(&generated.stderr));
     let members = form(dir.path(), 3).await;
+    placed_twice(&members).await.unwrap();
     let script = root.join("tests/python/cluster_client_test.py");
     let addrs: Vec<String> = members.iter().map(|m| m.public.clone()).collect();
     let out = tokio::task::spawn_blocking(move || {
