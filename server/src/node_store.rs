@@ -27,8 +27,9 @@
 //! names ([`PrefixedStore`]): one page cache bounded by [`NodeStoreConfig::cache_bytes`]
 //! for the whole node (sled's cache is per database: a database per shard would need the
 //! budget split T + 1 ways, or T + 1 times the memory), one file set and one lock. Each
-//! shard keeps its own group commit; a sync is sled's flush of the whole database, so
-//! concurrent writes to several tables mostly share one.
+//! shard's write-ahead log has segment files of its own (`dir/db/wal/t{t}_log`,
+//! [`crate::wal`]) and its own group commit; a group commit syncs every log with new
+//! records, so concurrent writes to several tables mostly share one round.
 //!
 //! # Order of writes
 //! Idempotent, as the router's retries need: a put of an entry (or gid) already there and

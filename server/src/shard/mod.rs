@@ -177,6 +177,10 @@ struct PendingSeal {
 /// them under its lock itself (the thread is behind).
 const MAX_FROZEN: usize = 4;
 
+/// A sketch change waiting for the sketch store: its record's log sequence, and the sketch
+/// (`None`: removed).
+type QueuedSketch = (u64, Option<Vec<u8>>);
+
 /// The sending side of the sealing thread's queue, and the thread.
 type Sealer = (std::sync::mpsc::Sender<(u64, SealJob)>, std::thread::JoinHandle<()>);
 
@@ -243,7 +247,7 @@ pub struct Shard {
     sealer: Mutex<Option<Sealer>>,
     /// Sketch changes logged but not yet written to the sketch store, by internal id
     /// (`None`: removed), with the sequence of the record; see [`Shard::queue_sketches`].
-    pending_sketches: Mutex<HashMap<u64, (u64, Option<Vec<u8>>)>>,
+    pending_sketches: Mutex<HashMap<u64, QueuedSketch>>,
     /// One round of maintenance at a time (merges must not overlap).
     maintaining: Mutex<()>,
     metrics: ShardMetrics,

@@ -209,7 +209,7 @@ impl Shard {
     /// recovery drops every sketch past the recovered documents.)
     pub(super) fn drain_sketches(&self) -> Result<()> {
         let durable = self.committer().map(|c| c.durable()).unwrap_or(0);
-        let batch: Vec<(u64, (u64, Option<Vec<u8>>))> = self
+        let batch: Vec<(u64, super::QueuedSketch)> = self
             .pending_sketches
             .lock()
             .iter()
