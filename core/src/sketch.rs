@@ -73,6 +73,7 @@
 //! length or order.
 
 use crate::fingerprint::Fingerprinter;
+use crate::util::sorted_intersection;
 use crate::{Error, Result};
 
 /// The version of a sketch of bins only (a set of more than [`SET_MAX`] values).
@@ -339,23 +340,6 @@ impl Sketch {
         }
         Ok(Sketch { packed, set: Some(set.into_boxed_slice()) })
     }
-}
-
-/// How many values two ascending slices share.
-fn sorted_intersection(a: &[u32], b: &[u32]) -> usize {
-    let (mut i, mut j, mut n) = (0, 0, 0);
-    while i < a.len() && j < b.len() {
-        match a[i].cmp(&b[j]) {
-            std::cmp::Ordering::Less => i += 1,
-            std::cmp::Ordering::Greater => j += 1,
-            std::cmp::Ordering::Equal => {
-                n += 1;
-                i += 1;
-                j += 1;
-            }
-        }
-    }
-    n
 }
 
 /// The lowest bit of every [`BITS`]-bit value in a 64-bit word.

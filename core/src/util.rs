@@ -49,6 +49,24 @@ impl SplitMix64 {
     }
 }
 
+/// Size of the intersection of two strictly ascending slices (a linear merge). On slices that
+/// are not strictly ascending the result is meaningless but the call does not panic.
+pub fn sorted_intersection<T: Ord>(a: &[T], b: &[T]) -> usize {
+    let (mut i, mut j, mut n) = (0, 0, 0);
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(&b[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => {
+                n += 1;
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    n
+}
+
 /// `n choose r` for the small numbers that table designs use (saturating).
 pub fn binomial(n: u32, r: u32) -> u64 {
     if r > n {

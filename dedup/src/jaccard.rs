@@ -100,19 +100,7 @@ pub struct JoinStats {
 /// On slices that are not strictly ascending the result is meaningless but the call does not
 /// panic.
 pub fn intersection_size(a: &[u64], b: &[u64]) -> usize {
-    let (mut i, mut j, mut n) = (0, 0, 0);
-    while i < a.len() && j < b.len() {
-        match a[i].cmp(&b[j]) {
-            std::cmp::Ordering::Less => i += 1,
-            std::cmp::Ordering::Greater => j += 1,
-            std::cmp::Ordering::Equal => {
-                n += 1;
-                i += 1;
-                j += 1;
-            }
-        }
-    }
-    n
+    neardup_core::util::sorted_intersection(a, b)
 }
 
 /// Jaccard similarity `|A ∩ B| / |A ∪ B|` of two strictly ascending slices.

@@ -195,20 +195,12 @@ impl Committer {
 /// Syncs the store's logs ([`Store::sync_log`]) and calls `synced` while no other sync can fail in
 /// between; after a failure (this one or an earlier one) returns [`Error::SyncFailed`] and syncs nothing.
 fn sync_log_once(inner: &Inner, synced: impl FnOnce()) -> Result<()> {
-    sync_with(inner, synced, |s| s.sync_log())
-}
-
-fn sync_with(
-    inner: &Inner,
-    synced: impl FnOnce(),
-    sync: impl FnOnce(&dyn Store) -> Result<()>,
-) -> Result<()> {
     let _one = inner.syncing.lock();
     if let Some(msg) = inner.failed.get() {
         return Err(Error::SyncFailed(msg.clone()));
     }
     let started = Instant::now();
-    match sync(&*inner.store) {
+    match inner.store.sync_log() {
         Ok(()) => {
             inner.metrics.observe_sync(started.elapsed().as_secs_f64());
             synced();

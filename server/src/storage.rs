@@ -266,7 +266,7 @@ impl Store for SledStore {
     /// database holds that was written after it.
     fn sync(&self) -> Result<()> {
         self.sync_log()?;
-        guarded("sync", || self.db.flush().map(drop).map_err(sled_error))
+        self.sync_rest()
     }
 
     /// The database alone.

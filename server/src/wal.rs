@@ -90,11 +90,15 @@ fn key_of(k: &[u8]) -> Result<u64> {
     Ok(u64::from_be_bytes(a))
 }
 
-/// Reads `[from, to)` as an exclusive range of 8-byte keys (shorter or longer bounds are
-/// compared bytewise, as a tree would).
+/// Whether the 8-byte key sorts before `bound` (bounds of any length are compared
+/// bytewise, as a tree would).
+fn below(key: u64, bound: &[u8]) -> bool {
+    key.to_be_bytes().as_slice() < bound
+}
+
+/// Whether the key lies in `[from, to)`.
 fn in_range(key: u64, from: &[u8], to: &[u8]) -> bool {
-    let k = key.to_be_bytes();
-    k.as_slice() >= from && k.as_slice() < to
+    !below(key, from) && below(key, to)
 }
 
 fn io(what: &str, path: &Path, e: std::io::Error) -> Error {
@@ -333,19 +337,22 @@ impl SegmentLog {
         }
     }
 
+    /// The record with key `k`, if live.
+    fn read_key(&self, k: u64) -> Result<Option<Entry>> {
+        let mut end = k.to_be_bytes().to_vec();
+        end.push(0);
+        self.scan(&k.to_be_bytes(), &end).next().transpose()
+    }
+
     /// The live records with keys in `[from, to)`: where they are, and the segment files.
     fn locate(&self, from: &[u8], to: &[u8]) -> Result<(Vec<Loc>, SegmentFiles)> {
         let mut inner = self.inner.lock();
         if let Some(w) = inner.writer.as_mut() {
             w.flush().map_err(|e| io("writing", &self.dir, e))?;
         }
-        let start = inner.live.partition_point(|l| l.key.to_be_bytes().as_slice() < from);
-        let locs: Vec<Loc> = inner
-            .live
-            .range(start..)
-            .take_while(|l| l.key.to_be_bytes().as_slice() < to)
-            .copied()
-            .collect();
+        let start = inner.live.partition_point(|l| below(l.key, from));
+        let locs: Vec<Loc> =
+            inner.live.range(start..).take_while(|l| below(l.key, to)).copied().collect();
         let files = inner
             .segs
             .iter()
@@ -427,10 +434,7 @@ impl Iterator for Scan {
 impl Space for SegmentLog {
     /// Looks the record up by key and reads it.
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        let k = key_of(key)?;
-        let mut end = k.to_be_bytes().to_vec();
-        end.push(0);
-        Ok(self.scan(key, &end).next().transpose()?.map(|(_, v)| v))
+        Ok(self.read_key(key_of(key)?)?.map(|(_, v)| v))
     }
 
     fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
@@ -516,15 +520,11 @@ impl Space for SegmentLog {
     fn last_in(&self, from: &[u8], to: &[u8]) -> Result<Option<Entry>> {
         let key = {
             let inner = self.inner.lock();
-            let end = inner.live.partition_point(|l| l.key.to_be_bytes().as_slice() < to);
+            let end = inner.live.partition_point(|l| below(l.key, to));
             inner.live.range(..end).next_back().map(|l| l.key).filter(|&k| in_range(k, from, to))
         };
         match key {
-            Some(k) => {
-                let mut end = k.to_be_bytes().to_vec();
-                end.push(0);
-                self.scan(&k.to_be_bytes(), &end).next().transpose()
-            }
+            Some(k) => self.read_key(k),
             None => Ok(None),
         }
     }

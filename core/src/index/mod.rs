@@ -590,13 +590,18 @@ impl Index {
             let beside = self.largest_run();
             let run = Run::build(self.take_run_id(), self.buffer.docs(), &self.ctx, beside)?;
             self.buffer.clear();
-            // Every buffered fingerprint is in the recent tables already.
-            if self.recent_on() {
-                self.covered.insert(run.id());
-            }
-            self.runs.push(Arc::new(run));
+            self.push_sealed(run);
         }
         Ok(())
+    }
+
+    /// Adds the run built from the buffer or a frozen buffer: every fingerprint of those is
+    /// in the recent tables already, so the run is covered by them when they are on.
+    fn push_sealed(&mut self, run: Run) {
+        if self.recent_on() {
+            self.covered.insert(run.id());
+        }
+        self.runs.push(Arc::new(run));
     }
 
     /// Freezes the write buffer (`None` when it is empty) and returns the job that builds
@@ -634,11 +639,7 @@ impl Index {
         for d in job.docs.iter().filter(|d| !kept.contains(&d.id)) {
             run.delete_doc(d.id, d.fp);
         }
-        // Every frozen fingerprint is in the recent tables already.
-        if self.recent_on() {
-            self.covered.insert(run.id());
-        }
-        self.runs.push(Arc::new(run));
+        self.push_sealed(run);
         self.maybe_merge()?;
         self.sync_recent();
         Ok(())
@@ -658,10 +659,7 @@ impl Index {
         for (id, b) in std::mem::take(&mut self.frozen) {
             let beside = self.largest_run();
             let run = Run::build(id, b.docs(), &self.ctx, beside)?;
-            if self.recent_on() {
-                self.covered.insert(run.id());
-            }
-            self.runs.push(Arc::new(run));
+            self.push_sealed(run);
         }
         Ok(())
     }
@@ -992,9 +990,7 @@ impl Index {
 
     /// Number of live documents.
     pub fn len(&self) -> usize {
-        self.buffer.len()
-            + self.frozen_len()
-            + self.runs.iter().map(|r| r.live_len()).sum::<usize>()
+        self.unsealed() + self.runs.iter().map(|r| r.live_len()).sum::<usize>()
     }
 
     /// Whether no live document is stored.
@@ -1021,7 +1017,7 @@ impl Index {
     pub fn stats(&self) -> IndexStats {
         IndexStats {
             docs: self.len(),
-            buffered: self.buffer.len() + self.frozen_len(),
+            buffered: self.unsealed(),
             runs: self.runs.len(),
             deleted_pending: self.runs.iter().map(|r| r.deleted()).sum(),
             merges: self.merges,

@@ -183,7 +183,7 @@ impl Shard {
     }
 
     /// The document's stored sketch bytes, if it has one (queued or in the store).
-    fn sketch_bytes(&self, id: u64) -> Result<Option<Vec<u8>>> {
+    pub(super) fn sketch_bytes(&self, id: u64) -> Result<Option<Vec<u8>>> {
         if let Some((_, q)) = self.pending_sketches.lock().get(&id) {
             return Ok(q.clone());
         }

@@ -127,9 +127,8 @@ impl Shard {
             if idle {
                 let mut st = self.state.write();
                 if st.index.unsealed() > 0 {
-                    st.index.flush()?;
-                    st.covered = st.last_seq;
-                    st.seals.clear();
+                    let last = st.last_seq;
+                    st.seal_all(last)?;
                 }
             }
         }
@@ -262,9 +261,7 @@ impl Shard {
             st.seals.push_back(PendingSeal { generation: st.generation, run, upto: seq - 1 });
         } else {
             // The thread is gone (shutting down): build here.
-            st.index.flush()?;
-            st.covered = seq - 1;
-            st.seals.clear();
+            st.seal_all(seq - 1)?;
         }
         Ok(())
     }
@@ -311,9 +308,7 @@ impl Shard {
         let cap = st.index.config().buffer_docs;
         if st.index.unsealed() > 0 && st.index.buffered().len() + puts >= cap {
             // Builds the frozen buffers too: every record before this one is in the runs.
-            st.index.flush()?;
-            st.covered = seq - 1;
-            st.seals.clear();
+            st.seal_all(seq - 1)?;
         }
         for op in ops {
             match *op {

@@ -161,6 +161,17 @@ struct State {
     seals: VecDeque<PendingSeal>,
 }
 
+impl State {
+    /// Builds the write buffer and every frozen buffer into runs here and now, so that the
+    /// runs hold every record up to `covered` (and no seal job is pending any more).
+    fn seal_all(&mut self, covered: u64) -> Result<()> {
+        self.index.flush()?;
+        self.covered = covered;
+        self.seals.clear();
+        Ok(())
+    }
+}
+
 /// A frozen write buffer whose run is being built off the write lock.
 #[derive(Debug, Clone, Copy)]
 struct PendingSeal {
@@ -431,9 +442,8 @@ impl Shard {
             {
                 let mut st = self.state.write();
                 if st.index.unsealed() > 0 {
-                    st.index.flush()?;
-                    st.covered = st.last_seq;
-                    st.seals.clear();
+                    let last = st.last_seq;
+                    st.seal_all(last)?;
                 }
             }
             self.drain_sketches()?;

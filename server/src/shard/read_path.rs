@@ -10,7 +10,6 @@ use rayon::prelude::*;
 use super::{DocMatch, ProbeBudget, ProbeHits, RunKey, Shard, ShardStats, TableFootprint, Verify};
 use crate::doc_table::DocTable;
 use crate::error::{Error, Result};
-use crate::persist::key64;
 
 /// Most queries a probe answers at a time (fewer while the budget has little left): each
 /// slice's raw matches are held at once.
@@ -36,12 +35,7 @@ impl Shard {
     /// The stored sketch of internal id `id`, if it has one. A stored sketch that does not
     /// decode (damage) counts as none: its matches are reported unverified.
     pub(super) fn sketch_of(&self, id: u64) -> Result<Option<Sketch>> {
-        let queued = self.pending_sketches.lock().get(&id).map(|(_, v)| v.clone());
-        let bytes = match queued {
-            Some(q) => q,
-            None => self.spaces.sketches.get(&key64(id))?,
-        };
-        Ok(bytes.and_then(|b| match Sketch::from_bytes(&b) {
+        Ok(self.sketch_bytes(id)?.and_then(|b| match Sketch::from_bytes(&b) {
             Ok(s) => Some(s),
             Err(e) => {
                 tracing::warn!(id, error = %e, "stored sketch does not decode; unverified");

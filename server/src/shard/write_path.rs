@@ -4,8 +4,6 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
-use neardup_core::index::QueryScratch;
-
 use super::{Admission, NewDocument, ProbeBudget, Shard, State, Verify, WriteOutcome};
 use crate::doc_table::DocEntry;
 use crate::error::{Error, Result};
@@ -305,14 +303,7 @@ impl Shard {
             let st = self.state.read();
             st.index.check_k(k)?;
             st.index.check_k(verify.candidate_k)?;
-            let mut raw = Vec::new();
-            st.index.query_into(
-                doc.fingerprint,
-                search_k,
-                &mut QueryScratch::default(),
-                &mut raw,
-            )?;
-            (st.last_seq, raw)
+            (st.last_seq, st.index.query(doc.fingerprint, search_k)?)
         };
         let mut read = HashMap::new();
         if verify.on() && doc.sketch.is_some() {
@@ -336,13 +327,7 @@ impl Shard {
                 None => {
                     #[cfg(test)]
                     self.admissions_by_delta.1.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    raw.clear();
-                    st.index.query_into(
-                        doc.fingerprint,
-                        search_k,
-                        &mut QueryScratch::default(),
-                        &mut raw,
-                    )?;
+                    raw = st.index.query(doc.fingerprint, search_k)?;
                 }
             }
         }
