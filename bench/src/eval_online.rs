@@ -263,7 +263,8 @@ async fn replay(
     let _ = std::fs::remove_dir_all(&dir);
     let port = free_port()?;
     let exe = crate::service::neardup_binary(args.neardup.as_deref());
-    let mut server = ServerProcess::launch(&exe, &dir, port, args.online_design.as_deref(), &[])?;
+    let mut server =
+        ServerProcess::launch(&exe, &dir, port, args.online_design.as_deref(), &[], None)?;
     server.wait_serving(Instant::now(), Duration::from_secs(60)).await?;
     let options = ClientOptions { timeout: Duration::from_secs(60), ..Default::default() };
     let client = Client::connect_with(&server.addr, options).await.map_err(|e| e.to_string())?;

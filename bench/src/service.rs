@@ -161,6 +161,8 @@ fn name(i: usize) -> String {
 pub(crate) struct ServerProcess {
     child: Child,
     pub(crate) addr: String,
+    /// Its Prometheus endpoint (host:port), when it serves one.
+    metrics: Option<String>,
 }
 
 pub(crate) fn free_port() -> Result<u16, String> {
@@ -177,21 +179,29 @@ impl ServerProcess {
             "storage.compact_idle_secs=1".to_string(),
         ];
         sets.extend(args.server_set.iter().cloned());
-        Self::launch(&args.neardup(), data, port, Some(&args.design), &sets)
+        let metrics = format!("127.0.0.1:{}", free_port()?);
+        Self::launch(&args.neardup(), data, port, Some(&args.design), &sets, Some(&metrics))
     }
 
     /// `neardup serve` from `exe` on 127.0.0.1:`port` with data in `data`, table design
-    /// `design` (none: the server's default) and `--set` settings `sets`.
+    /// `design` (none: the server's default), `--set` settings `sets`, and its metrics at
+    /// `metrics` (none: no endpoint).
     pub(crate) fn launch(
         exe: &std::path::Path,
         data: &std::path::Path,
         port: u16,
         design: Option<&str>,
         sets: &[String],
+        metrics: Option<&str>,
     ) -> Result<Self, String> {
         let addr = format!("127.0.0.1:{port}");
         let mut cmd = Command::new(exe);
-        cmd.args(["serve", "--data"]).arg(data).args(["--listen", &addr, "--metrics-listen", ""]);
+        cmd.args(["serve", "--data"]).arg(data).args([
+            "--listen",
+            &addr,
+            "--metrics-listen",
+            metrics.unwrap_or(""),
+        ]);
         if let Some(design) = design {
             cmd.args(["--design", design]);
         }
@@ -202,7 +212,7 @@ impl ServerProcess {
         cmd.env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()));
         let child =
             cmd.spawn().map_err(|e| format!("cannot start the server {}: {e}", exe.display()))?;
-        Ok(ServerProcess { child, addr })
+        Ok(ServerProcess { child, addr, metrics: metrics.map(str::to_string) })
     }
 
     /// Waits until health says SERVING; the time since `since`.
@@ -585,7 +595,13 @@ pub async fn run(args: ServiceArgs) -> Result<(), String> {
     for &rate in &args.admit_rates {
         eprintln!("verified CheckAndInsert at {rate}/s for {} s (with floors)", args.seconds);
         let kinds = vec![Kind::Admit, Kind::AdmitPlain, Kind::Health, Kind::Echo];
+        let before = server.admission_stages().await;
         let mut r = load(rate, kinds.clone()).measure().await?;
+        let stages = match (before, server.admission_stages().await) {
+            (Ok(a), Ok(b)) => stage_report(&a, &b),
+            (Err(e), _) | (_, Err(e)) => json!({ "error": e }),
+        };
+        print_stages(&stages);
         for kind in kinds {
             let x = &r[kind.name()];
             eprintln!(
@@ -605,6 +621,7 @@ pub async fn run(args: ServiceArgs) -> Result<(), String> {
                 r.remove(Kind::AdmitPlain.name()).unwrap_or_default(),
             );
             m.insert("floor_tcp_echo".into(), r.remove(Kind::Echo.name()).unwrap_or_default());
+            m.insert("server_stages".into(), stages);
         }
         admit.push(entry);
     }
@@ -755,4 +772,118 @@ where
         out.push(f.await.map_err(|e| e.to_string())?);
     }
     Ok(out)
+}
+
+/// One stage's histogram as the server's `/metrics` reports it: cumulative counts by upper
+/// bound (seconds), and the count and sum.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StageHistogram {
+    buckets: Vec<(f64, u64)>,
+    count: u64,
+    sum: f64,
+}
+
+impl ServerProcess {
+    /// The server's `neardup_admission_stage_seconds` histograms, by stage, read from its
+    /// `/metrics` endpoint.
+    pub(crate) async fn admission_stages(
+        &self,
+    ) -> Result<std::collections::BTreeMap<String, StageHistogram>, String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let addr = self.metrics.as_deref().ok_or("the server serves no metrics")?;
+        let mut s = tokio::net::TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("metrics at {addr}: {e}"))?;
+        s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+            .await
+            .map_err(|e| format!("metrics at {addr}: {e}"))?;
+        let mut body = String::new();
+        tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut body))
+            .await
+            .map_err(|_| format!("metrics at {addr}: no answer in 10 s"))?
+            .map_err(|e| format!("metrics at {addr}: {e}"))?;
+        Ok(parse_stages(&body))
+    }
+}
+
+/// The admission stage histograms in an OpenMetrics text page.
+fn parse_stages(page: &str) -> std::collections::BTreeMap<String, StageHistogram> {
+    const NAME: &str = "neardup_admission_stage_seconds_";
+    let mut out: std::collections::BTreeMap<String, StageHistogram> = Default::default();
+    for line in page.lines() {
+        let Some(rest) = line.strip_prefix(NAME) else { continue };
+        let Some((series, value)) = rest.rsplit_once(' ') else { continue };
+        let Some((kind, labels)) = series.split_once('{') else { continue };
+        let label = |name: &str| {
+            labels.split(',').find_map(|l| {
+                let (k, v) = l.split_once('=')?;
+                (k == name).then(|| v.trim_end_matches('}').trim_matches('"').to_string())
+            })
+        };
+        let Some(stage) = label("stage") else { continue };
+        let h = out.entry(stage).or_default();
+        match kind {
+            "bucket" => {
+                let le = label("le").and_then(|v| v.parse::<f64>().ok()).unwrap_or(f64::INFINITY);
+                h.buckets.push((le, value.parse::<f64>().unwrap_or(0.0) as u64));
+            }
+            "count" => h.count = value.parse::<f64>().unwrap_or(0.0) as u64,
+            "sum" => h.sum = value.parse().unwrap_or(0.0),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// What each stage added between two readings: count, mean, and the bucket bounds that hold
+/// the median and the 99th percentile.
+fn stage_report(
+    before: &std::collections::BTreeMap<String, StageHistogram>,
+    after: &std::collections::BTreeMap<String, StageHistogram>,
+) -> Value {
+    let mut out = serde_json::Map::new();
+    for (stage, b) in after {
+        let a = before.get(stage).cloned().unwrap_or_default();
+        let count = b.count.saturating_sub(a.count);
+        if count == 0 {
+            continue;
+        }
+        let at = |q: f64| {
+            let want = (q * count as f64).ceil() as u64;
+            b.buckets
+                .iter()
+                .map(|&(le, n)| {
+                    let was = a.buckets.iter().find(|x| x.0 == le).map_or(0, |x| x.1);
+                    (le, n.saturating_sub(was))
+                })
+                .find(|&(_, n)| n >= want)
+                .map_or(f64::INFINITY, |(le, _)| le)
+        };
+        let us =
+            |s: f64| if s.is_finite() { json!(s * 1e6) } else { json!("above the last bucket") };
+        out.insert(
+            stage.clone(),
+            json!({ "count": count, "mean_us": (b.sum - a.sum) / count as f64 * 1e6,
+                    "p50_at_most_us": us(at(0.5)), "p99_at_most_us": us(at(0.99)) }),
+        );
+    }
+    Value::Object(out)
+}
+
+fn print_stages(stages: &Value) {
+    let Value::Object(m) = stages else { return };
+    if let Some(e) = m.get("error") {
+        eprintln!("  server stages: {e}");
+        return;
+    }
+    eprintln!("  server stages (verified and unverified admissions together):");
+    for (stage, x) in m {
+        eprintln!(
+            "    {stage:<13} {} calls, mean {:.0} us, p50 <= {} us, p99 <= {} us",
+            x["count"],
+            x["mean_us"].as_f64().unwrap_or(0.0),
+            x["p50_at_most_us"],
+            x["p99_at_most_us"]
+        );
+    }
 }

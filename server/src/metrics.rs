@@ -14,6 +14,43 @@ use prometheus_client::registry::Registry;
 
 type Labels = Vec<(String, String)>;
 
+/// A histogram family whose members all take the same buckets.
+type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
+
+/// Buckets of the admission stages: 10 us to about 1.3 s, doubling.
+fn stage_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_01, 2.0, 18))
+}
+
+/// A stage of one admission (CheckAndInsert on the shard), timed apart so that a slow
+/// admission shows where it waited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdmissionStage {
+    /// Finding the candidates in the index, under the read lock (waiting for it included).
+    Candidates,
+    /// Reading the candidates' sketches from the store; observed only when one was read.
+    SketchReads,
+    /// Waiting for the shard's write lock.
+    WriteLock,
+    /// Under the write lock: what changed since, the decision, and the log append.
+    Decide,
+    /// Waiting for group commit to make the record durable.
+    Durable,
+}
+
+impl AdmissionStage {
+    /// The value of the `stage` label.
+    pub fn name(self) -> &'static str {
+        match self {
+            AdmissionStage::Candidates => "candidates",
+            AdmissionStage::SketchReads => "sketch_reads",
+            AdmissionStage::WriteLock => "write_lock",
+            AdmissionStage::Decide => "decide",
+            AdmissionStage::Durable => "durable",
+        }
+    }
+}
+
 /// The shard's metrics. See the module docs.
 #[derive(Clone)]
 pub struct ShardMetrics {
@@ -37,6 +74,7 @@ struct Inner {
     doc_snapshots: Counter,
     log_records: Counter,
     log_syncs: Histogram,
+    admission_stages: Histograms,
     rebuilt_tables: Counter,
     recovery_seconds: Gauge<f64, AtomicU64>,
     corrupt: Gauge,
@@ -62,6 +100,7 @@ impl Default for ShardMetrics {
                 doc_snapshots: Counter::default(),
                 log_records: Counter::default(),
                 log_syncs: Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+                admission_stages: Family::new_with_constructor(stage_histogram),
                 rebuilt_tables: Counter::default(),
                 recovery_seconds: Gauge::default(),
                 corrupt: Gauge::default(),
@@ -91,6 +130,11 @@ impl ShardMetrics {
         r.register("doc_snapshots", "Document snapshots written", m.doc_snapshots.clone());
         r.register("log_records", "Write-ahead log records appended", m.log_records.clone());
         r.register("log_sync_seconds", "Duration of each log sync (fsync)", m.log_syncs.clone());
+        r.register(
+            "admission_stage_seconds",
+            "Time each stage of an admission (CheckAndInsert) took, by stage",
+            m.admission_stages.clone(),
+        );
         r.register(
             "rebuilt_tables",
             "Damaged tables rebuilt from intact ones on load",
@@ -164,6 +208,12 @@ impl ShardMetrics {
     /// One log sync took `seconds`.
     pub fn observe_sync(&self, seconds: f64) {
         self.inner.log_syncs.observe(seconds);
+    }
+
+    /// One stage of an admission took `seconds`.
+    pub fn admission_stage(&self, stage: AdmissionStage, seconds: f64) {
+        let labels = vec![("stage".to_string(), stage.name().to_string())];
+        self.inner.admission_stages.get_or_create(&labels).observe(seconds);
     }
 
     /// Tables were rebuilt on load.

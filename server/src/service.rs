@@ -19,6 +19,7 @@ use neardup_proto::v1 as pb;
 use tonic::{Request, Response, Status};
 
 use crate::error::Error;
+use crate::metrics::AdmissionStage;
 use crate::shard::{
     Admission, DocMatch, NewDocument, ProbeBudget, ProbeHits, Shard, ShardStats, TableFootprint,
     Verify, WriteOutcome,
@@ -151,7 +152,11 @@ impl ShardRpc for ShardService {
             limit as usize,
             skip_insert_if_duplicate,
         )?;
+        let waiting = std::time::Instant::now();
         self.shard.wait_durable(seq).await?;
+        self.shard
+            .metrics()
+            .admission_stage(AdmissionStage::Durable, waiting.elapsed().as_secs_f64());
         Ok(Response::new(AdmitResponse { decision: Some(check_and_insert_response(decision)) }))
     }
 

@@ -1,9 +1,9 @@
 //! Prometheus metrics over HTTP: requests and latency by method and status, documents,
-//! bytes per table, log size, merge activity.
+//! bytes per table, log size, merge activity, and the stages of an admission.
 
 use std::io::{Read, Write};
 
-use neardup_client::doc;
+use neardup_client::{Document, doc, document};
 use neardup_tests::{Node, free_port};
 
 fn scrape(addr: &str) -> String {
@@ -30,20 +30,33 @@ async fn metrics_endpoint_reports_requests_and_storage() {
     c.insert_all(&docs, 1000).await.unwrap();
     c.query(1, Some(3), 10).await.unwrap();
     let _ = c.query(1, Some(9), 10).await.unwrap_err();
+    // Two admissions of one text: the second reads the first's sketch, so every stage of an
+    // admission is timed.
+    let text = "the crawler fetched this page twice and the second copy is the same";
+    for (i, id) in ["a1", "a2"].into_iter().enumerate() {
+        let d = Document {
+            id: id.into(),
+            content: Some(document::Content::Text(text.into())),
+            timestamp_ms: i as i64,
+            sketch: Vec::new(),
+        };
+        let r = c.check_and_insert(d, None, 10, false).await.unwrap();
+        assert_eq!(r.duplicate, i == 1, "{r:?}");
+    }
     // A rejected write (an empty id) counts as a request, not as items stored.
     let _ = c.insert(vec![doc("", 1, 0), doc("x", 2, 0)]).await.unwrap_err();
     // The gauges are refreshed by the background thread; wait for the documents to show.
     let mut body = String::new();
     for _ in 0..500 {
         body = scrape(&metrics);
-        if body.contains("neardup_documents 5000") {
+        if body.contains("neardup_documents 5002") {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     assert!(body.starts_with("HTTP/1.0 200") || body.starts_with("HTTP/1.1 200"), "{body}");
     for series in [
-        "neardup_documents 5000",
+        "neardup_documents 5002",
         "neardup_rpc_requests_total{method=\"Query\",code=\"Ok\"} 1",
         "neardup_rpc_requests_total{method=\"Query\",code=\"InvalidArgument\"} 1",
         "neardup_rpc_latency_seconds_count{method=\"InsertStream\",code=\"Ok\"} 1",
@@ -52,6 +65,11 @@ async fn metrics_endpoint_reports_requests_and_storage() {
         "neardup_merges_total",
         "neardup_merges_running",
         "neardup_log_sync_seconds_count",
+        "neardup_admission_stage_seconds_count{stage=\"candidates\"} 2",
+        "neardup_admission_stage_seconds_count{stage=\"sketch_reads\"} 1",
+        "neardup_admission_stage_seconds_count{stage=\"write_lock\"} 2",
+        "neardup_admission_stage_seconds_count{stage=\"decide\"} 2",
+        "neardup_admission_stage_seconds_count{stage=\"durable\"} 2",
     ] {
         assert!(body.contains(series), "missing {series}:\n{body}");
     }

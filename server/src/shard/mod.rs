@@ -409,6 +409,11 @@ impl Shard {
         &self.config
     }
 
+    /// The shard's metrics (shared with whoever registered them).
+    pub fn metrics(&self) -> &ShardMetrics {
+        &self.metrics
+    }
+
     /// The largest k the design answers.
     pub fn max_k(&self) -> u32 {
         self.config.index.design.max_k()

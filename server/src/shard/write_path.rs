@@ -7,6 +7,7 @@ use std::time::Instant;
 use super::{Admission, NewDocument, ProbeBudget, Shard, State, Verify, WriteOutcome};
 use crate::doc_table::DocEntry;
 use crate::error::{Error, Result};
+use crate::metrics::AdmissionStage;
 use crate::persist::{Spaces, key64};
 use crate::record::{self, Op, RecordWriter};
 
@@ -299,19 +300,27 @@ impl Shard {
         // only what changed in between is looked at (`recent_puts`). Internal ids are never
         // reused and a document's sketch is stored before it is visible, so what is read here
         // still holds under the lock; only candidates that arrive in between are read there.
+        let stage = |stage, since: Instant| {
+            self.metrics.admission_stage(stage, since.elapsed().as_secs_f64());
+            Instant::now()
+        };
+        let started = Instant::now();
         let (seen_seq, mut raw) = {
             let st = self.state.read();
             st.index.check_k(k)?;
             st.index.check_k(verify.candidate_k)?;
             (st.last_seq, st.index.query(doc.fingerprint, search_k)?)
         };
+        let mut at = stage(AdmissionStage::Candidates, started);
         let mut read = HashMap::new();
-        if verify.on() && doc.sketch.is_some() {
+        if verify.on() && doc.sketch.is_some() && !raw.is_empty() {
             for m in &raw {
                 read.insert(m.id, self.sketch_of(m.id)?);
             }
+            at = stage(AdmissionStage::SketchReads, at);
         }
         let mut st = self.state.write();
+        let at = stage(AdmissionStage::WriteLock, at);
         let st = &mut *st;
         if st.last_seq != seen_seq {
             let stored_since = self.recent.lock().within_since(doc.fingerprint, search_k, seen_seq);
@@ -383,6 +392,7 @@ impl Shard {
             }
             seq = self.append(st, &plan)?;
         }
+        stage(AdmissionStage::Decide, at);
         let response = Admission {
             duplicate,
             matches: result.matches,
