@@ -125,6 +125,10 @@ impl Store for FaultyStore {
         Ok(Arc::new(FaultySpace { inner: self.inner.log(name)?, faults: self.faults.clone() }))
     }
 
+    fn slots(&self, name: &str) -> Result<Arc<dyn Space>> {
+        Ok(Arc::new(FaultySpace { inner: self.inner.slots(name)?, faults: self.faults.clone() }))
+    }
+
     fn sync(&self) -> Result<()> {
         self.faulty_sync(|s| s.sync())
     }

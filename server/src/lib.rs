@@ -46,6 +46,7 @@ pub mod persist;
 pub mod record;
 pub mod service;
 pub mod shard;
+pub mod slots;
 pub mod storage;
 pub mod transport;
 pub mod wal;

@@ -12,8 +12,10 @@
 //! - `run_deletes`: storage id -> the run's deleted positions, with a CRC.
 //! - `docs`: snapshot id ++ chunk (u32 BE) -> a record of `Put` operations.
 //! - `sketches`: internal id (u64 BE) -> the document's sketch (`neardup_core::sketch`
-//!   encoding), for documents stored with one. Written after the log record that carries
-//!   it and replayed from the log on recovery; read only for candidates being verified.
+//!   encoding), for documents stored with one ([`Store::slots`](crate::storage::Store::slots):
+//!   a file of slots in sled's store, [`crate::slots`]). Written after the log record that
+//!   carries it and replayed from the log on recovery; read only for candidates being
+//!   verified.
 //! - `meta`: `manifest` (the runs that hold every operation up to a log sequence), `docsnap`
 //!   (the document snapshot to start from), `format`.
 //!

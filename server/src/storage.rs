@@ -18,6 +18,7 @@ use std::path::Path;
 use std::sync::{Arc, Once};
 
 use crate::error::{Error, Result};
+use crate::slots::SlotFile;
 use crate::wal::SegmentLog;
 
 /// A key and its value.
@@ -49,6 +50,14 @@ pub trait Store: Send + Sync + 'static {
     /// it apart (sled's store keeps it in segment files, [`crate::wal`]); by default it is
     /// an ordinary keyspace. The contract above holds for it with the rest of the store.
     fn log(&self, name: &str) -> Result<Arc<dyn Space>> {
+        self.space(name)
+    }
+    /// Opens (creating if needed) the keyspace `name` for values by dense 8-byte ids that
+    /// are read one at a time on the request path (sketches). An engine may keep it apart
+    /// (sled's store keeps it in a file of fixed slots, [`crate::slots`]); there its
+    /// [`apply`](Space::apply) is not atomic. Durable at [`sync`](Store::sync) or
+    /// [`sync_rest`](Store::sync_rest). By default an ordinary keyspace.
+    fn slots(&self, name: &str) -> Result<Arc<dyn Space>> {
         self.space(name)
     }
     /// Makes every write that returned before this call durable (see the contract).
@@ -166,6 +175,8 @@ pub struct SledStore {
     /// Logs opened (see [`Store::log`]), by name; each synced before the database. Declared
     /// before `db` so that they are closed before the database's lock is released.
     logs: Arc<parking_lot::Mutex<std::collections::HashMap<String, Arc<SegmentLog>>>>,
+    /// Slot files opened (see [`Store::slots`]), by name; closed before the database too.
+    slot_files: Arc<parking_lot::Mutex<std::collections::HashMap<String, Arc<SlotFile>>>>,
     db: sled::Db,
     path: std::path::PathBuf,
 }
@@ -193,6 +204,7 @@ impl SledStore {
                         db,
                         path: path.to_path_buf(),
                         logs: Default::default(),
+                        slot_files: Default::default(),
                     });
                 }
                 Ok(Err(e)) => e,
@@ -262,15 +274,52 @@ impl Store for SledStore {
         Ok(log)
     }
 
-    /// Syncs every log, then the database: a log record is durable before anything the
+    /// Values in a file of slots under `slots/` in the database's directory, those longer
+    /// than a slot in the keyspace `{name}.overflow` ([`crate::slots`]). A keyspace an
+    /// older version kept as a tree is moved there the first time it is opened.
+    fn slots(&self, name: &str) -> Result<Arc<dyn Space>> {
+        let mut files = self.slot_files.lock();
+        if let Some(f) = files.get(name) {
+            return Ok(f.clone());
+        }
+        let overflow = self.space(&format!("{name}.overflow"))?;
+        let path = self.path.join("slots").join(format!("{}.slots", name.replace('/', "_")));
+        let file = Arc::new(SlotFile::open(&path, overflow)?);
+        let had_tree = guarded("listing keyspaces", || {
+            Ok(self.db.tree_names().iter().any(|t| t.as_ref() == name.as_bytes()))
+        })?;
+        if had_tree {
+            let tree =
+                guarded("opening a keyspace", || self.db.open_tree(name).map_err(sled_error))?;
+            let old = SledSpace { tree };
+            for e in old.scan(&[], &[0xFF; 9]) {
+                let (k, v) = e?;
+                file.put(&k, &v)?;
+            }
+            file.sync()?;
+            guarded("sync", || self.db.flush().map(drop).map_err(sled_error))?;
+            guarded("dropping a keyspace", || {
+                self.db.drop_tree(name).map(drop).map_err(sled_error)
+            })?;
+            tracing::info!(name, "a keyspace moved from the database to a slot file");
+        }
+        files.insert(name.to_string(), file.clone());
+        Ok(file)
+    }
+
+    /// Syncs every log, then the rest: a log record is durable before anything the
     /// database holds that was written after it.
     fn sync(&self) -> Result<()> {
         self.sync_log()?;
         self.sync_rest()
     }
 
-    /// The database alone.
+    /// The slot files and the database.
     fn sync_rest(&self) -> Result<()> {
+        let files: Vec<Arc<SlotFile>> = self.slot_files.lock().values().cloned().collect();
+        for f in files {
+            f.sync()?;
+        }
         guarded("sync", || self.db.flush().map(drop).map_err(sled_error))
     }
 
@@ -286,7 +335,8 @@ impl Store for SledStore {
 
     fn disk_bytes(&self) -> Result<u64> {
         let logs: u64 = self.logs.lock().values().map(|l| l.disk_bytes()).sum();
-        Ok(guarded("size", || self.db.size_on_disk().map_err(sled_error))? + logs)
+        let slots: u64 = self.slot_files.lock().values().map(|f| f.disk_bytes()).sum();
+        Ok(guarded("size", || self.db.size_on_disk().map_err(sled_error))? + logs + slots)
     }
 
     fn disk_parts(&self) -> Result<Vec<(String, u64)>> {
@@ -306,8 +356,10 @@ impl Store for SledStore {
             }
         }
         let wal: u64 = self.logs.lock().values().map(|l| l.disk_bytes()).sum();
+        let slots: u64 = self.slot_files.lock().values().map(|f| f.disk_bytes()).sum();
         Ok(vec![
             ("wal".to_string(), wal),
+            ("sketch_slots".to_string(), slots),
             ("db".to_string(), len(&self.path.join("db"))),
             ("blobs".to_string(), blobs),
             ("blob_files".to_string(), blob_files),
@@ -338,6 +390,12 @@ impl Store for PrefixedStore {
 
     fn log(&self, name: &str) -> Result<Arc<dyn Space>> {
         self.inner.log(&format!("{}{name}", self.prefix))
+    }
+
+    /// An ordinary keyspace: the shards of a shared store number their documents by
+    /// cluster-wide ids, sparse over 64 bits, where a file of slots by id does not fit.
+    fn slots(&self, name: &str) -> Result<Arc<dyn Space>> {
+        self.space(name)
     }
 
     fn sync(&self) -> Result<()> {
@@ -500,5 +558,38 @@ mod tests {
             .collect();
         assert_eq!(got, want);
         assert!(dir.path().join("wal/t0_log").is_dir());
+    }
+
+    /// Sketches an older version kept in a tree move to the slot file on first open, the
+    /// long ones to its overflow keyspace, and read back the same after a restart.
+    #[test]
+    fn sketches_in_the_database_move_to_a_slot_file() {
+        let value = |n: u64| -> Vec<u8> {
+            let len = if n % 3 == 0 { 200 } else { crate::slots::INLINE_BYTES };
+            (0..len).map(|i| (n as usize + i) as u8).collect()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path(), 1 << 20).unwrap();
+        let old = store.space("sketches").unwrap();
+        for n in (0..300u64).step_by(7) {
+            old.put(&n.to_be_bytes(), &value(n)).unwrap();
+        }
+        store.sync().unwrap();
+        drop((old, store));
+        let store = SledStore::open(dir.path(), 1 << 20).unwrap();
+        store.slots("sketches").unwrap().remove(&14u64.to_be_bytes()).unwrap();
+        store.sync().unwrap();
+        assert!(!store.db.tree_names().iter().any(|n| n.as_ref() == b"sketches"));
+        drop(store);
+        let store = SledStore::open(dir.path(), 1 << 20).unwrap();
+        let got: Vec<(Vec<u8>, Vec<u8>)> =
+            store.slots("sketches").unwrap().scan(&[], &[0xFF; 9]).collect::<Result<_>>().unwrap();
+        let want: Vec<(Vec<u8>, Vec<u8>)> = (0..300u64)
+            .step_by(7)
+            .filter(|&n| n != 14)
+            .map(|n| (n.to_be_bytes().to_vec(), value(n)))
+            .collect();
+        assert_eq!(got, want);
+        assert!(dir.path().join("slots/sketches.slots").is_file());
     }
 }

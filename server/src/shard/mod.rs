@@ -340,7 +340,7 @@ impl Shard {
             run_blocks: store.space("run_blocks")?,
             run_deletes: store.space("run_deletes")?,
             docs: store.space("docs")?,
-            sketches: store.space("sketches")?,
+            sketches: store.slots("sketches")?,
         };
         match spaces.meta.get(b"format")? {
             None => {
