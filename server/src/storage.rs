@@ -565,7 +565,7 @@ mod tests {
     #[test]
     fn sketches_in_the_database_move_to_a_slot_file() {
         let value = |n: u64| -> Vec<u8> {
-            let len = if n % 3 == 0 { 200 } else { crate::slots::INLINE_BYTES };
+            let len = if n.is_multiple_of(3) { 200 } else { crate::slots::INLINE_BYTES };
             (0..len).map(|i| (n as usize + i) as u8).collect()
         };
         let dir = tempfile::tempdir().unwrap();

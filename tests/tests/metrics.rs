@@ -3,7 +3,7 @@
 
 use std::io::{Read, Write};
 
-use neardup_client::{Document, doc, document};
+use neardup_client::{doc, text_doc};
 use neardup_tests::{Node, free_port};
 
 fn scrape(addr: &str) -> String {
@@ -34,13 +34,7 @@ async fn metrics_endpoint_reports_requests_and_storage() {
     // admission is timed.
     let text = "the crawler fetched this page twice and the second copy is the same";
     for (i, id) in ["a1", "a2"].into_iter().enumerate() {
-        let d = Document {
-            id: id.into(),
-            content: Some(document::Content::Text(text.into())),
-            timestamp_ms: i as i64,
-            sketch: Vec::new(),
-        };
-        let r = c.check_and_insert(d, None, 10, false).await.unwrap();
+        let r = c.check_and_insert(text_doc(id, text, i as i64), None, 10, false).await.unwrap();
         assert_eq!(r.duplicate, i == 1, "{r:?}");
     }
     // A rejected write (an empty id) counts as a request, not as items stored.
