@@ -9,9 +9,10 @@
 //! [`SlotFile`] keeps them where a read is one `pread`:
 //!
 //! - Slot `id` is at byte `id * SLOT_BYTES`: `[u8 tag][u32 LE CRC-32][value]`, the value
-//!   padded to [`INLINE_BYTES`]. Tag 0 is an empty slot (never written, removed, or a hole
-//!   of the sparse file); tag 1 holds the value; tag 2 says the value is longer than a
-//!   slot (a set sketch) and lives in the overflow keyspace under the same key.
+//!   padded to [`INLINE_BYTES`]. Tag 0 is an empty slot (never written, a hole of the
+//!   sparse file, or removed: a removal rewrites the tag byte only, so a read racing it
+//!   sees the slot whole or empty); tag 1 holds the value; tag 2 says the value is longer
+//!   than a slot (a set sketch) and lives in the overflow keyspace under the same key.
 //! - The CRC covers the id, the tag and the value: a damaged slot, or one read at the wrong
 //!   place, is reported as [`Error::CorruptTablet`].
 //! - Writes go straight to the file (`pwrite`); [`SlotFile::sync`] makes them durable
@@ -156,11 +157,16 @@ impl SlotFile {
     fn write_slot(&self, id: u64, tag: u8, value: &[u8]) -> Result<()> {
         let mut raw = [0u8; SLOT_BYTES as usize];
         raw[0] = tag;
-        if tag != EMPTY {
-            raw[1..5].copy_from_slice(&crc(id, tag, value).to_le_bytes());
-            raw[5..5 + value.len()].copy_from_slice(value);
-        }
+        raw[1..5].copy_from_slice(&crc(id, tag, value).to_le_bytes());
+        raw[5..5 + value.len()].copy_from_slice(value);
         self.file.write_all_at(&raw, id * SLOT_BYTES).map_err(|e| io("writing", &self.path, e))
+    }
+
+    /// Empties a slot by its tag byte alone: a read at the same moment sees the slot whole
+    /// or empty, never half of each (a removal can race a read of a candidate; a put never
+    /// does, since a sketch is read from the queue until it is written).
+    fn clear_slot(&self, id: u64) -> Result<()> {
+        self.file.write_all_at(&[EMPTY], id * SLOT_BYTES).map_err(|e| io("writing", &self.path, e))
     }
 
     fn value(&self, id: u64, slot: Slot) -> Result<Option<Vec<u8>>> {
@@ -279,7 +285,7 @@ impl Space for SlotFile {
             return Ok(());
         }
         let was_overflow = matches!(self.read_slot(id), Ok(Slot::Overflow));
-        self.write_slot(id, EMPTY, &[])?;
+        self.clear_slot(id)?;
         if was_overflow {
             self.overflow.remove(key)?;
         }
@@ -323,7 +329,7 @@ impl Space for SlotFile {
                 .map_err(|e| io("shortening", &self.path, e))?;
         } else {
             for id in ids {
-                self.write_slot(id, EMPTY, &[])?;
+                self.clear_slot(id)?;
             }
         }
         for k in overflowing {
@@ -417,5 +423,11 @@ mod tests {
         assert!(matches!(f.get(&k(3)), Err(Error::CorruptTablet(_))));
         assert_eq!(f.get(&k(4)).unwrap(), Some(inline(4)));
         assert!(f.scan(&[], &[0xFF; 9]).any(|e| matches!(e, Err(Error::CorruptTablet(_)))));
+        // A removal rewrites the tag alone: the slot reads as empty, its old bytes stay.
+        f.remove(&k(4)).unwrap();
+        assert_eq!(f.get(&k(4)).unwrap(), None);
+        let mut raw = [0u8; SLOT_BYTES as usize];
+        f.file.read_exact_at(&mut raw, 4 * SLOT_BYTES).unwrap();
+        assert_eq!((raw[0], &raw[5..]), (EMPTY, inline(4).as_slice()));
     }
 }
