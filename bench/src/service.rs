@@ -791,17 +791,16 @@ impl ServerProcess {
     ) -> Result<std::collections::BTreeMap<String, StageHistogram>, String> {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let addr = self.metrics.as_deref().ok_or("the server serves no metrics")?;
-        let mut s = tokio::net::TcpStream::connect(addr)
-            .await
-            .map_err(|e| format!("metrics at {addr}: {e}"))?;
+        let failed = |e: std::io::Error| format!("metrics at {addr}: {e}");
+        let mut s = tokio::net::TcpStream::connect(addr).await.map_err(failed)?;
         s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
             .await
-            .map_err(|e| format!("metrics at {addr}: {e}"))?;
+            .map_err(failed)?;
         let mut body = String::new();
         tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut body))
             .await
             .map_err(|_| format!("metrics at {addr}: no answer in 10 s"))?
-            .map_err(|e| format!("metrics at {addr}: {e}"))?;
+            .map_err(failed)?;
         Ok(parse_stages(&body))
     }
 }

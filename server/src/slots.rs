@@ -154,6 +154,11 @@ impl SlotFile {
         }
     }
 
+    /// Whether slot `id` names an overflow value (a slot that does not read is not one).
+    fn is_overflow(&self, id: u64) -> bool {
+        matches!(self.read_slot(id), Ok(Slot::Overflow))
+    }
+
     fn write_slot(&self, id: u64, tag: u8, value: &[u8]) -> Result<()> {
         let mut raw = [0u8; SLOT_BYTES as usize];
         raw[0] = tag;
@@ -265,7 +270,7 @@ impl Space for SlotFile {
 
     fn put(&self, key: &[u8], value: &[u8]) -> Result<()> {
         let id = id_of(key)?;
-        let was_overflow = matches!(self.read_slot(id), Ok(Slot::Overflow));
+        let was_overflow = self.is_overflow(id);
         if value.len() == INLINE_BYTES {
             self.write_slot(id, INLINE, value)?;
             if was_overflow {
@@ -284,7 +289,7 @@ impl Space for SlotFile {
         if id >= self.slots()? {
             return Ok(());
         }
-        let was_overflow = matches!(self.read_slot(id), Ok(Slot::Overflow));
+        let was_overflow = self.is_overflow(id);
         self.clear_slot(id)?;
         if was_overflow {
             self.overflow.remove(key)?;
@@ -317,7 +322,7 @@ impl Space for SlotFile {
         let overflowing: Vec<Vec<u8>> = {
             let mut keys = Vec::new();
             for id in ids.clone() {
-                if matches!(self.read_slot(id), Ok(Slot::Overflow)) {
+                if self.is_overflow(id) {
                     keys.push(id.to_be_bytes().to_vec());
                 }
             }

@@ -234,6 +234,34 @@ impl SledStore {
             });
         }
     }
+
+    /// sled's flush: everything written to the database so far is durable.
+    fn flush_db(&self) -> Result<()> {
+        guarded("sync", || self.db.flush().map(drop).map_err(sled_error))
+    }
+
+    /// Moves the tree `name` an older version kept to where this one keeps it: when the
+    /// tree exists, `copy` writes its entries there and makes them durable, then the tree
+    /// is dropped. Whether there was one.
+    fn move_tree(&self, name: &str, copy: impl FnOnce(&SledSpace) -> Result<()>) -> Result<bool> {
+        let had_tree = guarded("listing keyspaces", || {
+            Ok(self.db.tree_names().iter().any(|t| t.as_ref() == name.as_bytes()))
+        })?;
+        if !had_tree {
+            return Ok(false);
+        }
+        let tree = guarded("opening a keyspace", || self.db.open_tree(name).map_err(sled_error))?;
+        copy(&SledSpace { tree })?;
+        guarded("dropping a keyspace", || self.db.drop_tree(name).map(drop).map_err(sled_error))?;
+        Ok(true)
+    }
+
+    /// Bytes of the files kept beside the database: the logs and the slot files.
+    fn side_file_bytes(&self) -> (u64, u64) {
+        let logs = self.logs.lock().values().map(|l| l.disk_bytes()).sum();
+        let slots = self.slot_files.lock().values().map(|f| f.disk_bytes()).sum();
+        (logs, slots)
+    }
 }
 
 impl Store for SledStore {
@@ -250,13 +278,7 @@ impl Store for SledStore {
             return Ok(l.clone());
         }
         let log = Arc::new(SegmentLog::open(&self.path.join("wal").join(name.replace('/', "_")))?);
-        let had_tree = guarded("listing keyspaces", || {
-            Ok(self.db.tree_names().iter().any(|t| t.as_ref() == name.as_bytes()))
-        })?;
-        if had_tree {
-            let tree =
-                guarded("opening a keyspace", || self.db.open_tree(name).map_err(sled_error))?;
-            let old = SledSpace { tree };
+        let moved = self.move_tree(name, |old| {
             let newest = log.last_in(&[], &[0xFF; 9])?.map(|(k, _)| k);
             for e in old.scan(&[], &[0xFF; 9]) {
                 let (k, v) = e?;
@@ -264,10 +286,9 @@ impl Store for SledStore {
                     log.put(&k, &v)?;
                 }
             }
-            log.sync()?;
-            guarded("dropping a keyspace", || {
-                self.db.drop_tree(name).map(drop).map_err(sled_error)
-            })?;
+            log.sync()
+        })?;
+        if moved {
             tracing::info!(name, "the write-ahead log moved from the database to its own files");
         }
         logs.insert(name.to_string(), log.clone());
@@ -285,22 +306,16 @@ impl Store for SledStore {
         let overflow = self.space(&format!("{name}.overflow"))?;
         let path = self.path.join("slots").join(format!("{}.slots", name.replace('/', "_")));
         let file = Arc::new(SlotFile::open(&path, overflow)?);
-        let had_tree = guarded("listing keyspaces", || {
-            Ok(self.db.tree_names().iter().any(|t| t.as_ref() == name.as_bytes()))
-        })?;
-        if had_tree {
-            let tree =
-                guarded("opening a keyspace", || self.db.open_tree(name).map_err(sled_error))?;
-            let old = SledSpace { tree };
+        let moved = self.move_tree(name, |old| {
             for e in old.scan(&[], &[0xFF; 9]) {
                 let (k, v) = e?;
                 file.put(&k, &v)?;
             }
+            // The slots, and the overflow values in the database.
             file.sync()?;
-            guarded("sync", || self.db.flush().map(drop).map_err(sled_error))?;
-            guarded("dropping a keyspace", || {
-                self.db.drop_tree(name).map(drop).map_err(sled_error)
-            })?;
+            self.flush_db()
+        })?;
+        if moved {
             tracing::info!(name, "a keyspace moved from the database to a slot file");
         }
         files.insert(name.to_string(), file.clone());
@@ -320,7 +335,7 @@ impl Store for SledStore {
         for f in files {
             f.sync()?;
         }
-        guarded("sync", || self.db.flush().map(drop).map_err(sled_error))
+        self.flush_db()
     }
 
     /// Syncs the logs' segment files only: the database's work (its own flushes, large
@@ -334,8 +349,7 @@ impl Store for SledStore {
     }
 
     fn disk_bytes(&self) -> Result<u64> {
-        let logs: u64 = self.logs.lock().values().map(|l| l.disk_bytes()).sum();
-        let slots: u64 = self.slot_files.lock().values().map(|f| f.disk_bytes()).sum();
+        let (logs, slots) = self.side_file_bytes();
         Ok(guarded("size", || self.db.size_on_disk().map_err(sled_error))? + logs + slots)
     }
 
@@ -355,8 +369,7 @@ impl Store for SledStore {
                 }
             }
         }
-        let wal: u64 = self.logs.lock().values().map(|l| l.disk_bytes()).sum();
-        let slots: u64 = self.slot_files.lock().values().map(|f| f.disk_bytes()).sum();
+        let (wal, slots) = self.side_file_bytes();
         Ok(vec![
             ("wal".to_string(), wal),
             ("sketch_slots".to_string(), slots),
