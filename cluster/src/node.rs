@@ -370,8 +370,10 @@ impl ClusterNode {
     }
 
     /// True while this node is in touch with the cluster: it heard from the leader within an
-    /// election timeout, or it leads and heard from a quorum of voters within one. A node cut
-    /// off must stop answering data requests (its replicas may be stale).
+    /// election timeout, or it leads and heard from a quorum of voters within one, and it has
+    /// applied what the cluster had committed when contact was (re)gained
+    /// ([`Replica::in_contact`](crate::replica::Replica::in_contact)). A node cut off must stop
+    /// answering data requests (its replicas may be stale).
     pub fn in_contact(&self) -> bool {
         self.shared.contact.load(Ordering::Acquire)
     }

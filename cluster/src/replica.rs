@@ -138,6 +138,33 @@ pub struct Replica {
     leader_since: u64,
     /// The tick of the last message from the leader of the current term.
     leader_contact: Option<u64>,
+    /// Contact with the cluster, confirmed: see [`Replica::in_contact`].
+    sync: ContactSync,
+}
+
+/// How a replica that has (re)gained contact learns that it has caught up: a follower asks
+/// the leader for its commit index (a Raft read index) and is in contact once it has applied
+/// that far; a leader once it has committed an entry of its term and applied everything
+/// committed. Losing contact, or a new term or role, starts over under a new generation, so
+/// an answer to an earlier ask counts for nothing.
+#[derive(Debug, Default)]
+struct ContactSync {
+    generation: u64,
+    term: u64,
+    leading: bool,
+    /// The tick of the last ask under this generation.
+    asked: Option<u64>,
+    asks: u64,
+    /// The index to have applied, once known.
+    index: Option<u64>,
+}
+
+impl ContactSync {
+    /// Whether this generation was started under `term` and role: a change is only noticed
+    /// at the next tick, and counts as lost contact until then.
+    fn generation_matches(&self, term: u64, leading: bool) -> bool {
+        self.term == term && self.leading == leading
+    }
 }
 
 fn leader_role(raw: &RawNode<RaftStore>) -> bool {
@@ -200,6 +227,7 @@ impl Replica {
             leading: false,
             leader_since: 0,
             leader_contact: None,
+            sync: ContactSync::default(),
         })
     }
 
@@ -305,24 +333,13 @@ impl Replica {
     pub fn tick(&mut self) -> Result<(), ClusterError> {
         self.ticks += 1;
         self.raw.tick();
+        self.track_contact();
         self.duties()
     }
 
-    /// Runs the leader's membership duties now (promote a caught-up learner, remove a drained
-    /// node) rather than at the next tick: a driver calls it once an applied change may have
-    /// made the next one possible. A dropped proposal is retried at the next tick.
-    pub fn duties(&mut self) -> Result<(), ClusterError> {
-        match self.leader_duties() {
-            Err(ClusterError::Unavailable(_)) => Ok(()),
-            r => r,
-        }
-    }
-
-    /// True while this replica is in touch with the cluster: as leader, a quorum of voters
-    /// (itself included) was heard from within an election timeout; otherwise the leader of
-    /// its term was heard from within an election timeout. A node cut off from the cluster
-    /// turns false within about an election timeout and must stop answering data requests.
-    pub fn in_contact(&self) -> bool {
+    /// Whether the leader of this term (as leader: a quorum of voters) was heard from within
+    /// an election timeout.
+    fn heard(&self) -> bool {
         let window = self.cfg.election_ticks as u64;
         let recent = |t: u64| self.ticks.saturating_sub(t) <= window;
         if self.is_leader() {
@@ -336,6 +353,76 @@ impl Replica {
             return heard > voters.len() / 2;
         }
         self.leader().is_some() && self.leader_contact.is_some_and(recent)
+    }
+
+    /// At each tick: starts a new generation when contact was lost or the term or role
+    /// changed, and, in contact but not yet caught up, learns the index to catch up to (a
+    /// follower asks the leader every other tick until it answers).
+    fn track_contact(&mut self) {
+        let (term, leading, heard) = (self.term(), self.is_leader(), self.heard());
+        let sync = &mut self.sync;
+        if !heard || sync.term != term || sync.leading != leading {
+            if sync.index.is_some() || sync.asked.is_some() || sync.term != term {
+                sync.generation += 1;
+            }
+            sync.term = term;
+            sync.leading = leading;
+            sync.asked = None;
+            sync.index = None;
+        }
+        if !heard || sync.index.is_some() {
+            return;
+        }
+        if leading {
+            if self.raw.raft.commit_to_current_term() {
+                sync.index = Some(self.raw.raft.raft_log.committed);
+            }
+        } else if sync.asked.is_none_or(|t| self.ticks >= t + 2) {
+            sync.asked = Some(self.ticks);
+            sync.asks += 1;
+            let mut ctx = Vec::with_capacity(16);
+            ctx.extend_from_slice(&sync.generation.to_be_bytes());
+            ctx.extend_from_slice(&sync.asks.to_be_bytes());
+            self.raw.read_index(ctx);
+        }
+    }
+
+    /// Takes the leader's answers to this replica's asks: the first one of the current
+    /// generation sets the index to catch up to.
+    fn take_read_states(&mut self, states: Vec<raft::ReadState>) {
+        for rs in states {
+            let generation = rs.request_ctx.get(..8).and_then(|b| b.try_into().ok());
+            if generation.map(u64::from_be_bytes) == Some(self.sync.generation)
+                && self.sync.index.is_none()
+                && !self.sync.leading
+            {
+                self.sync.index = Some(rs.index);
+            }
+        }
+    }
+
+    /// Runs the leader's membership duties now (promote a caught-up learner, remove a drained
+    /// node) rather than at the next tick: a driver calls it once an applied change may have
+    /// made the next one possible. A dropped proposal is retried at the next tick.
+    pub fn duties(&mut self) -> Result<(), ClusterError> {
+        match self.leader_duties() {
+            Err(ClusterError::Unavailable(_)) => Ok(()),
+            r => r,
+        }
+    }
+
+    /// True while this replica is in touch with the cluster and caught up with it: as leader,
+    /// a quorum of voters (itself included) was heard from within an election timeout;
+    /// otherwise the leader of its term was. And since contact was last (re)gained, the
+    /// replica has applied everything the cluster had committed by then (a follower asks the
+    /// leader's commit index). A node cut off from the cluster turns false within about an
+    /// election timeout and must stop answering data requests; back in contact, it answers
+    /// again only once it has applied what the others decided meanwhile (that it was marked
+    /// down, say, and no longer gets writes).
+    pub fn in_contact(&self) -> bool {
+        self.heard()
+            && self.sync.generation_matches(self.term(), self.is_leader())
+            && self.sync.index.is_some_and(|i| self.applied >= i)
     }
 
     /// Steps a message from a peer.
@@ -599,6 +686,7 @@ impl Replica {
             return Ok(());
         }
         let mut rd = self.raw.ready();
+        self.take_read_states(rd.take_read_states());
         // 1. Leader messages.
         self.send(rd.take_messages(), out);
         // 2. Snapshot from the leader.

@@ -888,7 +888,8 @@ impl Sim {
 }
 
 /// Without chaos, per seed: a cluster of four nodes (three voters); a follower cut off loses
-/// contact, and the others keep it; a stopped node is marked down within the failure timeout
+/// contact, and the others keep it; healed after it was marked down, it is in contact again
+/// only once it has applied that; a stopped node is marked down within the failure timeout
 /// plus a few election timeouts (in ticks: every replica ticks every step here), and back
 /// when it returns, its replicas then filling; grants from every node, across a change of
 /// leader and a restart of every node, never overlap and only grow.
@@ -920,10 +921,25 @@ fn a_stopped_node_is_marked_down_and_back_and_grants_never_overlap() {
             if !sim.replica(lid).is_some_and(|r| r.is_leader() && r.in_contact()) {
                 return Err(format!("leader {lid} lost contact with one follower cut off"));
             }
+            // Held off until the leader marks it down (writes then skip its replicas): back
+            // in contact, it must first apply that, or it would answer reads from replicas
+            // the others stopped writing to.
+            sim.run_until("the cut node marked down", bound, |s| {
+                s.leader_map().is_some_and(|m| m.nodes[&cut].state == NodeState::Down)
+            })?;
+            let committed = sim.replica(lid).ok_or("no leader")?.committed();
             sim.groups = None;
             sim.run_until("contact again", 3 * ELECTION_TICKS, |s| {
                 s.replica(cut).is_some_and(|r| r.in_contact())
             })?;
+            let r = sim.replica(cut).ok_or("the cut node is gone")?;
+            if r.applied() < committed {
+                return Err(format!(
+                    "node {cut} back in contact at applied {} before applying the leader's \
+                     commit {committed} that marked it down",
+                    r.applied()
+                ));
+            }
             sim.run_until("the cut node marked back", bound, |s| {
                 s.leader_map().is_some_and(|m| m.nodes[&cut].state == NodeState::Active)
             })?;

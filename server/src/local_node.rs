@@ -10,7 +10,8 @@
 //! - reads (probes, resolves, scans) need it among the unit's serving replicas, and the node
 //!   in contact with the Raft leader ([`ClusterNode::in_contact`](neardup_cluster::ClusterNode)):
 //!   a node cut off may hold stale replicas, since the others stop writing to it once it is
-//!   marked down.
+//!   marked down, and back in contact it counts as in contact only once its map has caught up
+//!   with what the cluster committed meanwhile.
 //!
 //! A refusal is [`DataError::EpochMoved`] with the node's epoch. When the caller's map is
 //! ahead of the node's, the node first waits (briefly) for its own map to catch up.
