@@ -3,11 +3,10 @@
 //!
 //! It starts 3 `neardup serve` nodes (the binary given with `--neardup`): node 1 with
 //! `--bootstrap`, nodes 2 and 3 with `--join`, and waits until each serves its public API.
-//! Every call goes **through a router**: the public listener of node 1, which routes to the
-//! nodes holding the data (until the cluster data path is wired into `neardup serve`, it
-//! answers from its own data alone, so today's 3-node figures are one node's behind a
-//! cluster's membership). Then, for the cluster and for a single `neardup serve` started
-//! after it (same design, same documents):
+//! Every call goes **through a router**: the public listener of node 1, which routes each
+//! probe, write and resolve to the nodes holding the tablets and partitions (two replicas of
+//! each). Then, for the cluster and for a single `neardup serve` started after it (same
+//! design, same documents):
 //! 1. durable streaming inserts of `--docs` generated documents (the `InsertStream` path of
 //!    `neardup-bench service`, several streams at once), then background merges settle;
 //! 2. bytes per document: `Stats.index_bytes` (memory) and `Stats.disk_bytes` (disk) of the
