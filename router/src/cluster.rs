@@ -118,6 +118,62 @@ struct Ctx {
     design: Arc<Design>,
 }
 
+/// The serving replicas of every tablet, looked up once per read instead of once per
+/// probe: by table, the tablets in permuted order with their replicas to read from
+/// (suspects left out while another serves).
+struct Routes {
+    by_table: Vec<Vec<(u64, u64, Vec<NodeId>)>>,
+}
+
+impl Routes {
+    fn new(ctx: &Ctx, avoid: &HashSet<NodeId>) -> Routes {
+        let mut by_table: Vec<Vec<(u64, u64, Vec<NodeId>)>> =
+            vec![Vec::new(); ctx.design.tables().len()];
+        for t in &ctx.map.tablets {
+            let Some(slot) = by_table.get_mut(t.table as usize) else { continue };
+            let mut serving = ctx.map.serving(Unit::Tablet { table: t.table, start: t.start });
+            if serving.iter().any(|n| !avoid.contains(n)) {
+                serving.retain(|n| !avoid.contains(n));
+            }
+            slot.push((t.start, t.end, serving));
+        }
+        for slot in &mut by_table {
+            slot.sort_unstable_by_key(|&(start, _, _)| start);
+        }
+        Routes { by_table }
+    }
+
+    /// The node to probe for table `t` and fingerprint `fp`: `local` if it serves the tablet,
+    /// else a serving replica spread by `salt` (as [`ClusterRouter::pick`] picks).
+    fn pick(
+        &self,
+        ctx: &Ctx,
+        t: usize,
+        fp: u64,
+        salt: usize,
+        local: Option<NodeId>,
+    ) -> DataResult<NodeId> {
+        let tablets = self.by_table.get(t).map_or(&[][..], |v| v);
+        let pv = ctx.design.tables()[t].perm.apply(fp);
+        let i = tablets.partition_point(|&(start, _, _)| start <= pv);
+        let Some((start, _, serving)) =
+            i.checked_sub(1).map(|i| &tablets[i]).filter(|&&(_, end, _)| pv <= end)
+        else {
+            return Err(DataError::Unavailable(format!(
+                "no tablet of table {t} holds fingerprint {fp:#x}"
+            )));
+        };
+        if serving.is_empty() {
+            let unit = Unit::Tablet { table: t as u32, start: *start };
+            return Err(DataError::Unavailable(format!("no serving replica of {unit:?}")));
+        }
+        if let Some(l) = local.filter(|l| serving.contains(l)) {
+            return Ok(l);
+        }
+        Ok(serving[salt % serving.len()])
+    }
+}
+
 /// A stored document found near a query.
 #[derive(Debug, Clone)]
 struct Found {
@@ -498,13 +554,17 @@ impl ClusterRouter {
         // Probes, grouped by node: (query index, table, fp).
         let mut by_node: BTreeMap<NodeId, Vec<(usize, u32, u64)>> = BTreeMap::new();
         let salt = self.spread.fetch_add(1, Ordering::Relaxed);
-        let avoid = self.suspects_now();
+        let routes = Routes::new(ctx, &self.suspects_now());
+        let mut tables: Vec<(u32, Vec<usize>)> = Vec::new();
         let mut call_k = 0;
         for (qi, &(fp, k)) in queries.iter().enumerate() {
             call_k = call_k.max(k);
-            for t in ctx.design.tables_for_k(k) {
-                let unit = Self::tablet_unit(ctx, t, fp)?;
-                let node = self.pick(ctx, unit, salt + qi + t, &avoid)?;
+            if !tables.iter().any(|(tk, _)| *tk == k) {
+                tables.push((k, ctx.design.tables_for_k(k)));
+            }
+            let ts = tables.iter().find(|(tk, _)| *tk == k).map_or(&[][..], |(_, t)| t);
+            for &t in ts {
+                let node = routes.pick(ctx, t, fp, salt + qi + t, self.local)?;
                 by_node.entry(node).or_default().push((qi, t as u32, fp));
             }
         }
@@ -527,28 +587,29 @@ impl ClusterRouter {
                 })
             })
             .collect();
-        let mut hits: Vec<(HashMap<u64, TabletHit>, bool)> =
-            queries.iter().map(|_| (HashMap::new(), false)).collect();
+        // Each query's hits, deduplicated by gid (two tables may catch one entry).
+        let mut hits: Vec<(Vec<TabletHit>, bool)> =
+            queries.iter().map(|_| (Vec::new(), false)).collect();
         for (_, answers) in self.fan_out(calls).await? {
             for (qi, (found, truncated)) in answers {
                 let (merged, cut) = &mut hits[qi];
                 *cut |= truncated;
-                for h in found {
-                    if h.distance <= queries[qi].1
-                        && h.distance == (h.fp ^ queries[qi].0).count_ones()
-                    {
-                        merged.insert(h.gid, h);
-                    }
-                }
+                merged.extend(found.into_iter().filter(|h| {
+                    h.distance <= queries[qi].1 && h.distance == (h.fp ^ queries[qi].0).count_ones()
+                }));
             }
         }
-        let gids: HashSet<u64> = hits.iter().flat_map(|(m, _)| m.keys().copied()).collect();
+        for (merged, _) in hits.iter_mut() {
+            merged.sort_unstable_by_key(|h| h.gid);
+            merged.dedup_by_key(|h| h.gid);
+        }
+        let gids: HashSet<u64> = hits.iter().flat_map(|(m, _)| m.iter().map(|h| h.gid)).collect();
         let docs = self.resolve(ctx, &gids, deadline).await?;
         Ok(hits
             .into_iter()
             .map(|(merged, cut)| {
                 let found = merged
-                    .into_values()
+                    .into_iter()
                     .filter_map(|h| {
                         docs.get(&h.gid).filter(|d| d.fp == h.fp).map(|d| (d.clone(), h.distance))
                     })

@@ -357,17 +357,20 @@ impl NodeStore {
     ) -> Result<Vec<(Vec<TabletHit>, bool)>> {
         self.design.check_k(k)?;
         let width = self.design.width();
-        probes
-            .iter()
-            .map(|&(t, fp)| {
-                let spec = &self.design.tables()[self.table_index(t)?];
-                let pq = spec.perm.apply(fp);
-                let shift = width - spec.prefix_bits;
-                let prefix = |v: u64| v.checked_shr(shift).unwrap_or(0);
-                let found = self.table(t)?.query_entries(&[pq], k)?;
-                let mut hits: Vec<TabletHit> = found
+        // One query of each table for all its probes: one lock and one scratch a table.
+        let mut order: Vec<usize> = (0..probes.len()).collect();
+        order.sort_by_key(|&i| probes[i].0);
+        let mut out: Vec<(Vec<TabletHit>, bool)> = vec![(Vec::new(), false); probes.len()];
+        for group in order.chunk_by(|&a, &b| probes[a].0 == probes[b].0) {
+            let t = probes[group[0]].0;
+            let spec = &self.design.tables()[self.table_index(t)?];
+            let shift = width - spec.prefix_bits;
+            let prefix = |v: u64| v.checked_shr(shift).unwrap_or(0);
+            let pqs: Vec<u64> = group.iter().map(|&i| spec.perm.apply(probes[i].1)).collect();
+            let found = self.table(t)?.query_entries(&pqs, k)?;
+            for ((&i, pq), matches) in group.iter().zip(pqs).zip(found) {
+                let mut hits: Vec<TabletHit> = matches
                     .into_iter()
-                    .flatten()
                     .filter(|m| prefix(m.fp) == prefix(pq))
                     .map(|m| TabletHit {
                         gid: m.id,
@@ -378,9 +381,10 @@ impl NodeStore {
                 hits.sort_unstable_by_key(|h| (h.distance, h.gid));
                 let truncated = hits.len() > max_matches;
                 hits.truncate(max_matches);
-                Ok((hits, truncated))
-            })
-            .collect()
+                out[i] = (hits, truncated);
+            }
+        }
+        Ok(out)
     }
 
     /// Every entry `(gid, fp)` of `table` whose permuted value lies in `[start, end]`, in

@@ -140,6 +140,16 @@ fn check_tablets(node: &NodeStore, model: &Entries, g: &mut Gen) {
             let tables: Vec<u32> = (0..design.tables().len() as u32).collect();
             let probes: Vec<(u32, u64)> = tables.iter().map(|&t| (t, q)).collect();
             let got = node.probe_tablets(&probes, k, usize::MAX).unwrap();
+            // Several probes of each table in one call, tables out of order: each answer is
+            // its own probe's.
+            let q2 = g.fp();
+            let mixed: Vec<(u32, u64)> =
+                tables.iter().rev().flat_map(|&t| [(t, q2), (t, q)]).collect();
+            let answers = node.probe_tablets(&mixed, k, usize::MAX).unwrap();
+            assert_eq!(answers.len(), mixed.len());
+            for (&(t, p), (hits, _)) in mixed.iter().zip(&answers) {
+                assert_eq!(hits, &model.probe(&design, t, p, k), "mixed: table {t} k={k} q={p:#x}");
+            }
             let mut union = BTreeSet::new();
             for (&t, (hits, truncated)) in tables.iter().zip(&got) {
                 let want = model.probe(&design, t, q, k);
