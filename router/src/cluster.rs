@@ -14,6 +14,7 @@
 //! document is absent are dropped, and the rest are ordered like the single node (distance,
 //! timestamp, then gid, the cluster's "first stored"), cut to `limit` and the response's
 //! budgets (`max_matches`, `max_bytes`). Verification by sketches is the single node's.
+//! Reads of a few queries that arrive while others are out are sent together (`Coalesce`).
 //! A node whose call fails (unanswered or UNAVAILABLE) is avoided by reads for
 //! [`SUSPECT_FOR`] when another replica serves, and a read that failed so is tried once
 //! more: a node that dies costs reads one attempt, not every read until the map marks it
@@ -113,6 +114,7 @@ pub trait IdSource: Send + Sync + 'static {
 pub type NodeResolver = Arc<dyn Fn(NodeId) -> Arc<dyn NodeApi> + Send + Sync>;
 
 /// One attempt's view: the map and its design.
+#[derive(Clone)]
 struct Ctx {
     map: Arc<ClusterMap>,
     design: Arc<Design>,
@@ -197,7 +199,37 @@ pub struct ClusterRouter {
     /// reads go to another serving replica meanwhile, so a node that dies costs reads
     /// one failed attempt instead of every read until the map marks it down.
     suspects: Mutex<HashMap<NodeId, Instant>>,
+    /// Small reads waiting to go out together.
+    coalesce: Coalesce,
 }
+
+/// Reads of a few queries each (unary Query, CheckAndInsert's checks) that arrive while
+/// others are out go out together: one probe call per node and one resolve for all of them,
+/// instead of one each. A read waits for nothing when no other is out, so this adds no
+/// latency at low load and divides the per-call costs under load. At most
+/// [`COALESCE_FLIGHTS`] groups are out at once.
+struct Coalesce {
+    queue: Mutex<Vec<Pending>>,
+    flights: tokio::sync::Semaphore,
+}
+
+/// One waiting read.
+struct Pending {
+    ctx: Ctx,
+    queries: Vec<(u64, u32)>,
+    cap: usize,
+    deadline: Option<Instant>,
+    answer: tokio::sync::oneshot::Sender<DataResult<Vec<FoundSet>>>,
+}
+
+/// One query's documents within its distance, and whether a tablet cut its hits.
+type FoundSet = (Vec<(DocInfo, u32)>, bool);
+
+/// Reads of at most this many queries are coalesced; larger ones (QueryBatch) go alone.
+const COALESCE_MAX: usize = 8;
+
+/// Groups of coalesced reads out at once.
+const COALESCE_FLIGHTS: usize = 2;
 
 /// How long a node whose call failed is avoided for reads.
 pub const SUSPECT_FOR: Duration = Duration::from_secs(1);
@@ -249,6 +281,10 @@ impl ClusterRouter {
             spread: AtomicUsize::new(0),
             suspects: Mutex::new(HashMap::new()),
             design: Mutex::new(None),
+            coalesce: Coalesce {
+                queue: Mutex::new(Vec::new()),
+                flights: tokio::sync::Semaphore::new(COALESCE_FLIGHTS),
+            },
         }
     }
 
@@ -543,14 +579,90 @@ impl ClusterRouter {
     }
 
     /// For each query `(fp, search_k)`, the present documents within `search_k`, unordered,
-    /// and whether a tablet cut its hits at `cap`.
+    /// and whether a tablet cut its hits at `cap`. A read of a few queries goes out with the
+    /// others waiting ([`Coalesce`]).
     async fn find(
         &self,
         ctx: &Ctx,
         queries: &[(u64, u32)],
         cap: usize,
         deadline: Option<Instant>,
-    ) -> DataResult<Vec<(Vec<(DocInfo, u32)>, bool)>> {
+    ) -> DataResult<Vec<FoundSet>> {
+        if queries.len() > COALESCE_MAX {
+            return self.find_now(ctx, queries, cap, deadline).await;
+        }
+        let (answer, mut rx) = tokio::sync::oneshot::channel();
+        let pending =
+            Pending { ctx: ctx.clone(), queries: queries.to_vec(), cap, deadline, answer };
+        self.coalesce.queue.lock().unwrap_or_else(|p| p.into_inner()).push(pending);
+        let until = deadline.map(tokio::time::Instant::from_std);
+        let wait = async {
+            // Either another read's flight takes this one along, or this one gets a flight
+            // and takes every read waiting (its own among them, unless one took it already).
+            let permit = tokio::select! {
+                biased;
+                r = &mut rx => return r.ok(),
+                p = self.coalesce.flights.acquire() => p,
+            };
+            let batch =
+                std::mem::take(&mut *self.coalesce.queue.lock().unwrap_or_else(|p| p.into_inner()));
+            self.fly(batch).await;
+            drop(permit);
+            (&mut rx).await.ok()
+        };
+        let answered = match until {
+            Some(u) => tokio::time::timeout_at(u, wait).await.map_err(|_| {
+                DataError::DeadlineExceeded("waiting for the router's probes".into())
+            })?,
+            None => wait.await,
+        };
+        match answered {
+            Some(r) => r,
+            // The flight that took this read was dropped (its caller went away): alone, now.
+            None => self.find_now(ctx, queries, cap, deadline).await,
+        }
+    }
+
+    /// Sends coalesced reads: one [`find_now`](Self::find_now) per map epoch and cap, under
+    /// the latest deadline among them, each read answered with its own queries' part.
+    async fn fly(&self, mut batch: Vec<Pending>) {
+        while !batch.is_empty() {
+            let (epoch, cap) = (batch[0].ctx.map.epoch, batch[0].cap);
+            let (group, rest): (Vec<Pending>, Vec<Pending>) =
+                batch.into_iter().partition(|p| p.ctx.map.epoch == epoch && p.cap == cap);
+            batch = rest;
+            let queries: Vec<(u64, u32)> =
+                group.iter().flat_map(|p| p.queries.iter().copied()).collect();
+            let deadline = group.iter().try_fold(None, |d: Option<Instant>, p| {
+                p.deadline.map(|pd| Some(d.map_or(pd, |d| d.max(pd))))
+            });
+            let ctx = group[0].ctx.clone();
+            let r = self.find_now(&ctx, &queries, cap, deadline.flatten()).await;
+            match r {
+                Ok(found) => {
+                    let mut found = found.into_iter();
+                    for p in group {
+                        let part: Vec<FoundSet> = found.by_ref().take(p.queries.len()).collect();
+                        let _ = p.answer.send(Ok(part));
+                    }
+                }
+                Err(e) => {
+                    for p in group {
+                        let _ = p.answer.send(Err(e.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`find`](Self::find) for these queries alone, now.
+    async fn find_now(
+        &self,
+        ctx: &Ctx,
+        queries: &[(u64, u32)],
+        cap: usize,
+        deadline: Option<Instant>,
+    ) -> DataResult<Vec<FoundSet>> {
         // Probes, grouped by node: (query index, table, fp).
         let mut by_node: BTreeMap<NodeId, Vec<(usize, u32, u64)>> = BTreeMap::new();
         let salt = self.spread.fetch_add(1, Ordering::Relaxed);

@@ -943,3 +943,48 @@ async fn a_delete_removes_what_any_replica_holds() {
         assert!(r.results[0].matches.is_empty(), "{:?}", r.results[0]);
     }
 }
+
+/// Single-query reads that arrive while others are out go out together: 40 at once through
+/// nodes that take 20 ms a call make at most half the calls 40 alone would, and every answer
+/// is the brute force's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_small_reads_share_calls_and_stay_exact() {
+    let c = Cluster::new(2);
+    let router = Arc::new(c.router(None));
+    let mut rng = Rng(0xc0a1);
+    let bases: Vec<u64> = (0..4).map(|_| rng.next()).collect();
+    let mut model = Model::new();
+    let docs: Vec<ShardDocument> = (0..60)
+        .map(|i| {
+            let (name, fp) = (format!("d{i}"), rng.near(bases[i % 4], 4));
+            model.insert(name.clone(), (fp, i as i64));
+            doc(&name, fp, i as i64)
+        })
+        .collect();
+    router.write(WriteRequest { documents: docs, ..Default::default() }, None).await.unwrap();
+    for n in c.nodes.values() {
+        n.delay_ms.store(20, Ordering::SeqCst);
+    }
+    let queries: Vec<u64> = (0..40).map(|i| rng.near(bases[i % 4], 3)).collect();
+    let before = total_calls(&c);
+    router.probe(probe_req(vec![queries[0]], 3, 100), None).await.unwrap();
+    let alone = total_calls(&c) - before;
+    let before = total_calls(&c);
+    let tasks: Vec<_> = queries
+        .iter()
+        .map(|&q| {
+            let r = router.clone();
+            tokio::spawn(async move { r.probe(probe_req(vec![q], 3, 100), None).await })
+        })
+        .collect();
+    for (task, &q) in tasks.into_iter().zip(&queries) {
+        let r = task.await.unwrap().unwrap();
+        check_result(&r.results[0], &brute(&model, q, 3, None), 100, &model);
+    }
+    let together = total_calls(&c) - before;
+    assert!(
+        together * 2 <= alone * queries.len() as u64,
+        "{together} calls for {} reads at once, {alone} for one alone",
+        queries.len()
+    );
+}
