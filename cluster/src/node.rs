@@ -332,7 +332,8 @@ impl ClusterNode {
     /// Proposes `cmd` (a normal entry: never a membership change, which needs a conf change
     /// too) from this node, leader or not (a follower forwards it to the leader), and answers
     /// once this node applied it: where, and for a `GrantIds` the sequence numbers granted. The map's refusal comes back as its error. Unavailable at once when
-    /// this node is not [in contact](Self::in_contact), and when no answer came within three
+    /// this node has not heard from a leader within an election timeout (as leader: from a
+    /// quorum), and when no answer came within three
     /// election timeouts (at least 1 s; the command may or may not be applied: read the map).
     async fn submit(&self, cmd: Command) -> Result<(Applied, Option<Range<u64>>), ClusterError> {
         let (reply, rx) = oneshot::channel();
@@ -547,7 +548,7 @@ impl Runner {
                 let tag =
                     format!("submit:{}:{}:{}", self.replica.id(), self.tag_nonce, self.tag_seq)
                         .into_bytes();
-                if !self.replica.in_contact() {
+                if !self.replica.heard() {
                     let _ = reply.send(Err(ClusterError::Unavailable(
                         "this node is not in contact with a leader; retry".into(),
                     )));

@@ -338,8 +338,9 @@ impl Replica {
     }
 
     /// Whether the leader of this term (as leader: a quorum of voters) was heard from within
-    /// an election timeout.
-    fn heard(&self) -> bool {
+    /// an election timeout: enough to propose (Raft orders the proposal), not to answer
+    /// data reads (see [`Replica::in_contact`]).
+    pub fn heard(&self) -> bool {
         let window = self.cfg.election_ticks as u64;
         let recent = |t: u64| self.ticks.saturating_sub(t) <= window;
         if self.is_leader() {

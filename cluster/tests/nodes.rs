@@ -363,7 +363,9 @@ async fn grants_contact_and_liveness() {
         n1.watch_map().borrow().nodes[&3].state == NodeState::Down
             && n2.watch_map().borrow().nodes[&3].state == NodeState::Down
     });
-    assert!(n1.in_contact() && n2.in_contact());
+    // The majority keeps contact (a heartbeat late on a loaded machine costs a moment's
+    // resync, so this waits rather than samples).
+    wait_until("nodes 1 and 2 in contact", || n1.in_contact() && n2.in_contact());
     let values: HashMap<&str, u64> = metrics.snapshot().into_iter().collect();
     assert_eq!(values["down_nodes"], 1, "{values:?}");
     assert_eq!(values["unavailable_units"], 0, "{values:?}");
