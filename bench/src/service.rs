@@ -153,7 +153,7 @@ pub(crate) fn workload(n: usize, q: usize, seed: u64) -> Workload {
     Workload { stored, queries }
 }
 
-fn name(i: usize) -> String {
+pub(crate) fn name(i: usize) -> String {
     format!("https://bench.example/page/{i}")
 }
 
