@@ -272,9 +272,14 @@ async fn measure(
     let mut out = serde_json::Map::new();
     // 1. Durable inserts, then merges settle on every node.
     let t = Instant::now();
-    let (inserted, retried) =
-        insert_batches(&client, inputs.fps.clone(), args.docs, args.insert_streams, args.insert_batch)
-            .await?;
+    let (inserted, retried) = insert_batches(
+        &client,
+        inputs.fps.clone(),
+        args.docs,
+        args.insert_streams,
+        args.insert_batch,
+    )
+    .await?;
     let secs = t.elapsed().as_secs_f64();
     eprintln!("  {:.0} documents/s durable", inserted as f64 / secs);
     out.insert("documents_inserted".into(), json!(inserted));
