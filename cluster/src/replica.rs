@@ -341,19 +341,13 @@ impl Replica {
     /// an election timeout: enough to propose (Raft orders the proposal), not to answer
     /// data reads (see [`Replica::in_contact`]).
     pub fn heard(&self) -> bool {
-        let window = self.cfg.election_ticks as u64;
-        let recent = |t: u64| self.ticks.saturating_sub(t) <= window;
         if self.is_leader() {
             let voters = &self.conf.voters;
-            let heard = voters
-                .iter()
-                .filter(|&&v| {
-                    v == self.cfg.id || self.last_heard.get(&v).is_some_and(|&t| recent(t))
-                })
-                .count();
-            return heard > voters.len() / 2;
+            return voters.iter().filter(|&&v| self.reachable(v)).count() > voters.len() / 2;
         }
-        self.leader().is_some() && self.leader_contact.is_some_and(recent)
+        let window = self.cfg.election_ticks as u64;
+        self.leader().is_some()
+            && self.leader_contact.is_some_and(|t| self.ticks.saturating_sub(t) <= window)
     }
 
     /// At each tick: starts a new generation when contact was lost or the term or role
@@ -363,9 +357,7 @@ impl Replica {
         let (term, leading, heard) = (self.term(), self.is_leader(), self.heard());
         let sync = &mut self.sync;
         if !heard || sync.term != term || sync.leading != leading {
-            if sync.index.is_some() || sync.asked.is_some() || sync.term != term {
-                sync.generation += 1;
-            }
+            sync.generation += 1;
             sync.term = term;
             sync.leading = leading;
             sync.asked = None;

@@ -133,11 +133,8 @@ impl Routes {
             vec![Vec::new(); ctx.design.tables().len()];
         for t in &ctx.map.tablets {
             let Some(slot) = by_table.get_mut(t.table as usize) else { continue };
-            let mut serving = ctx.map.serving(Unit::Tablet { table: t.table, start: t.start });
-            if serving.iter().any(|n| !avoid.contains(n)) {
-                serving.retain(|n| !avoid.contains(n));
-            }
-            slot.push((t.start, t.end, serving));
+            let unit = Unit::Tablet { table: t.table, start: t.start };
+            slot.push((t.start, t.end, readable(&ctx.map, unit, avoid)));
         }
         for slot in &mut by_table {
             slot.sort_unstable_by_key(|&(start, _, _)| start);
@@ -145,8 +142,7 @@ impl Routes {
         Routes { by_table }
     }
 
-    /// The node to probe for table `t` and fingerprint `fp`: `local` if it serves the tablet,
-    /// else a serving replica spread by `salt` (as [`ClusterRouter::pick`] picks).
+    /// The node to probe for table `t` and fingerprint `fp` ([`choose`]).
     fn pick(
         &self,
         ctx: &Ctx,
@@ -165,15 +161,35 @@ impl Routes {
                 "no tablet of table {t} holds fingerprint {fp:#x}"
             )));
         };
-        if serving.is_empty() {
-            let unit = Unit::Tablet { table: t as u32, start: *start };
-            return Err(DataError::Unavailable(format!("no serving replica of {unit:?}")));
-        }
-        if let Some(l) = local.filter(|l| serving.contains(l)) {
-            return Ok(l);
-        }
-        Ok(serving[salt % serving.len()])
+        choose(serving, Unit::Tablet { table: t as u32, start: *start }, local, salt)
     }
+}
+
+/// The replicas of `unit` reads may go to: its serving replicas, the suspects (`avoid`)
+/// left out while another serves.
+fn readable(map: &ClusterMap, unit: Unit, avoid: &HashSet<NodeId>) -> Vec<NodeId> {
+    let mut serving = map.serving(unit);
+    if serving.iter().any(|n| !avoid.contains(n)) {
+        serving.retain(|n| !avoid.contains(n));
+    }
+    serving
+}
+
+/// One of `unit`'s readable replicas: `local` if among them, else one spread by `salt`;
+/// UNAVAILABLE when there is none.
+fn choose(
+    readable: &[NodeId],
+    unit: Unit,
+    local: Option<NodeId>,
+    salt: usize,
+) -> DataResult<NodeId> {
+    if readable.is_empty() {
+        return Err(DataError::Unavailable(format!("no serving replica of {unit:?}")));
+    }
+    if let Some(l) = local.filter(|l| readable.contains(l)) {
+        return Ok(l);
+    }
+    Ok(readable[salt % readable.len()])
 }
 
 /// A stored document found near a query.
@@ -332,17 +348,7 @@ impl ClusterRouter {
         salt: usize,
         avoid: &HashSet<NodeId>,
     ) -> DataResult<NodeId> {
-        let mut serving = ctx.map.serving(unit);
-        if serving.is_empty() {
-            return Err(DataError::Unavailable(format!("no serving replica of {unit:?}")));
-        }
-        if serving.iter().any(|n| !avoid.contains(n)) {
-            serving.retain(|n| !avoid.contains(n));
-        }
-        if let Some(l) = self.local.filter(|l| serving.contains(l)) {
-            return Ok(l);
-        }
-        Ok(serving[salt % serving.len()])
+        choose(&readable(&ctx.map, unit, avoid), unit, self.local, salt)
     }
 
     /// The nodes reads avoid now (their last call failed within [`SUSPECT_FOR`]).
@@ -633,11 +639,14 @@ impl ClusterRouter {
             batch = rest;
             let queries: Vec<(u64, u32)> =
                 group.iter().flat_map(|p| p.queries.iter().copied()).collect();
-            let deadline = group.iter().try_fold(None, |d: Option<Instant>, p| {
-                p.deadline.map(|pd| Some(d.map_or(pd, |d| d.max(pd))))
-            });
+            // None when a read has none, else the latest.
+            let deadline = group
+                .iter()
+                .map(|p| p.deadline)
+                .collect::<Option<Vec<Instant>>>()
+                .and_then(|d| d.into_iter().max());
             let ctx = group[0].ctx.clone();
-            let r = self.find_now(&ctx, &queries, cap, deadline.flatten()).await;
+            let r = self.find_now(&ctx, &queries, cap, deadline).await;
             match r {
                 Ok(found) => {
                     let mut found = found.into_iter();
@@ -671,11 +680,11 @@ impl ClusterRouter {
         let mut call_k = 0;
         for (qi, &(fp, k)) in queries.iter().enumerate() {
             call_k = call_k.max(k);
-            if !tables.iter().any(|(tk, _)| *tk == k) {
+            let i = tables.iter().position(|(tk, _)| *tk == k).unwrap_or_else(|| {
                 tables.push((k, ctx.design.tables_for_k(k)));
-            }
-            let ts = tables.iter().find(|(tk, _)| *tk == k).map_or(&[][..], |(_, t)| t);
-            for &t in ts {
+                tables.len() - 1
+            });
+            for &t in &tables[i].1 {
                 let node = routes.pick(ctx, t, fp, salt + qi + t, self.local)?;
                 by_node.entry(node).or_default().push((qi, t as u32, fp));
             }
