@@ -27,6 +27,10 @@ use crate::replica::{Outbox, Replica, ReplicaConfig};
 use crate::storage::{Identity, RaftStore};
 use crate::{ClusterConfig, NodeId, Transport};
 
+/// A late tick or a slow round of readies worth a warning: a quarter of the default election
+/// timeout's lower bound. Stalls this long make followers call elections.
+const STALL_WARN: Duration = Duration::from_millis(250);
+
 /// A change that was applied: the map's epoch after it and the Raft index it is at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Applied {
@@ -479,7 +483,12 @@ impl Runner {
             if shutdown {
                 break;
             }
-            if Instant::now() >= next_tick {
+            let now = Instant::now();
+            if now >= next_tick {
+                let late = now - next_tick;
+                if late >= STALL_WARN {
+                    tracing::warn!(late_ms = late.as_millis() as u64, "a Raft tick came late");
+                }
                 if let Err(e) = self.replica.tick() {
                     tracing::warn!(error = %e, "leader duty failed");
                 }
@@ -488,8 +497,16 @@ impl Runner {
                     next_tick = Instant::now() + self.tick;
                 }
             }
+            let started = Instant::now();
             if let Err(e) = self.drain() {
                 return self.fail(e);
+            }
+            let took = started.elapsed();
+            if took >= STALL_WARN {
+                tracing::warn!(
+                    took_ms = took.as_millis() as u64,
+                    "handling Raft's readies took long"
+                );
             }
         }
         self.ready_tx.send_replace(false);

@@ -13,7 +13,11 @@
 //! `snapshot_every` entries of small map commands, because [`RaftStore::compact`] replaces the
 //! applied prefix with a snapshot of the map. Reads are then served from memory (so the
 //! [`Storage`] methods raft-rs calls cannot meet a corrupt byte) and every change is written
-//! through to the store in one batch and flushed before the call returns.
+//! through to the store in one batch and flushed before the call returns, except a hard
+//! state that only moves the commit index: that one is written lazily (see
+//! [`RaftStore::set_hard_state`]). Under a data path that keeps the disk busy a flush can take
+//! seconds, and the Raft thread stalled in one sends no heartbeats; the commit index moves
+//! with every committed entry, so flushing it too would double the stalls.
 //!
 //! The store behind it is a [`Kv`]: [`SledKv`] in production, [`MemKv`] for simulations that
 //! restart replicas thousands of times (the same code path above the key-value layer).
@@ -46,6 +50,21 @@ pub trait Kv: Send + Sync {
     fn load(&self) -> Result<Vec<KvPair>, ClusterError>;
     /// Applies the writes atomically and durably.
     fn write(&self, writes: Vec<KvWrite>) -> Result<(), ClusterError>;
+    /// Applies the writes atomically without waiting for them to be durable: a crash may lose
+    /// them, but never a later [`Kv::write`]'s, nor them once a later `write` returned (the
+    /// store keeps its writes' order).
+    fn write_lazy(&self, writes: Vec<KvWrite>) -> Result<(), ClusterError>;
+}
+
+fn batch(writes: Vec<KvWrite>) -> sled::Batch {
+    let mut batch = sled::Batch::default();
+    for (k, v) in writes {
+        match v {
+            Some(v) => batch.insert(k, v),
+            None => batch.remove(k),
+        }
+    }
+    batch
 }
 
 /// [`Kv`] on a sled database (the node's Raft directory).
@@ -93,23 +112,33 @@ impl Kv for SledKv {
     }
 
     fn write(&self, writes: Vec<KvWrite>) -> Result<(), ClusterError> {
-        let mut batch = sled::Batch::default();
-        for (k, v) in writes {
-            match v {
-                Some(v) => batch.insert(k, v),
-                None => batch.remove(k),
-            }
-        }
-        self.db.apply_batch(batch)?;
+        self.db.apply_batch(batch(writes))?;
+        let started = std::time::Instant::now();
         self.db.flush()?;
+        let took = started.elapsed();
+        if took >= std::time::Duration::from_millis(250) {
+            tracing::warn!(took_ms = took.as_millis() as u64, "syncing the Raft store took long");
+        }
+        Ok(())
+    }
+
+    /// sled's log is sequential and a flush makes every earlier write durable; its own
+    /// background flush (every 500 ms by default) does the same for lazy writes.
+    fn write_lazy(&self, writes: Vec<KvWrite>) -> Result<(), ClusterError> {
+        self.db.apply_batch(batch(writes))?;
         Ok(())
     }
 }
 
 /// [`Kv`] in memory, shared by clones: a simulated disk that survives a replica's restart.
+///
+/// Lazy writes wait in a queue that the next durable write applies first, and that
+/// [`Kv::load`] (a restart) drops: a crash loses every lazy write not followed by a durable
+/// one, the worst a real store may do.
 #[derive(Clone, Default)]
 pub struct MemKv {
     map: Arc<Mutex<BTreeMap<Vec<u8>, Vec<u8>>>>,
+    lazy: Arc<Mutex<Vec<KvWrite>>>,
 }
 
 impl MemKv {
@@ -134,18 +163,25 @@ impl MemKv {
 
 impl Kv for MemKv {
     fn load(&self) -> Result<Vec<KvPair>, ClusterError> {
+        self.lazy.lock().unwrap_or_else(|p| p.into_inner()).clear();
         let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         Ok(map.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
     }
 
     fn write(&self, writes: Vec<KvWrite>) -> Result<(), ClusterError> {
+        let mut lazy = self.lazy.lock().unwrap_or_else(|p| p.into_inner());
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        for (k, v) in writes {
+        for (k, v) in lazy.drain(..).chain(writes) {
             match v {
                 Some(v) => map.insert(k, v),
                 None => map.remove(&k),
             };
         }
+        Ok(())
+    }
+
+    fn write_lazy(&self, writes: Vec<KvWrite>) -> Result<(), ClusterError> {
+        self.lazy.lock().unwrap_or_else(|p| p.into_inner()).extend(writes);
         Ok(())
     }
 }
@@ -345,15 +381,23 @@ impl RaftStore {
         self.rl().last_index()
     }
 
-    /// Persists the hard state.
+    /// Persists the hard state. A change of the term or the vote is durable when this returns
+    /// (a vote must never be forgotten); a change of the commit index alone is written
+    /// lazily. A commit index lost in a crash is learned again from the leader, and
+    /// the store's order keeps it at or above any snapshot written after it.
     pub fn set_hard_state(&self, hs: &HardState) -> Result<(), ClusterError> {
         let mut core = self.wl();
-        core.kv.write(vec![(HARD.to_vec(), Some(pb_bytes(hs)?))])?;
+        let write = vec![(HARD.to_vec(), Some(pb_bytes(hs)?))];
+        if hs.term == core.hard.term && hs.vote == core.hard.vote {
+            core.kv.write_lazy(write)?;
+        } else {
+            core.kv.write(write)?;
+        }
         core.hard = hs.clone();
         Ok(())
     }
 
-    /// Persists the commit index (from a light ready).
+    /// Persists the commit index (from a light ready), lazily as [`RaftStore::set_hard_state`].
     pub fn set_commit(&self, commit: u64) -> Result<(), ClusterError> {
         let mut hs = self.hard_state();
         hs.commit = commit;
@@ -661,5 +705,31 @@ mod tests {
         // A missing entry in the middle is a gap.
         kv.write(vec![(log_key(9), None), (log_key(4), None)]).unwrap();
         assert!(matches!(RaftStore::open(Box::new(kv)), Err(ClusterError::Corrupt(_))));
+    }
+
+    /// A commit index alone may be lost in a crash; a vote, a term, and a commit index
+    /// followed by a durable write (a compaction here) are not.
+    #[test]
+    fn a_crash_may_lose_a_commit_alone_never_a_vote() {
+        let kv = MemKv::default();
+        let store = RaftStore::open(Box::new(kv.clone())).unwrap();
+        fill(&store);
+        store.set_commit(8).unwrap();
+        assert_eq!(store.hard_state().commit, 8);
+        drop(store);
+        let store = RaftStore::open(Box::new(kv.clone())).unwrap();
+        let hs = store.initial_state().unwrap().hard_state;
+        assert_eq!((hs.term, hs.vote, hs.commit), (3, 1, 7), "the lazy commit 8 was lost");
+        // A new vote with a new commit is durable at once.
+        let hs = HardState { term: 4, vote: 2, commit: 8, ..Default::default() };
+        store.set_hard_state(&hs).unwrap();
+        store.set_commit(9).unwrap();
+        let cs = ConfState { voters: vec![1], ..Default::default() };
+        store.compact(8, &cs, b"map at 8".to_vec()).unwrap();
+        drop(store);
+        let store = RaftStore::open(Box::new(kv)).unwrap();
+        let hs = store.initial_state().unwrap().hard_state;
+        assert_eq!((hs.term, hs.vote, hs.commit), (4, 2, 9), "the compaction kept commit 9");
+        assert_eq!(store.first_index().unwrap(), 9);
     }
 }
