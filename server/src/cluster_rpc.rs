@@ -4,7 +4,9 @@
 //! - [`GrpcTransport`]: the [`Transport`] a [`ClusterNode`] sends its Raft messages through.
 //!   One lazily connected tonic channel per peer (it reconnects by itself), and a bounded
 //!   queue per peer drained by a task of its own: [`Transport::send`] only queues, so the Raft
-//!   thread never waits on the network. A full queue drops the message (Raft retries); a
+//!   thread never waits on the network. The task sends what queued up during a call in the
+//!   next one (`StepBatch`): with a peer slow to answer, a heartbeat waits one round trip,
+//!   not one per message queued ahead of it. A full queue drops the message (Raft retries); a
 //!   failed call drops what is queued behind it, so a peer that comes back gets fresh
 //!   messages, not a backlog of stale ones.
 //! - [`RaftRpc`]: the internal `neardup.internal.v1.Raft` service: every message is handed
@@ -20,7 +22,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use neardup_cluster::map::{self, ClusterMap};
 use neardup_cluster::{Applied, ClusterError, ClusterNode, NodeId, Transport};
@@ -32,7 +34,7 @@ use neardup_proto::admin::{
 };
 use neardup_proto::internal::raft_client::RaftClient;
 use neardup_proto::internal::raft_server::Raft;
-use neardup_proto::internal::{RaftAck, RaftMessage};
+use neardup_proto::internal::{RaftAck, RaftBatch, RaftMessage};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tonic::{Code, Request, Response, Status};
@@ -42,6 +44,13 @@ pub const PEER_QUEUE: usize = 1024;
 
 /// How long a Raft message may take to reach a peer (connecting included).
 const SEND_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Most messages, and about the most bytes, one StepBatch call carries.
+const BATCH_MESSAGES: usize = 256;
+const BATCH_BYTES: usize = 8 << 20;
+
+/// A call this slow gets a warning: a quarter of the default election timeout's lower bound.
+const SLOW_SEND: Duration = Duration::from_millis(250);
 
 /// The metadata key an error's epoch travels in.
 pub const EPOCH_METADATA: &str = "neardup-epoch";
@@ -185,11 +194,56 @@ async fn drain(
         }
     };
     let mut failing = false;
-    while let Some(message) = rx.recv().await {
-        let req =
-            RaftMessage { message, from_id: inner.from_id, from_addr: inner.from_addr.clone() };
-        match client.step(req).await {
-            Ok(_) => {
+    let mut batches = true;
+    while let Some(first) = rx.recv().await {
+        // Whatever queued up behind the last call goes in this one.
+        let mut messages = vec![first];
+        let mut bytes = messages[0].len();
+        while messages.len() < BATCH_MESSAGES && bytes < BATCH_BYTES {
+            match rx.try_recv() {
+                Ok(m) => {
+                    bytes += m.len();
+                    messages.push(m);
+                }
+                Err(_) => break,
+            }
+        }
+        let started = Instant::now();
+        let count = messages.len();
+        let (from_id, from_addr) = (inner.from_id, inner.from_addr.clone());
+        let result = if batches && count > 1 {
+            let req = RaftBatch { messages, from_id, from_addr };
+            let r = client.step_batch(req).await.map(|_| ());
+            if r.as_ref().is_err_and(|e| e.code() == Code::Unimplemented) {
+                // An older peer: this batch is lost (Raft sends again), later ones go singly.
+                tracing::info!(peer = to, "peer has no StepBatch; sending one message a call");
+                batches = false;
+                inner.dropped.fetch_add(count as u64, Ordering::Relaxed);
+                continue;
+            }
+            r
+        } else {
+            let mut r = Ok(());
+            for message in messages {
+                let req = RaftMessage { message, from_id, from_addr: from_addr.clone() };
+                if let Err(e) = client.step(req).await {
+                    r = Err(e);
+                    break;
+                }
+            }
+            r
+        };
+        let took = started.elapsed();
+        if took >= SLOW_SEND {
+            tracing::warn!(
+                peer = to,
+                messages = count,
+                took_ms = took.as_millis() as u64,
+                "Raft messages took long to deliver"
+            );
+        }
+        match result {
+            Ok(()) => {
                 if failing {
                     tracing::info!(peer = to, addr = %addr, "Raft peer reachable again");
                     failing = false;
@@ -229,6 +283,16 @@ impl Raft for RaftRpc {
         self.node
             .step(&message, &from_addr)
             .map_err(|e| cluster_status(&e, self.node.status().epoch))?;
+        Ok(Response::new(RaftAck {}))
+    }
+
+    async fn step_batch(&self, request: Request<RaftBatch>) -> Result<Response<RaftAck>, Status> {
+        let RaftBatch { messages, from_id: _, from_addr } = request.into_inner();
+        for message in &messages {
+            self.node
+                .step(message, &from_addr)
+                .map_err(|e| cluster_status(&e, self.node.status().epoch))?;
+        }
         Ok(Response::new(RaftAck {}))
     }
 }
@@ -466,7 +530,118 @@ pub fn status_response(node: &ClusterNode) -> StatusResponse {
 
 #[cfg(test)]
 mod tests {
+    use neardup_proto::internal::raft_server::RaftServer;
+
     use super::*;
+
+    /// A peer that takes 20 ms to answer each call and records what it got, in order;
+    /// `batches` false: it has no StepBatch (an older node).
+    #[derive(Clone, Default)]
+    struct SlowPeer {
+        got: Arc<Mutex<Vec<Vec<u8>>>>,
+        calls: Arc<AtomicU64>,
+        batches: bool,
+    }
+
+    #[tonic::async_trait]
+    impl Raft for SlowPeer {
+        async fn step(&self, r: Request<RaftMessage>) -> Result<Response<RaftAck>, Status> {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            self.got.lock().push(r.into_inner().message);
+            Ok(Response::new(RaftAck {}))
+        }
+
+        async fn step_batch(&self, r: Request<RaftBatch>) -> Result<Response<RaftAck>, Status> {
+            if !self.batches {
+                return Err(Status::unimplemented("no StepBatch"));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            self.calls.fetch_add(1, Ordering::Relaxed);
+            self.got.lock().extend(r.into_inner().messages);
+            Ok(Response::new(RaftAck {}))
+        }
+    }
+
+    async fn serve_peer(peer: SlowPeer) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(RaftServer::new(peer))
+                .serve_with_incoming(incoming),
+        );
+        addr
+    }
+
+    /// Sends `n` numbered messages at once and waits (bounded) until `want` arrived.
+    async fn send_and_wait(t: &GrpcTransport, peer: &SlowPeer, addr: &str, n: u32, want: usize) {
+        for i in 0..n {
+            t.send(2, addr, i.to_be_bytes().to_vec());
+        }
+        for _ in 0..500 {
+            if peer.got.lock().len() >= want {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{} of {want} messages arrived", peer.got.lock().len());
+    }
+
+    /// A backlog behind a slow call goes in one StepBatch call, in order, nothing dropped.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_backlog_goes_in_one_call_in_order() {
+        let peer = SlowPeer { batches: true, ..Default::default() };
+        let addr = serve_peer(peer.clone()).await;
+        let t = GrpcTransport::new(1, "127.0.0.1:1".into());
+        send_and_wait(&t, &peer, &addr, 200, 200).await;
+        let got: Vec<u32> = peer
+            .got
+            .lock()
+            .iter()
+            .map(|m| u32::from_be_bytes(m[..4].try_into().unwrap()))
+            .collect();
+        assert_eq!(got, (0..200).collect::<Vec<_>>());
+        assert_eq!(t.dropped(), 0);
+        // One message a call would take 200 calls (4 s at 20 ms each).
+        let calls = peer.calls.load(Ordering::Relaxed);
+        assert!(calls <= 10, "{calls} calls for 200 queued messages");
+        t.close();
+    }
+
+    /// A peer without StepBatch loses the first batch (Raft sends again); after that every
+    /// message goes one a call, in order.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_older_peer_gets_one_message_a_call() {
+        let peer = SlowPeer { batches: false, ..Default::default() };
+        let addr = serve_peer(peer.clone()).await;
+        let t = GrpcTransport::new(1, "127.0.0.1:1".into());
+        for i in 0..30u32 {
+            t.send(2, &addr, i.to_be_bytes().to_vec());
+        }
+        for _ in 0..500 {
+            if peer.got.lock().len() as u64 + t.dropped() >= 30 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let dropped = t.dropped();
+        assert!(dropped >= 2, "the refused batch held {dropped} messages");
+        let before = peer.got.lock().len();
+        assert_eq!(before as u64 + dropped, 30);
+        send_and_wait(&t, &peer, &addr, 30, before + 30).await;
+        let got: Vec<u32> = peer
+            .got
+            .lock()
+            .iter()
+            .map(|m| u32::from_be_bytes(m[..4].try_into().unwrap()))
+            .collect();
+        assert_eq!(got[before..], (0..30).collect::<Vec<_>>()[..]);
+        assert_eq!(t.dropped(), dropped, "nothing dropped once sending singly");
+        assert_eq!(peer.calls.load(Ordering::Relaxed), got.len() as u64);
+        t.close();
+    }
 
     #[test]
     fn every_cluster_error_has_its_code_and_the_epoch() {

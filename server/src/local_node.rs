@@ -391,7 +391,8 @@ impl NodeApi for LocalNode {
                 }
             }
         }
-        self.store.write_tablets(ops).await.map_err(DataError::from)
+        let store = self.store.clone();
+        blocking(move || store.append_tablets(ops)).await?.wait().await.map_err(DataError::from)
     }
 
     async fn tablet_probe(
@@ -446,7 +447,8 @@ impl NodeApi for LocalNode {
                 self.record(unit, put, removed);
             }
         }
-        self.store.write_docs(ops).await.map_err(DataError::from)
+        let store = self.store.clone();
+        blocking(move || store.append_docs(&ops)).await?.wait().await.map_err(DataError::from)
     }
 
     async fn doc_lookup(

@@ -113,6 +113,20 @@ pub struct NodeStoreStats {
     pub merging: bool,
 }
 
+/// Writes applied and logged, not yet known durable: [`Durable::wait`] waits for their syncs.
+#[must_use = "a write is acknowledged only once durable"]
+pub struct Durable(Vec<(Arc<Shard>, u64)>);
+
+impl Durable {
+    /// Returns once every write is synced (or a sync failed).
+    pub async fn wait(self) -> Result<()> {
+        for (shard, seq) in self.0 {
+            shard.wait_durable(seq).await?;
+        }
+        Ok(())
+    }
+}
+
 /// A cluster node's tablets and partitions: see the module docs.
 pub struct NodeStore {
     dir: PathBuf,
@@ -319,6 +333,13 @@ impl NodeStore {
     /// Idempotent: a Put of an entry already there and a Remove of one not there are
     /// no-ops. Ops on one table apply in order. A bad table number changes nothing.
     pub async fn write_tablets(&self, ops: Vec<(u32, TabletOp)>) -> Result<()> {
+        self.append_tablets(ops)?.wait().await
+    }
+
+    /// The first half of [`NodeStore::write_tablets`]: applies and logs the ops, and returns
+    /// what to wait for until they are durable. It may block (index lookups, a log write the
+    /// kernel throttles), so async callers run it off their runtime's threads.
+    pub fn append_tablets(&self, ops: Vec<(u32, TabletOp)>) -> Result<Durable> {
         let mut by_table: BTreeMap<u32, Vec<EntryOp>> = BTreeMap::new();
         for (t, op) in &ops {
             let perm = &self.design.tables()[self.table_index(*t)?].perm;
@@ -334,12 +355,9 @@ impl NodeStore {
         let mut waits = Vec::with_capacity(by_table.len());
         for (t, entries) in by_table {
             let shard = self.table(t)?;
-            waits.push((shard, shard.write_entries(&entries)?));
+            waits.push((shard.clone(), shard.write_entries(&entries)?));
         }
-        for (shard, seq) in waits {
-            shard.wait_durable(seq).await?;
-        }
-        Ok(())
+        Ok(Durable(waits))
     }
 
     fn table_index(&self, table: u32) -> Result<usize> {
@@ -422,8 +440,13 @@ impl NodeStore {
     /// see two writers in different orders agree); otherwise it is ignored. Remove removes
     /// the entry if it still has that gid. Idempotent.
     pub async fn write_docs(&self, ops: Vec<DocOp>) -> Result<()> {
-        let seq = self.docs.write_docs(&ops)?;
-        self.docs.wait_durable(seq).await
+        self.append_docs(&ops)?.wait().await
+    }
+
+    /// The first half of [`NodeStore::write_docs`], as [`NodeStore::append_tablets`] is of
+    /// [`NodeStore::write_tablets`].
+    pub fn append_docs(&self, ops: &[DocOp]) -> Result<Durable> {
+        Ok(Durable(vec![(self.docs.clone(), self.docs.write_docs(ops)?)]))
     }
 
     /// Documents by name (`None` if absent).

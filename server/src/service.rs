@@ -11,9 +11,9 @@ use neardup_core::sketch::Sketch;
 use neardup_proto::internal::raft_server::Raft;
 use neardup_proto::internal::shard_server::Shard as ShardRpc;
 use neardup_proto::internal::{
-    AdmitRequest, AdmitResponse, ProbeRequest, ProbeResponse, RaftAck, RaftMessage, ShardDocument,
-    ShardStatsRequest, ShardStatsResponse, WaitDurableRequest, WaitDurableResponse, WriteRequest,
-    WriteResponse,
+    AdmitRequest, AdmitResponse, ProbeRequest, ProbeResponse, RaftAck, RaftBatch, RaftMessage,
+    ShardDocument, ShardStatsRequest, ShardStatsResponse, WaitDurableRequest, WaitDurableResponse,
+    WriteRequest, WriteResponse,
 };
 use neardup_proto::v1 as pb;
 use tonic::{Request, Response, Status};
@@ -298,5 +298,9 @@ impl Raft for RaftService {
             "this node is not in a cluster: it was started without --bootstrap or --join \
              and holds no cluster state",
         ))
+    }
+
+    async fn step_batch(&self, _request: Request<RaftBatch>) -> Result<Response<RaftAck>, Status> {
+        self.step(Request::new(RaftMessage::default())).await
     }
 }
