@@ -543,6 +543,14 @@ mod tests {
         batches: bool,
     }
 
+    impl SlowPeer {
+        /// The numbers of the messages received, in order.
+        fn numbers(&self) -> Vec<u32> {
+            let got = self.got.lock();
+            got.iter().map(|m| u32::from_be_bytes(m[..4].try_into().unwrap())).collect()
+        }
+    }
+
     #[tonic::async_trait]
     impl Raft for SlowPeer {
         async fn step(&self, r: Request<RaftMessage>) -> Result<Response<RaftAck>, Status> {
@@ -596,12 +604,7 @@ mod tests {
         let addr = serve_peer(peer.clone()).await;
         let t = GrpcTransport::new(1, "127.0.0.1:1".into());
         send_and_wait(&t, &peer, &addr, 200, 200).await;
-        let got: Vec<u32> = peer
-            .got
-            .lock()
-            .iter()
-            .map(|m| u32::from_be_bytes(m[..4].try_into().unwrap()))
-            .collect();
+        let got = peer.numbers();
         assert_eq!(got, (0..200).collect::<Vec<_>>());
         assert_eq!(t.dropped(), 0);
         // One message a call would take 200 calls (4 s at 20 ms each).
@@ -631,12 +634,7 @@ mod tests {
         let before = peer.got.lock().len();
         assert_eq!(before as u64 + dropped, 30);
         send_and_wait(&t, &peer, &addr, 30, before + 30).await;
-        let got: Vec<u32> = peer
-            .got
-            .lock()
-            .iter()
-            .map(|m| u32::from_be_bytes(m[..4].try_into().unwrap()))
-            .collect();
+        let got = peer.numbers();
         assert_eq!(got[before..], (0..30).collect::<Vec<_>>()[..]);
         assert_eq!(t.dropped(), dropped, "nothing dropped once sending singly");
         assert_eq!(peer.calls.load(Ordering::Relaxed), got.len() as u64);
