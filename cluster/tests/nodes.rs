@@ -350,8 +350,13 @@ async fn grants_contact_and_liveness() {
             }
         }
     }
+    // A follower answers once it applied the change, which may be before the leader has
+    // published its own map: wait for node 1's.
+    wait_until("every unit served by 2 replicas on node 1", || {
+        let m = n1.watch_map().borrow().clone();
+        m.units().all(|u| m.serving(u).len() == 2 && m.writers(u).len() == 2)
+    });
     let m = n1.watch_map().borrow().clone();
-    assert!(m.units().all(|u| m.serving(u).len() == 2 && m.writers(u).len() == 2));
     // Refused: a replica that is not filling.
     let unit = m.units().find(|&u| m.serving(u).contains(&2)).unwrap();
     assert!(matches!(n2.replica_ready(unit).await, Err(ClusterError::FailedPrecondition(_))));
