@@ -268,12 +268,20 @@ async fn measure(
     nodes: &[String],
 ) -> Result<serde_json::Map<String, Value>, String> {
     let options = ClientOptions { timeout: Duration::from_secs(600), ..ClientOptions::default() };
-    let client = Client::connect_with(router, options.clone()).await.map_err(|e| e.to_string())?;
     let mut out = serde_json::Map::new();
-    // 1. Durable inserts, then merges settle on every node.
+    // 1. Durable inserts, then merges settle on every node. A batch that fails with
+    // UNAVAILABLE (a leader election, a node being marked down) is sent again, up to 40 times
+    // about 250 ms apart, as a crawler would: an insert by id is idempotent.
+    let patient = ClientOptions {
+        attempts: 41,
+        backoff: Duration::from_millis(250),
+        max_backoff: Duration::from_millis(250),
+        ..options.clone()
+    };
+    let writer = Client::connect_with(router, patient).await.map_err(|e| e.to_string())?;
     let t = Instant::now();
-    let (inserted, retried) = insert_batches(
-        &client,
+    let inserted = insert_batches(
+        &writer,
         inputs.fps.clone(),
         args.docs,
         args.insert_streams,
@@ -284,7 +292,7 @@ async fn measure(
     eprintln!("  {:.0} documents/s durable", inserted as f64 / secs);
     out.insert("documents_inserted".into(), json!(inserted));
     out.insert("insert_docs_per_second".into(), json!(inserted as f64 / secs));
-    out.insert("insert_batches_retried".into(), json!(retried));
+    out.insert("insert_batches_retried".into(), json!(writer.calls_retried()));
     let mut stats = Vec::new();
     for addr in nodes {
         let c = Client::connect_with(addr, options.clone()).await.map_err(|e| e.to_string())?;
@@ -347,56 +355,36 @@ async fn measure(
     Ok(out)
 }
 
-/// Durable inserts of documents `0..docs`, `batch` a unary Insert, `streams` of them in
-/// flight. A batch that fails with UNAVAILABLE (a leader election, a node being marked
-/// down) is sent again, up to 40 times 250 ms apart, as a crawler would: an insert by id is
-/// idempotent. Returns the documents stored and the batches sent more than once.
+/// Durable inserts of documents `0..docs`, `batch` a unary Insert ([`Client::insert`]),
+/// `streams` of them in flight. Returns the documents stored.
 async fn insert_batches(
     client: &Client,
     fps: Arc<Vec<u64>>,
     docs: usize,
     streams: usize,
     batch: usize,
-) -> Result<(u64, u64), String> {
+) -> Result<u64, String> {
     let (streams, batch) = (streams.max(1), batch.max(1));
     let chunks = docs.div_ceil(batch);
     let mut tasks = Vec::new();
     for s in 0..streams {
         let (client, fps) = (client.clone(), fps.clone());
         tasks.push(tokio::spawn(async move {
-            let (mut stored, mut retried) = (0u64, 0u64);
+            let mut stored = 0u64;
             for c in (s..chunks).step_by(streams) {
                 let range = c * batch..((c + 1) * batch).min(docs);
                 let documents: Vec<_> = range.map(|i| doc(name(i), fps[i], i as i64)).collect();
-                let mut attempt = 0;
-                loop {
-                    let req = InsertRequest { documents: documents.clone() };
-                    match client.raw().insert(req).await {
-                        Ok(r) => {
-                            stored += r.into_inner().inserted;
-                            break;
-                        }
-                        Err(e) if e.code() == tonic::Code::Unavailable && attempt < 40 => {
-                            attempt += 1;
-                            if attempt == 1 {
-                                retried += 1;
-                            }
-                            tokio::time::sleep(Duration::from_millis(250)).await;
-                        }
-                        Err(e) => return Err(format!("insert of batch {c}: {e}")),
-                    }
-                }
+                let r = client.insert(documents).await;
+                stored += r.map_err(|e| format!("insert of batch {c}: {e}"))?.inserted;
             }
-            Ok((stored, retried))
+            Ok::<_, String>(stored)
         }));
     }
-    let (mut stored, mut retried) = (0, 0);
+    let mut stored = 0;
     for t in tasks {
-        let (s, r) = t.await.map_err(|e| e.to_string())??;
-        stored += s;
-        retried += r;
+        stored += t.await.map_err(|e| e.to_string())??;
     }
-    Ok((stored, retried))
+    Ok(stored)
 }
 
 /// Phase 5: queries through `router` while `victim` is killed; writes retried until they

@@ -28,6 +28,8 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use neardup_proto::v1::neardup_client::NeardupClient;
@@ -198,6 +200,8 @@ impl Default for ClientOptions {
 pub struct Client {
     rpc: NeardupClient<Channel>,
     options: ClientOptions,
+    /// Calls sent again after UNAVAILABLE, by this client and its clones.
+    retried: Arc<AtomicU64>,
 }
 
 impl Client {
@@ -221,7 +225,7 @@ impl Client {
         let rpc = NeardupClient::new(channel)
             .max_decoding_message_size(options.max_message_bytes)
             .max_encoding_message_size(options.max_message_bytes);
-        Ok(Client { rpc, options })
+        Ok(Client { rpc, options, retried: Arc::default() })
     }
 
     /// The generated client on the same connection, for calls this library does not wrap
@@ -233,6 +237,12 @@ impl Client {
     /// The options in force.
     pub fn options(&self) -> &ClientOptions {
         &self.options
+    }
+
+    /// Calls this client and its clones sent again after UNAVAILABLE (each call counted once,
+    /// however many times it was sent).
+    pub fn calls_retried(&self) -> u64 {
+        self.retried.load(Ordering::Relaxed)
     }
 
     fn request<T>(&self, msg: T) -> Request<T> {
@@ -263,6 +273,9 @@ impl Client {
                     let nanos = wait.as_nanos() as u64;
                     let jitter = nanos / 2 + (jitter_seed() % (nanos / 2 + 1));
                     tracing::debug!(attempt, message = s.message(), "unavailable; retrying");
+                    if attempt == 1 {
+                        self.retried.fetch_add(1, Ordering::Relaxed);
+                    }
                     tokio::time::sleep(Duration::from_nanos(jitter)).await;
                     wait = (wait * 2).min(self.options.max_backoff);
                     attempt += 1;
@@ -462,4 +475,25 @@ impl Client {
 fn jitter_seed() -> u64 {
     use std::hash::{BuildHasher, RandomState};
     RandomState::new().hash_one(std::time::Instant::now())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A call to a port nobody listens on fails with UNAVAILABLE after every attempt; it
+    /// counts once as retried.
+    #[tokio::test]
+    async fn a_retried_call_counts_once() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let options = ClientOptions {
+            attempts: 3,
+            backoff: Duration::from_millis(1),
+            ..ClientOptions::default()
+        };
+        let client = Client::connect_with(&format!("127.0.0.1:{port}"), options).await.unwrap();
+        assert_eq!(client.calls_retried(), 0);
+        assert!(client.clone().insert(Vec::new()).await.is_err());
+        assert_eq!(client.calls_retried(), 1);
+    }
 }

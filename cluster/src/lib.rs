@@ -100,6 +100,11 @@ pub use node::{Applied, ClusterNode, ClusterStatus};
 /// A node's Raft id (not 0).
 pub type NodeId = u64;
 
+/// A Raft tick this late, a round of readies, a Raft flush or a Raft call this slow gets a
+/// warning: a quarter of the default election timeout's lower bound. Stalls this long make
+/// followers call elections.
+pub const STALL_WARN: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Sends encoded raft-rs messages (`eraftpb::Message` bytes) to a peer.
 ///
 /// Implementations must not block: queue and return. Delivery is best effort: a lost,

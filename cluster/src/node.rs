@@ -25,11 +25,7 @@ use crate::map::{ClusterMap, Command, NodeInfo, NodeState, Role};
 use crate::metrics::{ClusterMetrics, RoleLabels};
 use crate::replica::{Outbox, Replica, ReplicaConfig};
 use crate::storage::{Identity, RaftStore};
-use crate::{ClusterConfig, NodeId, Transport};
-
-/// A late tick or a slow round of readies worth a warning: a quarter of the default election
-/// timeout's lower bound. Stalls this long make followers call elections.
-const STALL_WARN: Duration = Duration::from_millis(250);
+use crate::{ClusterConfig, NodeId, STALL_WARN, Transport};
 
 /// A change that was applied: the map's epoch after it and the Raft index it is at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

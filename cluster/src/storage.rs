@@ -116,7 +116,7 @@ impl Kv for SledKv {
         let started = std::time::Instant::now();
         self.db.flush()?;
         let took = started.elapsed();
-        if took >= std::time::Duration::from_millis(250) {
+        if took >= crate::STALL_WARN {
             tracing::warn!(took_ms = took.as_millis() as u64, "syncing the Raft store took long");
         }
         Ok(())

@@ -49,9 +49,6 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(2);
 const BATCH_MESSAGES: usize = 256;
 const BATCH_BYTES: usize = 8 << 20;
 
-/// A call this slow gets a warning: a quarter of the default election timeout's lower bound.
-const SLOW_SEND: Duration = Duration::from_millis(250);
-
 /// The metadata key an error's epoch travels in.
 pub const EPOCH_METADATA: &str = "neardup-epoch";
 
@@ -234,7 +231,7 @@ async fn drain(
             r
         };
         let took = started.elapsed();
-        if took >= SLOW_SEND {
+        if took >= neardup_cluster::STALL_WARN {
             tracing::warn!(
                 peer = to,
                 messages = count,
@@ -274,26 +271,28 @@ impl RaftRpc {
     pub fn new(node: ClusterNode) -> RaftRpc {
         RaftRpc { node }
     }
+
+    /// Hands `messages` to the node in order; the first refused ends the call.
+    fn deliver(&self, messages: &[Vec<u8>], from_addr: &str) -> Result<Response<RaftAck>, Status> {
+        for message in messages {
+            self.node
+                .step(message, from_addr)
+                .map_err(|e| cluster_status(&e, self.node.status().epoch))?;
+        }
+        Ok(Response::new(RaftAck {}))
+    }
 }
 
 #[tonic::async_trait]
 impl Raft for RaftRpc {
     async fn step(&self, request: Request<RaftMessage>) -> Result<Response<RaftAck>, Status> {
         let RaftMessage { message, from_id: _, from_addr } = request.into_inner();
-        self.node
-            .step(&message, &from_addr)
-            .map_err(|e| cluster_status(&e, self.node.status().epoch))?;
-        Ok(Response::new(RaftAck {}))
+        self.deliver(&[message], &from_addr)
     }
 
     async fn step_batch(&self, request: Request<RaftBatch>) -> Result<Response<RaftAck>, Status> {
         let RaftBatch { messages, from_id: _, from_addr } = request.into_inner();
-        for message in &messages {
-            self.node
-                .step(message, &from_addr)
-                .map_err(|e| cluster_status(&e, self.node.status().epoch))?;
-        }
-        Ok(Response::new(RaftAck {}))
+        self.deliver(&messages, &from_addr)
     }
 }
 

@@ -51,7 +51,7 @@ use tokio::sync::watch;
 
 use crate::data_api::{DataError, DataResult, NodeApi};
 use crate::data_types::{DocInfo, DocOp, TabletHit, TabletOp, gid_partition};
-use crate::node_store::NodeStore;
+use crate::node_store::{Durable, NodeStore};
 
 /// The longest a node waits for its map to reach the caller's epoch.
 const EPOCH_WAIT: Duration = Duration::from_millis(500);
@@ -249,6 +249,17 @@ impl LocalNode {
         log.removed.extend(removed);
     }
 
+    /// A write to the store: applied and logged on the blocking pool (index lookups, log
+    /// writes the kernel may throttle: never on the runtime's workers, which carry Raft's
+    /// calls too), then awaited until durable.
+    async fn write(
+        &self,
+        append: impl FnOnce(&NodeStore) -> crate::error::Result<Durable> + Send + 'static,
+    ) -> DataResult<()> {
+        let store = self.store.clone();
+        blocking(move || append(&store)).await?.wait().await.map_err(DataError::from)
+    }
+
     /// Brings this node's replica of `unit` level with `source` (a serving replica's copy:
     /// `(gid, fp)` entries for a tablet, documents for a partition), as the module docs say.
     /// The caller then reports the replica ready.
@@ -275,23 +286,24 @@ impl LocalNode {
                     }
                 };
                 let write = |items: Vec<(u64, u64)>, put: bool| {
-                    self.store.write_tablets(items.into_iter().map(op(put)).collect())
+                    let ops: Vec<_> = items.into_iter().map(op(put)).collect();
+                    self.write(move |s| s.append_tablets(ops))
                 };
-                write(removes, false).await.map_err(DataError::from)?;
-                write(puts.clone(), true).await.map_err(DataError::from)?;
-                write(self.raced(unit, puts, gid), false).await.map_err(DataError::from)?;
+                write(removes, false).await?;
+                write(puts.clone(), true).await?;
+                write(self.raced(unit, puts, gid), false).await?;
             }
             (Unit::Partition(p), Source::Docs(theirs)) => {
                 let ours = blocking(move || store.scan_partition(p)).await?;
                 let gid = |d: &DocInfo| d.gid;
                 let (puts, removes) = self.plan(unit, ours, theirs, gid);
                 let remove = |d: DocInfo| DocOp::Remove { gid: d.gid, name: d.name };
-                let removes = removes.into_iter().map(remove).collect();
-                self.store.write_docs(removes).await.map_err(DataError::from)?;
-                let put_ops = puts.iter().cloned().map(DocOp::Put).collect();
-                self.store.write_docs(put_ops).await.map_err(DataError::from)?;
-                let again = self.raced(unit, puts, gid).into_iter().map(remove).collect();
-                self.store.write_docs(again).await.map_err(DataError::from)?;
+                let removes: Vec<_> = removes.into_iter().map(remove).collect();
+                self.write(move |s| s.append_docs(&removes)).await?;
+                let put_ops: Vec<_> = puts.iter().cloned().map(DocOp::Put).collect();
+                self.write(move |s| s.append_docs(&put_ops)).await?;
+                let again: Vec<_> = self.raced(unit, puts, gid).into_iter().map(remove).collect();
+                self.write(move |s| s.append_docs(&again)).await?;
             }
             (unit, _) => {
                 return Err(DataError::Internal(format!("a copy of another kind for {unit:?}")));
@@ -391,8 +403,7 @@ impl NodeApi for LocalNode {
                 }
             }
         }
-        let store = self.store.clone();
-        blocking(move || store.append_tablets(ops)).await?.wait().await.map_err(DataError::from)
+        self.write(move |s| s.append_tablets(ops)).await
     }
 
     async fn tablet_probe(
@@ -447,8 +458,7 @@ impl NodeApi for LocalNode {
                 self.record(unit, put, removed);
             }
         }
-        let store = self.store.clone();
-        blocking(move || store.append_docs(&ops)).await?.wait().await.map_err(DataError::from)
+        self.write(move |s| s.append_docs(&ops)).await
     }
 
     async fn doc_lookup(

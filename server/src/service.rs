@@ -286,6 +286,13 @@ fn stats_response(s: ShardStats) -> pb::StatsResponse {
     }
 }
 
+fn not_in_a_cluster() -> Status {
+    Status::failed_precondition(
+        "this node is not in a cluster: it was started without --bootstrap or --join and \
+         holds no cluster state",
+    )
+}
+
 /// The Raft service of a node that is not in a cluster: refuses every message (a cluster
 /// node serves [`crate::cluster_rpc::RaftRpc`] instead).
 #[derive(Debug, Clone, Default)]
@@ -294,13 +301,10 @@ pub struct RaftService;
 #[tonic::async_trait]
 impl Raft for RaftService {
     async fn step(&self, _request: Request<RaftMessage>) -> Result<Response<RaftAck>, Status> {
-        Err(Status::failed_precondition(
-            "this node is not in a cluster: it was started without --bootstrap or --join \
-             and holds no cluster state",
-        ))
+        Err(not_in_a_cluster())
     }
 
     async fn step_batch(&self, _request: Request<RaftBatch>) -> Result<Response<RaftAck>, Status> {
-        self.step(Request::new(RaftMessage::default())).await
+        Err(not_in_a_cluster())
     }
 }
