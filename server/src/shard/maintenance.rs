@@ -118,15 +118,18 @@ impl Shard {
             // Writes are still quiet, so the checkpoint below stores the compacted run now
             // rather than in the middle of busy traffic later.
         }
-        // An idle buffer becomes a run, so queries skip its linear scan.
+        // An idle buffer becomes a run, so queries skip its linear scan. With nothing
+        // buffered, records past `covered` are removes, already marked in the runs: the runs
+        // then cover them too, and the checkpoint below stores them.
         {
+            let behind = |st: &State| st.index.unsealed() > 0 || st.covered < st.last_seq;
             let idle = {
                 let st = self.state.read();
-                st.index.unsealed() > 0 && st.last_write.elapsed() >= self.config.idle_flush
+                behind(&st) && st.last_write.elapsed() >= self.config.idle_flush
             };
             if idle {
                 let mut st = self.state.write();
-                if st.index.unsealed() > 0 {
+                if behind(&st) {
                     let last = st.last_seq;
                     st.seal_all(last)?;
                 }
@@ -141,9 +144,12 @@ impl Shard {
             // compaction): the index is stored while nothing else is going on, and a
             // restart then replays no log.
             let due = uncovered >= self.config.checkpoint_ops
-                || (ck.runs_changed(&st)
-                    && (ck.last.elapsed() >= self.config.checkpoint_interval
-                        || st.last_write.elapsed() >= self.config.compact_idle));
+                || (ck.runs_changed(&st) && ck.last.elapsed() >= self.config.checkpoint_interval)
+                // Not more often than `compact_idle`, should a checkpoint leave something
+                // pending.
+                || (quiet_log
+                    && ck.last.elapsed() >= self.config.compact_idle
+                    && ck.pending(&st));
             (due, st.log_bytes, quiet_log)
         };
         if due {

@@ -234,6 +234,18 @@ impl Checkpoints {
     fn runs_changed(&self, st: &State) -> bool {
         st.covered != self.manifest.covered || st.index.runs().len() != self.stored.len()
     }
+
+    /// Whether anything the log holds is not yet in the last checkpoint: changed runs, log
+    /// records past what it covers (a buffer, or removes), or removes not yet written.
+    fn pending(&self, st: &State) -> bool {
+        self.runs_changed(st)
+            || st.last_seq != self.manifest.covered
+            || st.index.runs().iter().any(|run| {
+                self.stored
+                    .get(&RunKey::of(st, run))
+                    .is_none_or(|s| s.deletes_written != run.deleted())
+            })
+    }
 }
 
 /// A shard node's data: see the module docs.

@@ -7,7 +7,7 @@ use neardup_core::index::QueryScratch;
 use neardup_core::sketch::Sketch;
 use rayon::prelude::*;
 
-use super::{DocMatch, ProbeBudget, ProbeHits, RunKey, Shard, ShardStats, TableFootprint, Verify};
+use super::{DocMatch, ProbeBudget, ProbeHits, Shard, ShardStats, TableFootprint, Verify};
 use crate::doc_table::DocTable;
 use crate::error::{Error, Result};
 
@@ -222,13 +222,7 @@ impl Shard {
             // The checkpoint lock before the state lock, as `checkpoint` takes them.
             let ck = self.checkpoints.lock();
             let st = self.state.read();
-            ck.runs_changed(&st)
-                || st.last_seq != ck.manifest.covered
-                || st.index.runs().iter().any(|run| {
-                    ck.stored
-                        .get(&RunKey::of(&st, run))
-                        .is_none_or(|s| s.deletes_written != run.deleted())
-                })
+            ck.pending(&st)
         };
         let st = self.state.read();
         let s = st.index.stats();

@@ -470,6 +470,39 @@ fn quiet_writes_are_checkpointed_without_waiting_for_the_interval() {
     check(&shard, &model, &queries);
 }
 
+/// Writes that end in removes leave nothing buffered, yet the log holds records past what the
+/// last checkpoint covers: a quiet shard stores those too, so its stats settle and a restart
+/// replays nothing.
+#[test]
+fn a_quiet_tail_of_removes_is_checkpointed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config();
+    c.checkpoint_ops = u64::MAX;
+    c.idle_flush = Duration::ZERO;
+    c.compact_idle = Duration::ZERO;
+    let shard = open(dir.path(), c);
+    let mut model = Model::default();
+    let docs: Vec<_> = (0..20u64)
+        .map(|i| doc(&format!("https://r/{i}"), i.wrapping_mul(0x9E37_79B9_7F4A_7C15), 1))
+        .collect();
+    durable_write(&shard, &docs, &[]);
+    shard.maintain_once().unwrap();
+    assert!(!shard.stats().unwrap().checkpoint_pending);
+    let gone: Vec<String> = docs[..5].iter().map(|d| d.id.clone()).collect();
+    durable_write(&shard, &[], &gone);
+    for d in &docs[5..] {
+        model.0.insert(d.id.clone(), (d.fingerprint, d.timestamp_ms));
+    }
+    assert!(shard.stats().unwrap().checkpoint_pending);
+    shard.maintain_once().unwrap();
+    assert!(!shard.stats().unwrap().checkpoint_pending, "the removes are stored");
+    let queries: Vec<u64> = docs.iter().map(|d| d.fingerprint ^ 0b101).collect();
+    check(&shard, &model, &queries);
+    shard.close_without_checkpoint();
+    drop(shard);
+    restart_and_check(dir.path(), &model, &queries);
+}
+
 /// A rebuilt index numbers its runs afresh, so a run id alone could name a run stored from
 /// the old index: the checkpoint after a rebuild stores the new run and drops the old one.
 #[test]
