@@ -221,14 +221,19 @@ async fn drain(
             r
         } else {
             let mut r = Ok(());
+            let mut sent = 0;
             for message in messages {
                 let req = RaftMessage { message, from_id, from_addr: from_addr.clone() };
                 if let Err(e) = client.step(req).await {
                     r = Err(e);
                     break;
                 }
+                sent += 1;
             }
-            r
+            r.inspect_err(|_| {
+                // The failed message and those after it in this call are not sent.
+                inner.dropped.fetch_add((count - sent) as u64, Ordering::Relaxed);
+            })
         };
         let took = started.elapsed();
         if took >= neardup_cluster::STALL_WARN {
@@ -534,12 +539,14 @@ mod tests {
     use super::*;
 
     /// A peer that takes 20 ms to answer each call and records what it got, in order;
-    /// `batches` false: it has no StepBatch (an older node).
+    /// `batches` false: it has no StepBatch (an older node); `refuse`: the number of a message
+    /// whose Step call fails.
     #[derive(Clone, Default)]
     struct SlowPeer {
         got: Arc<Mutex<Vec<Vec<u8>>>>,
         calls: Arc<AtomicU64>,
         batches: bool,
+        refuse: Option<u32>,
     }
 
     impl SlowPeer {
@@ -555,7 +562,11 @@ mod tests {
         async fn step(&self, r: Request<RaftMessage>) -> Result<Response<RaftAck>, Status> {
             tokio::time::sleep(Duration::from_millis(20)).await;
             self.calls.fetch_add(1, Ordering::Relaxed);
-            self.got.lock().push(r.into_inner().message);
+            let message = r.into_inner().message;
+            if self.refuse.is_some_and(|n| message[..4] == n.to_be_bytes()) {
+                return Err(Status::unavailable("refused"));
+            }
+            self.got.lock().push(message);
             Ok(Response::new(RaftAck {}))
         }
 
@@ -584,9 +595,7 @@ mod tests {
 
     /// Sends `n` numbered messages at once and waits (bounded) until `want` arrived.
     async fn send_and_wait(t: &GrpcTransport, peer: &SlowPeer, addr: &str, n: u32, want: usize) {
-        for i in 0..n {
-            t.send(2, addr, i.to_be_bytes().to_vec());
-        }
+        send_numbered(t, addr, 0..n);
         for _ in 0..500 {
             if peer.got.lock().len() >= want {
                 return;
@@ -594,6 +603,22 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         panic!("{} of {want} messages arrived", peer.got.lock().len());
+    }
+
+    fn send_numbered(t: &GrpcTransport, addr: &str, numbers: std::ops::Range<u32>) {
+        for i in numbers {
+            t.send(2, addr, i.to_be_bytes().to_vec());
+        }
+    }
+
+    /// Waits (bounded) until every one of `sent` messages arrived or was counted dropped.
+    async fn settle(t: &GrpcTransport, peer: &SlowPeer, sent: u64) {
+        for _ in 0..500 {
+            if peer.got.lock().len() as u64 + t.dropped() >= sent {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// A backlog behind a slow call goes in one StepBatch call, in order, nothing dropped.
@@ -619,15 +644,8 @@ mod tests {
         let peer = SlowPeer { batches: false, ..Default::default() };
         let addr = serve_peer(peer.clone()).await;
         let t = GrpcTransport::new(1, "127.0.0.1:1".into());
-        for i in 0..30u32 {
-            t.send(2, &addr, i.to_be_bytes().to_vec());
-        }
-        for _ in 0..500 {
-            if peer.got.lock().len() as u64 + t.dropped() >= 30 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        send_numbered(&t, &addr, 0..30);
+        settle(&t, &peer, 30).await;
         let dropped = t.dropped();
         assert!(dropped >= 2, "the refused batch held {dropped} messages");
         let before = peer.got.lock().len();
@@ -637,6 +655,26 @@ mod tests {
         assert_eq!(got[before..], (0..30).collect::<Vec<_>>()[..]);
         assert_eq!(t.dropped(), dropped, "nothing dropped once sending singly");
         assert_eq!(peer.calls.load(Ordering::Relaxed), got.len() as u64);
+        t.close();
+    }
+
+    /// Sending one message a call, a failed call drops the rest of its backlog, and every
+    /// message not delivered is counted dropped.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_call_counts_every_message_it_did_not_send() {
+        let peer = SlowPeer { batches: false, refuse: Some(110), ..Default::default() };
+        let addr = serve_peer(peer.clone()).await;
+        let t = GrpcTransport::new(1, "127.0.0.1:1".into());
+        // The first backlog finds out that the peer takes one message a call.
+        send_numbered(&t, &addr, 0..30);
+        settle(&t, &peer, 30).await;
+        // The next goes one a call; the call of 110 fails.
+        send_numbered(&t, &addr, 100..130);
+        settle(&t, &peer, 60).await;
+        let got = peer.numbers();
+        assert!(!got.contains(&110));
+        assert!(got.contains(&100) && got.contains(&109), "{got:?}");
+        assert_eq!(got.len() as u64 + t.dropped(), 60, "{got:?}, {} dropped", t.dropped());
         t.close();
     }
 
