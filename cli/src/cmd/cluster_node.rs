@@ -79,11 +79,13 @@ fn node_id(wanted: u64, stored: Option<NodeId>, dir: &Path) -> Result<NodeId, Cl
 }
 
 /// Opens (or creates) the node's Raft state, binds the internal listener and starts Raft.
-/// `public` is the bound public address (advertised unless `advertise_public` is set).
+/// `public` is the bound public address (advertised unless `advertise_public` is set). The
+/// transport's tasks run on `runtime` (the one of the internal services).
 pub async fn start(
     config: &Config,
     public: SocketAddr,
     registry: &mut Registry,
+    runtime: &tokio::runtime::Handle,
 ) -> Result<(ClusterRole, TcpListener), CliError> {
     let c = &config.cluster;
     let dir = cluster_dir(&config.data);
@@ -134,7 +136,10 @@ pub async fn start(
     };
     let metrics = ClusterMetrics::default();
     metrics.register(registry);
-    let transport = GrpcTransport::new(id, internal_addr.clone());
+    let transport = {
+        let _on = runtime.enter();
+        GrpcTransport::new(id, internal_addr.clone())
+    };
     let t: Arc<dyn neardup_cluster::Transport> = Arc::new(transport.clone());
     let node = tokio::task::spawn_blocking(move || ClusterNode::start(cfg, t, metrics))
         .await

@@ -48,8 +48,10 @@ pub async fn run(
     rpc_metrics: RpcMetrics,
     mut registry: Registry,
 ) -> Result<(), CliError> {
+    let internal_rt = internal_runtime()?;
     // The cluster's state is opened first: a wrong node id stops the start here.
-    let (cluster, internal_listener) = cluster_node::start(&config, address, &mut registry).await?;
+    let (cluster, internal_listener) =
+        cluster_node::start(&config, address, &mut registry, internal_rt.handle()).await?;
     let design = config.index_config()?.design;
     let shard = config.shard_config()?;
     let store_config = NodeStoreConfig {
@@ -106,7 +108,12 @@ pub async fn run(
         signal.send_replace(true);
     });
     tokio::spawn(check_design(node.clone(), design.to_string(), stop.clone()));
-    let internal = tokio::spawn(neardup_server::node::serve_cluster(
+    let internal_listener = internal_listener.into_std().map_err(|source| CliError::Listen {
+        what: "the internal gRPC API",
+        address: config.cluster.internal_listen.clone(),
+        source,
+    })?;
+    let internal = internal_rt.spawn(neardup_server::node::serve_cluster_std(
         internal_listener,
         store.clone(),
         local_api,
@@ -136,6 +143,10 @@ pub async fn run(
     }
     let _ = filler.await;
     cluster.shutdown().await;
+    // The transport's tasks are gone with the cluster's shutdown.
+    let _ =
+        tokio::task::spawn_blocking(move || internal_rt.shutdown_timeout(Duration::from_secs(1)))
+            .await;
     let down = tokio::task::spawn_blocking(move || store.shutdown())
         .await
         .map_err(|e| CliError::Shutdown(e.to_string()))?
@@ -143,6 +154,19 @@ pub async fn run(
     joined?;
     served.map_err(|e| CliError::Serve(e.to_string()))?;
     down
+}
+
+/// The runtime of the node's internal services (Raft, Data, admin) and of the Raft
+/// transport, with worker threads of its own: Raft's messages (heartbeats, votes, the
+/// leader's liveness checks) must arrive within the election and failure timeouts, and on a
+/// node whose public API is busy (a router for many clients) they would otherwise queue
+/// behind its requests on the same workers.
+fn internal_runtime() -> Result<tokio::runtime::Runtime, CliError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .thread_name("neardup-internal")
+        .enable_all()
+        .build()
+        .map_err(CliError::Runtime)
 }
 
 /// After a start, lets the node serve reads only once its replicas are marked for catching
