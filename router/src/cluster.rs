@@ -152,6 +152,7 @@ impl Routes {
         fp: u64,
         salt: usize,
         local: Option<NodeId>,
+        used: impl Fn(NodeId) -> bool,
     ) -> DataResult<NodeId> {
         let tablets = self.by_table.get(t).map_or(&[][..], |v| v);
         let pv = ctx.design.tables()[t].perm.apply(fp);
@@ -163,7 +164,7 @@ impl Routes {
                 "no tablet of table {t} holds fingerprint {fp:#x}"
             )));
         };
-        choose(serving, Unit::Tablet { table: t as u32, start: *start }, local, salt)
+        choose(serving, Unit::Tablet { table: t as u32, start: *start }, local, salt, used)
     }
 }
 
@@ -177,13 +178,15 @@ fn readable(map: &ClusterMap, unit: Unit, avoid: &HashSet<NodeId>) -> Vec<NodeId
     serving
 }
 
-/// One of `unit`'s readable replicas: `local` if among them, else one spread by `salt`;
-/// UNAVAILABLE when there is none.
+/// One of `unit`'s readable replicas: `local` if among them, else one the read already
+/// calls (`used`: fewer calls, each carrying more), else one spread by `salt`; UNAVAILABLE
+/// when there is none.
 fn choose(
     readable: &[NodeId],
     unit: Unit,
     local: Option<NodeId>,
     salt: usize,
+    used: impl Fn(NodeId) -> bool,
 ) -> DataResult<NodeId> {
     if readable.is_empty() {
         return Err(DataError::Unavailable(format!("no serving replica of {unit:?}")));
@@ -191,7 +194,12 @@ fn choose(
     if let Some(l) = local.filter(|l| readable.contains(l)) {
         return Ok(l);
     }
-    Ok(readable[salt % readable.len()])
+    if let Some(&n) = readable.iter().find(|&&n| used(n)) {
+        return Ok(n);
+    }
+    // Mixed, so that salts in steps (a counter several steps share) still spread.
+    let mixed = (salt as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+    Ok(readable[mixed as usize % readable.len()])
 }
 
 /// A stored document found near a query.
@@ -340,8 +348,9 @@ impl ClusterRouter {
         let _ = tokio::time::timeout_at(until.into(), rx.wait_for(|m| m.epoch >= epoch)).await;
     }
 
-    /// One serving replica of a unit: the local node if it serves, else one spread by `salt`;
-    /// replicas whose last call failed only when no other serves.
+    /// One serving replica of a unit: the local node if it serves, else one the step
+    /// already calls (`used`), else one spread by `salt`; replicas whose last call failed
+    /// only when no other serves.
     /// `avoid`: the suspects, taken once per step ([`suspects_now`](Self::suspects_now)).
     fn pick(
         &self,
@@ -349,8 +358,9 @@ impl ClusterRouter {
         unit: Unit,
         salt: usize,
         avoid: &HashSet<NodeId>,
+        used: impl Fn(NodeId) -> bool,
     ) -> DataResult<NodeId> {
-        choose(&readable(&ctx.map, unit, avoid), unit, self.local, salt)
+        choose(&readable(&ctx.map, unit, avoid), unit, self.local, salt, used)
     }
 
     /// The nodes reads avoid now (their last call failed within [`SUSPECT_FOR`]).
@@ -471,7 +481,9 @@ impl ClusterRouter {
         let avoid = self.suspects_now();
         for name in names.iter().collect::<HashSet<_>>() {
             let p = Self::partition_unit(ctx, name)?;
-            let node = self.pick(ctx, Unit::Partition(p), salt + p as usize, &avoid)?;
+            let unit = Unit::Partition(p);
+            let node =
+                self.pick(ctx, unit, salt + p as usize, &avoid, |n| by_node.contains_key(&n))?;
             by_node.entry(node).or_default().push(name.clone());
         }
         Ok(self.lookup_on(ctx, by_node, deadline).await?.into_iter().collect())
@@ -554,7 +566,9 @@ impl ClusterRouter {
             if ctx.map.partition(p).is_none() {
                 continue; // names no partition of this map: not a document.
             }
-            let node = self.pick(ctx, Unit::Partition(p), salt + p as usize, &avoid)?;
+            let unit = Unit::Partition(p);
+            let node =
+                self.pick(ctx, unit, salt + p as usize, &avoid, |n| by_node.contains_key(&n))?;
             by_node.entry(node).or_default().push(gid);
         }
         let epoch = ctx.map.epoch;
@@ -686,8 +700,14 @@ impl ClusterRouter {
                 tables.push((k, ctx.design.tables_for_k(k)));
                 tables.len() - 1
             });
+            // A query's probes go to as few nodes as hold its tablets: the local node, then
+            // the nodes it already probes (one spread by query, not by table).
+            let mut mine: Vec<NodeId> = Vec::new();
             for &t in &tables[i].1 {
-                let node = routes.pick(ctx, t, fp, salt + qi + t, self.local)?;
+                let node = routes.pick(ctx, t, fp, salt + qi, self.local, |n| mine.contains(&n))?;
+                if !mine.contains(&node) {
+                    mine.push(node);
+                }
                 by_node.entry(node).or_default().push((qi, t as u32, fp));
             }
         }
@@ -908,7 +928,8 @@ impl ClusterRouter {
                 .into_iter()
                 .map(|(node, ops)| {
                     let api = (self.nodes)(node);
-                    (node, async move { api.tablet_write(epoch, ops, deadline).await })
+                    // Puts are of new documents: gids taken for this attempt.
+                    (node, async move { api.tablet_write(epoch, ops, !remove, deadline).await })
                 })
                 .collect::<BTreeMap<_, _>>())
         };
@@ -1215,7 +1236,7 @@ impl ClusterRouter {
             .into_iter()
             .map(|(node, ops)| {
                 let api = (self.nodes)(node);
-                (node, async move { api.tablet_write(epoch, ops, deadline).await })
+                (node, async move { api.tablet_write(epoch, ops, false, deadline).await })
             })
             .collect();
         self.fan_out(calls).await.map(drop)

@@ -82,6 +82,7 @@ impl NodeApi for MemNode {
         &self,
         _: u64,
         ops: Vec<(u32, TabletOp)>,
+        _: bool,
         _: Option<Instant>,
     ) -> DataResult<()> {
         self.gate().await?;
@@ -688,7 +689,9 @@ async fn the_data_service_round_trips_over_grpc() {
     let node = GrpcNode::connect(&addr, 4 << 20).unwrap();
     let d =
         DocInfo { gid: 256 + 3, name: "a".into(), fp: 99, ts_ms: 5, cluster: 259, sketch: None };
-    node.tablet_write(1, vec![(0, TabletOp::Put { gid: d.gid, fp: 99 })], None).await.unwrap();
+    node.tablet_write(1, vec![(0, TabletOp::Put { gid: d.gid, fp: 99 })], false, None)
+        .await
+        .unwrap();
     node.doc_write(1, vec![DocOp::Put(d.clone())], None).await.unwrap();
     let hits = node.tablet_probe(1, vec![(0, 98), (0, 1 << 63)], 2, 10, None).await.unwrap();
     assert_eq!(
@@ -709,7 +712,7 @@ async fn the_data_service_round_trips_over_grpc() {
     // Many entries come back in several chunks, all of them.
     let ops: Vec<(u32, TabletOp)> =
         (0..10_000u64).map(|i| (1, TabletOp::Put { gid: i << 8, fp: i * 7919 })).collect();
-    node.tablet_write(1, ops, None).await.unwrap();
+    node.tablet_write(1, ops, false, None).await.unwrap();
     assert_eq!(node.tablet_scan(1, 1, 0, u64::MAX, None).await.unwrap().len(), 10_000);
     // "Epoch moved" keeps its epoch across the wire.
     mem.moved_epoch.store(77, Ordering::SeqCst);
@@ -927,7 +930,7 @@ async fn a_delete_removes_what_any_replica_holds() {
     let fp = 0x1234_5678_9abc_def0;
     for n in c.nodes.values() {
         let ops = (0..10).map(|t| (t, TabletOp::Put { gid, fp })).collect();
-        n.tablet_write(map.epoch, ops, None).await.unwrap();
+        n.tablet_write(map.epoch, ops, false, None).await.unwrap();
     }
     let d = DocInfo { gid, name: name.into(), fp, ts_ms: 1, cluster: gid, sketch: None };
     c.nodes[&holder].doc_write(map.epoch, vec![DocOp::Put(d)], None).await.unwrap();
@@ -987,4 +990,26 @@ async fn concurrent_small_reads_share_calls_and_stay_exact() {
         "{together} calls for {} reads at once, {alone} for one alone",
         queries.len()
     );
+}
+
+/// A query's probes go to the local node and at most one other: every tablet the local
+/// node lacks has its replicas on the same two other nodes, and the query picks one of
+/// them for all of its tables, while queries spread over both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_probes_the_local_node_and_at_most_one_other() {
+    let c = Cluster::new(4);
+    let router = c.router(Some(1));
+    let mut rng = Rng(99);
+    let calls = |id: NodeId| c.nodes[&id].calls.load(Ordering::SeqCst);
+    let mut remote = BTreeMap::new();
+    for _ in 0..60 {
+        let before = (calls(2), calls(3));
+        let r = router.probe(probe_req(vec![rng.next()], 3, 10), None).await.unwrap();
+        // Nothing is stored: probes only, no resolve.
+        assert!(r.results[0].matches.is_empty());
+        let (two, three) = (calls(2) - before.0, calls(3) - before.1);
+        assert!(two + three <= 1, "a query called node 2 {two} and node 3 {three} times");
+        *remote.entry(if two > 0 { 2 } else { 3 }).or_insert(0) += two + three;
+    }
+    assert!(remote.get(&2) > Some(&0) && remote.get(&3) > Some(&0), "{remote:?}");
 }

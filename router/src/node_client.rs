@@ -81,6 +81,7 @@ impl NodeApi for Unreachable {
         &self,
         _: u64,
         _: Vec<(u32, TabletOp)>,
+        _: bool,
         _: Option<Instant>,
     ) -> DataResult<()> {
         Err(DataError::Unavailable(self.0.clone()))
@@ -172,10 +173,11 @@ impl NodeApi for GrpcNode {
         &self,
         epoch: u64,
         ops: Vec<(u32, TabletOp)>,
+        new_gids: bool,
         deadline: Option<Instant>,
     ) -> DataResult<()> {
         let ops = ops.into_iter().map(|(t, op)| tablet_op_to_wire(t, op)).collect();
-        let req = request(TabletWriteRequest { epoch, ops }, deadline);
+        let req = request(TabletWriteRequest { epoch, ops, new_gids }, deadline);
         self.client.clone().tablet_write(req).await.map_err(status_error)?;
         Ok(())
     }

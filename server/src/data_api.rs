@@ -145,11 +145,14 @@ pub type DataResult<T> = std::result::Result<T, DataError>;
 /// idempotent; results come one per input, in input order.
 #[tonic::async_trait]
 pub trait NodeApi: Send + Sync + 'static {
-    /// Applies `(table, op)` changes to the node's tablets, durably.
+    /// Applies `(table, op)` changes to the node's tablets, durably. `new_gids`: the puts
+    /// carry gids never sent to any node before (the wire's `TabletWriteRequest.new_gids`),
+    /// so a replica that serves the unit may store them without looking them up.
     async fn tablet_write(
         &self,
         epoch: u64,
         ops: Vec<(u32, TabletOp)>,
+        new_gids: bool,
         deadline: Option<Instant>,
     ) -> DataResult<()>;
     /// For each `(table, fp)` probe, the entries within `k`, at most `max_matches` (then
@@ -359,9 +362,9 @@ impl Data for DataService {
         req: Request<TabletWriteRequest>,
     ) -> Result<Response<TabletWriteResponse>, Status> {
         let deadline = deadline_of(&req);
-        let TabletWriteRequest { epoch, ops } = req.into_inner();
+        let TabletWriteRequest { epoch, ops, new_gids } = req.into_inner();
         let ops = ops.into_iter().map(tablet_op_from_wire).collect();
-        self.api.tablet_write(epoch, ops, deadline).await?;
+        self.api.tablet_write(epoch, ops, new_gids, deadline).await?;
         Ok(Response::new(TabletWriteResponse {}))
     }
 

@@ -53,6 +53,9 @@ use crate::data_api::{DataError, DataResult, NodeApi};
 use crate::data_types::{DocInfo, DocOp, TabletHit, TabletOp, gid_partition};
 use crate::node_store::{Durable, NodeStore};
 
+/// Probes answered on the caller's thread (a unary query's); more go to the blocking pool.
+const INLINE_PROBES: usize = 64;
+
 /// The longest a node waits for its map to reach the caller's epoch.
 const EPOCH_WAIT: Duration = Duration::from_millis(500);
 
@@ -287,7 +290,7 @@ impl LocalNode {
                 };
                 let write = |items: Vec<(u64, u64)>, put: bool| {
                     let ops: Vec<_> = items.into_iter().map(op(put)).collect();
-                    self.write(move |s| s.append_tablets(ops))
+                    self.write(move |s| s.append_tablets(ops, &[]))
                 };
                 write(removes, false).await?;
                 write(puts.clone(), true).await?;
@@ -387,23 +390,32 @@ impl NodeApi for LocalNode {
         &self,
         epoch: u64,
         ops: Vec<(u32, TabletOp)>,
+        new_gids: bool,
         deadline: Option<Instant>,
     ) -> DataResult<()> {
         check_deadline(deadline)?;
         let map = self.map_at(epoch, deadline).await;
         let _gate = self.gate.read().await;
         let mut checked = HashMap::new();
+        // New gids are sent once, to every writer under one epoch, so their puts are new
+        // here: unless the unit is filling (its copy may have put the gid already), or the
+        // sender's map is older than ours (it may have sent them while the unit was filling
+        // here, and the copy taken then may hold them).
+        let current = new_gids && map.epoch == epoch;
+        let mut new = Vec::with_capacity(ops.len());
         for &(table, op) in &ops {
             let (TabletOp::Put { fp, .. } | TabletOp::Remove { fp, .. }) = op;
             let unit = self.tablet_unit(&map, table, fp)?;
-            if self.check_writer_once(&mut checked, &map, unit, epoch)? {
+            let filling = self.check_writer_once(&mut checked, &map, unit, epoch)?;
+            if filling {
                 match op {
                     TabletOp::Put { gid, .. } => self.record(unit, Some(gid), None),
                     TabletOp::Remove { gid, .. } => self.record(unit, None, Some(gid)),
                 }
             }
+            new.push(current && !filling && matches!(op, TabletOp::Put { .. }));
         }
-        self.write(move |s| s.append_tablets(ops)).await
+        self.write(move |s| s.append_tablets(ops, &new)).await
     }
 
     async fn tablet_probe(
@@ -425,6 +437,11 @@ impl NodeApi for LocalNode {
             self.check_reader(&map, unit)?;
         }
         let store = self.store.clone();
+        // A few probes cost microseconds: answered here, not behind a hand-over to the
+        // blocking pool, whose wake-up alone may take milliseconds on a busy machine.
+        if probes.len() <= INLINE_PROBES {
+            return store.probe_tablets(&probes, k, max_matches).map_err(DataError::from);
+        }
         blocking(move || store.probe_tablets(&probes, k, max_matches)).await
     }
 
@@ -657,7 +674,9 @@ mod tests {
         let fps = [0u64, 0b111, u64::MAX, 0xF0F0];
         for (i, &fp) in fps.iter().enumerate() {
             let gid = make_gid(i as u64 + 1, 0);
-            n.tablet_write(1, all_tables(|t| (t, TabletOp::Put { gid, fp })), None).await.unwrap();
+            n.tablet_write(1, all_tables(|t| (t, TabletOp::Put { gid, fp })), true, None)
+                .await
+                .unwrap();
         }
         // Filling: writes are taken, reads refused.
         let e = n.tablet_probe(1, vec![(0, 0)], 3, 100, None).await.unwrap_err();
@@ -697,15 +716,15 @@ mod tests {
         f.map.send_replace(Arc::new(down));
         assert!(is_moved(&n.tablet_probe(3, vec![(0, 0)], 3, 100, None).await.unwrap_err()));
         let put = all_tables(|t| (t, TabletOp::Put { gid: make_gid(9, 0), fp: 1 }));
-        assert!(is_moved(&n.tablet_write(3, put.clone(), None).await.unwrap_err()));
+        assert!(is_moved(&n.tablet_write(3, put.clone(), true, None).await.unwrap_err()));
         // Node 2 down instead: the writers changed at epoch 4, so a write sent under an older
         // map (which would still send to node 2 and wait for it, or worse, miss a writer) is
         // refused, and one sent under the new map is taken.
         let mut other = map(false, 4);
         other.nodes.get_mut(&2).unwrap().state = NodeState::Down;
         f.map.send_replace(Arc::new(other));
-        assert!(is_moved(&n.tablet_write(3, put.clone(), None).await.unwrap_err()));
-        n.tablet_write(4, put, None).await.unwrap();
+        assert!(is_moved(&n.tablet_write(3, put.clone(), true, None).await.unwrap_err()));
+        n.tablet_write(4, put, true, None).await.unwrap();
         // A caller ahead of the node: it waits for its map, then answers by it.
         let tx = f.map.clone();
         tokio::spawn(async move {
@@ -722,7 +741,7 @@ mod tests {
         let g = |i: u64| make_gid(i, 0);
         // Before it went down the node held a and b.
         for (gid, fp) in [(g(1), 0xA), (g(2), 0xB)] {
-            n.tablet_write(1, vec![(0, TabletOp::Put { gid, fp })], None).await.unwrap();
+            n.tablet_write(1, vec![(0, TabletOp::Put { gid, fp })], true, None).await.unwrap();
         }
         let name = |i: u64| format!("doc{i}");
         let in_p0: Vec<u64> =
@@ -731,8 +750,12 @@ mod tests {
         n.doc_write(1, vec![DocOp::Put(pdoc(0)), DocOp::Put(pdoc(1))], None).await.unwrap();
         // Back and filling: c is put and d removed meanwhile.
         f.map.send_replace(Arc::new(map(true, 2)));
-        n.tablet_write(2, vec![(0, TabletOp::Put { gid: g(3), fp: 0xC })], None).await.unwrap();
-        n.tablet_write(2, vec![(0, TabletOp::Remove { gid: g(4), fp: 0xD })], None).await.unwrap();
+        n.tablet_write(2, vec![(0, TabletOp::Put { gid: g(3), fp: 0xC })], true, None)
+            .await
+            .unwrap();
+        n.tablet_write(2, vec![(0, TabletOp::Remove { gid: g(4), fp: 0xD })], false, None)
+            .await
+            .unwrap();
         n.doc_write(2, vec![DocOp::Put(pdoc(2))], None).await.unwrap();
         let d3 = pdoc(3);
         n.doc_write(2, vec![DocOp::Remove { gid: d3.gid, name: d3.name.clone() }], None)
@@ -752,5 +775,37 @@ mod tests {
         let mut want = vec![pdoc(1).gid, pdoc(2).gid, pdoc(4).gid];
         want.sort_unstable();
         assert_eq!(docs, want);
+    }
+
+    /// Puts of new gids skip the lookup only on a serving replica under the sender's own
+    /// epoch; where a copy may have put the gid already, they are looked up.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn new_gids_are_looked_up_wherever_a_copy_may_hold_them() {
+        let f = fixture(true);
+        let n = &f.node;
+        let g = |i: u64| make_gid(i, 0);
+        let put = |gid: u64, fp: u64| vec![(0, TabletOp::Put { gid, fp })];
+        let held = || {
+            let mut h = n.store().scan_tablet(0, 0, u64::MAX).unwrap();
+            h.sort_unstable();
+            h
+        };
+        // Filling: the copy holds a; the router's put of a arrives after it.
+        let unit = Unit::Tablet { table: 0, start: 0 };
+        n.reconcile(unit, Source::Entries(vec![(g(1), 0xA)])).await.unwrap();
+        n.tablet_write(1, put(g(1), 0xA), true, None).await.unwrap();
+        assert_eq!(held(), vec![(g(1), 0xA)]);
+        // Serving now; a put sent under the filling map is looked up too.
+        f.map.send_replace(Arc::new(map(false, 2)));
+        n.tablet_write(1, put(g(1), 0xA), true, None).await.unwrap();
+        assert_eq!(held(), vec![(g(1), 0xA)]);
+        // Under the current map a new gid is stored without a lookup: a sender that broke
+        // its promise would leave a second entry (reads dedupe by gid), which shows the
+        // lookup is skipped; without the promise the put is idempotent.
+        n.tablet_write(2, put(g(2), 0xB), true, None).await.unwrap();
+        n.tablet_write(2, put(g(2), 0xB), false, None).await.unwrap();
+        assert_eq!(held(), vec![(g(1), 0xA), (g(2), 0xB)]);
+        n.tablet_write(2, put(g(2), 0xB), true, None).await.unwrap();
+        assert_eq!(held(), vec![(g(1), 0xA), (g(2), 0xB), (g(2), 0xB)]);
     }
 }

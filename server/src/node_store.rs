@@ -333,15 +333,19 @@ impl NodeStore {
     /// Idempotent: a Put of an entry already there and a Remove of one not there are
     /// no-ops. Ops on one table apply in order. A bad table number changes nothing.
     pub async fn write_tablets(&self, ops: Vec<(u32, TabletOp)>) -> Result<()> {
-        self.append_tablets(ops)?.wait().await
+        self.append_tablets(ops, &[])?.wait().await
     }
 
     /// The first half of [`NodeStore::write_tablets`]: applies and logs the ops, and returns
     /// what to wait for until they are durable. It may block (index lookups, a log write the
     /// kernel throttles), so async callers run it off their runtime's threads.
-    pub fn append_tablets(&self, ops: Vec<(u32, TabletOp)>) -> Result<Durable> {
+    ///
+    /// `new[i]` (false where absent) says that op `i` is a put of a gid never written to
+    /// this node before: it is stored without the lookup that makes puts idempotent
+    /// ([`EntryOp::new`]). Only a caller that knows it may say so.
+    pub fn append_tablets(&self, ops: Vec<(u32, TabletOp)>, new: &[bool]) -> Result<Durable> {
         let mut by_table: BTreeMap<u32, Vec<EntryOp>> = BTreeMap::new();
-        for (t, op) in &ops {
+        for (i, (t, op)) in ops.iter().enumerate() {
             let perm = &self.design.tables()[self.table_index(*t)?].perm;
             let (put, gid, fp) = match *op {
                 TabletOp::Put { gid, fp } => (true, gid, fp),
@@ -350,7 +354,8 @@ impl NodeStore {
             if gid == 0 {
                 return Err(Error::InvalidInput("gid 0 is never a document's".into()));
             }
-            by_table.entry(*t).or_default().push(EntryOp { put, id: gid, fp: perm.apply(fp) });
+            let new = put && new.get(i).copied().unwrap_or(false);
+            by_table.entry(*t).or_default().push(EntryOp { put, id: gid, fp: perm.apply(fp), new });
         }
         let mut waits = Vec::with_capacity(by_table.len());
         for (t, entries) in by_table {
@@ -429,7 +434,7 @@ impl NodeStore {
             .entries()?
             .into_iter()
             .filter(|d| (start..=end).contains(&d.fp))
-            .map(|d| EntryOp { put: false, id: d.id, fp: d.fp })
+            .map(|d| EntryOp { put: false, id: d.id, fp: d.fp, new: false })
             .collect();
         let seq = shard.write_entries(&gone)?;
         shard.wait_durable(seq).await

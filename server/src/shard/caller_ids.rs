@@ -29,6 +29,9 @@ pub struct EntryOp {
     pub id: u64,
     /// Its value as the index holds it.
     pub fp: u64,
+    /// A put of an id never written to this shard before (the caller knows): stored without
+    /// looking whether the index holds it. Ignored for removals.
+    pub new: bool,
 }
 
 impl Shard {
@@ -57,7 +60,9 @@ impl Shard {
 
     /// Applies entry changes to a shard without names, in order; returns the log sequence
     /// to wait for ([`wait_durable`](Self::wait_durable)). A put of an entry already held
-    /// and a removal of one not held change nothing and log nothing.
+    /// and a removal of one not held change nothing and log nothing. Whether an entry is
+    /// held costs a lookup in every run, under the write lock: a put marked
+    /// [`new`](EntryOp::new) skips it.
     pub fn write_entries(&self, ops: &[EntryOp]) -> Result<u64> {
         self.check_serving()?;
         self.check_nameless()?;
@@ -73,6 +78,7 @@ impl Shard {
         for op in ops {
             let held = match decided.get(&(op.id, op.fp)) {
                 Some(&h) => h,
+                None if op.put && op.new => false,
                 None => Self::holds(&st.index, op.id, op.fp, &mut out)?,
             };
             if held == op.put {
