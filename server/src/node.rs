@@ -80,22 +80,6 @@ pub async fn serve_cluster(
     result
 }
 
-/// [`serve_cluster`] on a listener from the standard library, made a tokio one on the
-/// runtime this runs on (the one whose workers then serve it).
-pub async fn serve_cluster_std(
-    listener: std::net::TcpListener,
-    store: Arc<NodeStore>,
-    data: Arc<dyn NodeApi>,
-    cluster: ClusterNode,
-    max_message_bytes: usize,
-    http2: Http2Limits,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    listener.set_nonblocking(true)?;
-    let listener = TcpListener::from_std(listener)?;
-    serve_cluster(listener, store, data, cluster, max_message_bytes, http2, shutdown).await
-}
-
 /// Keeps the health of `""` and the shard service at SERVING while `status` is serving and
 /// `ready` is true, NOT_SERVING otherwise.
 fn follow_health(

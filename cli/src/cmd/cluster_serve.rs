@@ -113,15 +113,16 @@ pub async fn run(
         address: config.cluster.internal_listen.clone(),
         source,
     })?;
-    let internal = internal_rt.spawn(neardup_server::node::serve_cluster_std(
-        internal_listener,
-        store.clone(),
-        local_api,
-        node.clone(),
-        config.limits.max_message_bytes,
-        config.limits.http2(),
-        stop_signal(stopped.clone()),
-    ));
+    let (held, raft, limits) = (store.clone(), node.clone(), config.limits.clone());
+    let stopping = stop_signal(stopped.clone());
+    // The listener becomes a tokio one on the runtime that serves it.
+    let internal = internal_rt.spawn(async move {
+        internal_listener.set_nonblocking(true)?;
+        let listener = TcpListener::from_std(internal_listener)?;
+        let (max, http2) = (limits.max_message_bytes, limits.http2());
+        neardup_server::node::serve_cluster(listener, held, local_api, raft, max, http2, stopping)
+            .await
+    });
     if fresh {
         local.allow_reads();
     } else {

@@ -443,21 +443,25 @@ fn idle_compaction_merges_every_run_and_keeps_answers() {
     check(&shard, &model, &queries);
 }
 
-#[test]
-fn quiet_writes_are_checkpointed_without_waiting_for_the_interval() {
-    let dir = tempfile::tempdir().unwrap();
+/// A shard in `dir` whose writes are quiet at once, and for which neither the operation
+/// count nor the interval asks for a checkpoint; and 20 documents for it, fewer than its
+/// buffer holds (one run after the idle flush, so no compaction, which checkpoints too).
+fn quiet_shard(dir: &Path) -> (Arc<Shard>, Vec<NewDocument>) {
     let mut c = config();
-    // Neither the operation count nor the interval asks for a checkpoint.
     c.checkpoint_ops = u64::MAX;
     c.idle_flush = Duration::ZERO;
     c.compact_idle = Duration::ZERO;
-    let shard = open(dir.path(), c);
-    let mut model = Model::default();
-    // Fewer documents than the buffer holds: one run after the idle flush, so no compaction
-    // (which checkpoints too) takes place.
-    let docs: Vec<_> = (0..20u64)
+    let docs = (0..20u64)
         .map(|i| doc(&format!("https://q/{i}"), i.wrapping_mul(0x9E37_79B9_7F4A_7C15), 1))
         .collect();
+    (open(dir, c), docs)
+}
+
+#[test]
+fn quiet_writes_are_checkpointed_without_waiting_for_the_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let (shard, docs) = quiet_shard(dir.path());
+    let mut model = Model::default();
     durable_write(&shard, &docs, &[]);
     for d in &docs {
         model.0.insert(d.id.clone(), (d.fingerprint, d.timestamp_ms));
@@ -476,15 +480,8 @@ fn quiet_writes_are_checkpointed_without_waiting_for_the_interval() {
 #[test]
 fn a_quiet_tail_of_removes_is_checkpointed() {
     let dir = tempfile::tempdir().unwrap();
-    let mut c = config();
-    c.checkpoint_ops = u64::MAX;
-    c.idle_flush = Duration::ZERO;
-    c.compact_idle = Duration::ZERO;
-    let shard = open(dir.path(), c);
+    let (shard, docs) = quiet_shard(dir.path());
     let mut model = Model::default();
-    let docs: Vec<_> = (0..20u64)
-        .map(|i| doc(&format!("https://r/{i}"), i.wrapping_mul(0x9E37_79B9_7F4A_7C15), 1))
-        .collect();
     durable_write(&shard, &docs, &[]);
     shard.maintain_once().unwrap();
     assert!(!shard.stats().unwrap().checkpoint_pending);
