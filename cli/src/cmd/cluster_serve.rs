@@ -145,9 +145,7 @@ pub async fn run(
     let _ = filler.await;
     cluster.shutdown().await;
     // The transport's tasks are gone with the cluster's shutdown.
-    let _ =
-        tokio::task::spawn_blocking(move || internal_rt.shutdown_timeout(Duration::from_secs(1)))
-            .await;
+    internal_rt.shut_down().await;
     let down = tokio::task::spawn_blocking(move || store.shutdown())
         .await
         .map_err(|e| CliError::Shutdown(e.to_string()))?
@@ -162,12 +160,43 @@ pub async fn run(
 /// leader's liveness checks) must arrive within the election and failure timeouts, and on a
 /// node whose public API is busy (a router for many clients) they would otherwise queue
 /// behind its requests on the same workers.
-fn internal_runtime() -> Result<tokio::runtime::Runtime, CliError> {
+fn internal_runtime() -> Result<InternalRuntime, CliError> {
     tokio::runtime::Builder::new_multi_thread()
         .thread_name("neardup-internal")
         .enable_all()
         .build()
+        .map(|rt| InternalRuntime(Some(rt)))
         .map_err(CliError::Runtime)
+}
+
+/// The internal runtime. [`shut_down`](Self::shut_down) waits for its threads off the
+/// async threads; dropped without it (an early return of `run`, which is async and where a
+/// runtime may not wait), it shuts down without waiting.
+struct InternalRuntime(Option<tokio::runtime::Runtime>);
+
+impl InternalRuntime {
+    async fn shut_down(mut self) {
+        if let Some(rt) = self.0.take() {
+            let wait = move || rt.shutdown_timeout(Duration::from_secs(1));
+            let _ = tokio::task::spawn_blocking(wait).await;
+        }
+    }
+}
+
+impl std::ops::Deref for InternalRuntime {
+    type Target = tokio::runtime::Runtime;
+
+    fn deref(&self) -> &tokio::runtime::Runtime {
+        self.0.as_ref().expect("present until shut down")
+    }
+}
+
+impl Drop for InternalRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 /// After a start, lets the node serve reads only once its replicas are marked for catching
