@@ -596,13 +596,20 @@ mod tests {
     /// Sends `n` numbered messages at once and waits (bounded) until `want` arrived.
     async fn send_and_wait(t: &GrpcTransport, peer: &SlowPeer, addr: &str, n: u32, want: usize) {
         send_numbered(t, addr, 0..n);
+        if !poll(|| peer.got.lock().len() >= want).await {
+            panic!("{} of {want} messages arrived", peer.got.lock().len());
+        }
+    }
+
+    /// Whether `done` became true within 5 s, polled every 10 ms.
+    async fn poll(done: impl Fn() -> bool) -> bool {
         for _ in 0..500 {
-            if peer.got.lock().len() >= want {
-                return;
+            if done() {
+                return true;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        panic!("{} of {want} messages arrived", peer.got.lock().len());
+        false
     }
 
     fn send_numbered(t: &GrpcTransport, addr: &str, numbers: std::ops::Range<u32>) {
@@ -613,12 +620,7 @@ mod tests {
 
     /// Waits (bounded) until every one of `sent` messages arrived or was counted dropped.
     async fn settle(t: &GrpcTransport, peer: &SlowPeer, sent: u64) {
-        for _ in 0..500 {
-            if peer.got.lock().len() as u64 + t.dropped() >= sent {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        poll(|| peer.got.lock().len() as u64 + t.dropped() >= sent).await;
     }
 
     /// A backlog behind a slow call goes in one StepBatch call, in order, nothing dropped.

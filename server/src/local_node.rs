@@ -413,7 +413,7 @@ impl NodeApi for LocalNode {
                     TabletOp::Remove { gid, .. } => self.record(unit, None, Some(gid)),
                 }
             }
-            new.push(current && !filling && matches!(op, TabletOp::Put { .. }));
+            new.push(current && !filling);
         }
         self.write(move |s| s.append_tablets(ops, &new)).await
     }
@@ -437,12 +437,11 @@ impl NodeApi for LocalNode {
             self.check_reader(&map, unit)?;
         }
         let store = self.store.clone();
+        let inline = probes.len() <= INLINE_PROBES;
+        let probe = move || store.probe_tablets(&probes, k, max_matches);
         // A few probes cost microseconds: answered here, not behind a hand-over to the
         // blocking pool, whose wake-up alone may take milliseconds on a busy machine.
-        if probes.len() <= INLINE_PROBES {
-            return store.probe_tablets(&probes, k, max_matches).map_err(DataError::from);
-        }
-        blocking(move || store.probe_tablets(&probes, k, max_matches)).await
+        if inline { probe().map_err(DataError::from) } else { blocking(probe).await }
     }
 
     async fn doc_write(

@@ -340,8 +340,8 @@ impl NodeStore {
     /// what to wait for until they are durable. It may block (index lookups, a log write the
     /// kernel throttles), so async callers run it off their runtime's threads.
     ///
-    /// `new[i]` (false where absent) says that op `i` is a put of a gid never written to
-    /// this node before: it is stored without the lookup that makes puts idempotent
+    /// `new[i]` (false where absent) says that op `i`, if a put, is of a gid never written
+    /// to this node before: it is stored without the lookup that makes puts idempotent
     /// ([`EntryOp::new`]). Only a caller that knows it may say so.
     pub fn append_tablets(&self, ops: Vec<(u32, TabletOp)>, new: &[bool]) -> Result<Durable> {
         let mut by_table: BTreeMap<u32, Vec<EntryOp>> = BTreeMap::new();
@@ -354,7 +354,7 @@ impl NodeStore {
             if gid == 0 {
                 return Err(Error::InvalidInput("gid 0 is never a document's".into()));
             }
-            let new = put && new.get(i).copied().unwrap_or(false);
+            let new = new.get(i).copied().unwrap_or(false);
             by_table.entry(*t).or_default().push(EntryOp { put, id: gid, fp: perm.apply(fp), new });
         }
         let mut waits = Vec::with_capacity(by_table.len());
