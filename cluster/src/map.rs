@@ -88,6 +88,9 @@ pub struct Tablet {
     /// back from [`NodeState::Down`] catching up.
     #[serde(default)]
     pub filling: Vec<NodeId>,
+    /// The epoch at which its writers last changed (see [`ClusterMap::writers_since`]).
+    #[serde(default)]
+    pub writers_epoch: u64,
 }
 
 /// One partition of the documents: those whose name hashes to `index` (see
@@ -102,6 +105,9 @@ pub struct Partition {
     /// Replicas that take writes but do not serve reads yet (as [`Tablet::filling`]).
     #[serde(default)]
     pub filling: Vec<NodeId>,
+    /// The epoch at which its writers last changed (see [`ClusterMap::writers_since`]).
+    #[serde(default)]
+    pub writers_epoch: u64,
 }
 
 /// A unit of placement: a tablet (named by its table and first permuted value) or a
@@ -338,8 +344,38 @@ impl ClusterMap {
         let mut next = self.clone();
         next.apply_inner(cmd)?;
         next.epoch = self.epoch + 1;
+        next.mark_writer_changes(self);
         *self = next;
         Ok(())
+    }
+
+    /// Stamps every unit whose writers differ from `before`'s with this map's epoch.
+    fn mark_writer_changes(&mut self, before: &ClusterMap) {
+        let sorted = |mut v: Vec<NodeId>| {
+            v.sort_unstable();
+            v
+        };
+        let changed: Vec<Unit> = self
+            .units()
+            .filter(|&u| sorted(self.writers(u)) != sorted(before.writers(u)))
+            .collect();
+        let epoch = self.epoch;
+        for unit in changed {
+            match unit {
+                Unit::Tablet { table, start } => {
+                    if let Some(t) =
+                        self.tablets.iter_mut().find(|t| t.table == table && t.start == start)
+                    {
+                        t.writers_epoch = epoch;
+                    }
+                }
+                Unit::Partition(p) => {
+                    if let Some(x) = self.partitions.get_mut(p as usize) {
+                        x.writers_epoch = epoch;
+                    }
+                }
+            }
+        }
     }
 
     fn bootstrapped(&self) -> Result<(), MapError> {
@@ -382,12 +418,18 @@ impl ClusterMap {
                                 nodes: vec![node.id],
                                 state: TabletState::Active,
                                 filling: Vec::new(),
+                                writers_epoch: 0,
                             }
                         })
                     })
                     .collect();
                 self.partitions = (0..layout.partitions)
-                    .map(|index| Partition { index, nodes: vec![node.id], filling: Vec::new() })
+                    .map(|index| Partition {
+                        index,
+                        nodes: vec![node.id],
+                        filling: Vec::new(),
+                        writers_epoch: 0,
+                    })
                     .collect();
                 self.replicas = layout.replicas;
                 self.split_bits = sb;
@@ -718,6 +760,19 @@ impl ClusterMap {
         nodes.iter().chain(filling).copied().filter(|&n| self.is_up(n)).collect()
     }
 
+    /// The epoch at which the writers of `unit` last changed: a write sent under an older
+    /// map may have missed one of them, so a replica refuses it. Every replica computes it
+    /// from the same sequence of commands, so every node refuses alike whatever maps it
+    /// skipped (0 for an unknown unit, or in a map from before the field existed).
+    pub fn writers_since(&self, unit: Unit) -> u64 {
+        match unit {
+            Unit::Tablet { table, start } => {
+                self.tablet(table, start).map_or(0, |t| t.writers_epoch)
+            }
+            Unit::Partition(p) => self.partition(p).map_or(0, |x| x.writers_epoch),
+        }
+    }
+
     /// The voters' ids.
     pub fn voters(&self) -> impl Iterator<Item = NodeId> + '_ {
         self.nodes.values().filter(|n| n.role == Role::Voter).map(|n| n.id)
@@ -866,6 +921,39 @@ mod tests {
         assert!(ClusterMap::decode(&bytes[..bytes.len() - 1]).is_err());
     }
 
+    /// Every command that changes a unit's writers stamps the unit with its epoch; the rest
+    /// leave the stamp alone, so a node that skipped maps refuses the same writes.
+    #[test]
+    fn writer_changes_are_stamped_with_their_epoch() {
+        let mut map = ClusterMap::default();
+        map.apply(&boot()).unwrap();
+        for id in [2, 3] {
+            map.apply(&add(id)).unwrap();
+            map.apply(&Command::Promote { id }).unwrap();
+            all_ready(&mut map);
+        }
+        let stamps = |m: &ClusterMap| m.units().map(|u| m.writers_since(u)).collect::<Vec<_>>();
+        let before = stamps(&map);
+        let held_by_3: Vec<Unit> = map.units().filter(|&u| map.holds(u, 3)).collect();
+        assert!(!held_by_3.is_empty() && held_by_3.len() < map.units().count());
+        map.apply(&Command::GrantIds { node: 1, count: 10 }).unwrap();
+        assert_eq!(stamps(&map), before, "a grant changes no writers");
+        map.apply(&Command::NodeDown { id: 3 }).unwrap();
+        let down = map.epoch;
+        for u in map.units() {
+            let want = if held_by_3.contains(&u) { down } else { map.writers_since(u) };
+            assert_eq!(map.writers_since(u), want, "{u:?}");
+        }
+        map.apply(&Command::NodeBack { id: 3 }).unwrap();
+        let back = map.epoch;
+        assert!(held_by_3.iter().all(|&u| map.writers_since(u) == back));
+        // Filling to serving keeps the writers: the stamp stays.
+        all_ready(&mut map);
+        assert!(held_by_3.iter().all(|&u| map.writers_since(u) == back));
+        assert!(map.units().all(|u| map.writers_since(u) < back || held_by_3.contains(&u)));
+        assert_eq!(ClusterMap::decode(&map.encode()).unwrap(), map);
+    }
+
     #[test]
     fn bootstrap_layouts_are_checked() {
         let with = |replicas, split_bits, partitions, min_prefix_bits| {
@@ -982,6 +1070,7 @@ mod tests {
                 nodes: vec![1],
                 state: TabletState::Active,
                 filling: vec![2],
+                writers_epoch: 0,
             },
             Tablet {
                 table: 0,
@@ -990,11 +1079,12 @@ mod tests {
                 nodes: vec![2, 1],
                 state: TabletState::Active,
                 filling: vec![],
+                writers_epoch: 0,
             },
         ];
         map.partitions = vec![
-            Partition { index: 0, nodes: vec![1, 2], filling: vec![] },
-            Partition { index: 1, nodes: vec![2], filling: vec![1] },
+            Partition { index: 0, nodes: vec![1, 2], filling: vec![], writers_epoch: 0 },
+            Partition { index: 1, nodes: vec![2], filling: vec![1], writers_epoch: 0 },
         ];
         assert_eq!(map.tablet_for(0, 5).unwrap().start, 0);
         assert_eq!(map.tablet_for(0, u64::MAX).unwrap().start, 1 << 63);

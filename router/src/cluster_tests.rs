@@ -264,12 +264,18 @@ fn map_of(addrs: &[String], split_bits: u32, parts: u32) -> ClusterMap {
                 nodes: two(i),
                 state: TabletState::Active,
                 filling: Vec::new(),
+                writers_epoch: 0,
             });
             i += 1;
         }
     }
     map.partitions = (0..parts)
-        .map(|p| Partition { index: p, nodes: two(u64::from(p)), filling: Vec::new() })
+        .map(|p| Partition {
+            index: p,
+            nodes: two(u64::from(p)),
+            filling: Vec::new(),
+            writers_epoch: 0,
+        })
         .collect();
     map
 }

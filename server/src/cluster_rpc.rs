@@ -490,7 +490,7 @@ pub fn status_response(node: &ClusterNode) -> StatusResponse {
     let tablets = tablets
         .iter()
         .map(|t| {
-            let map::Tablet { table, start, end, nodes, state, filling } = t;
+            let map::Tablet { table, start, end, nodes, state, filling, .. } = t;
             Tablet {
                 table: *table,
                 start: *start,
@@ -523,7 +523,7 @@ pub fn status_response(node: &ClusterNode) -> StatusResponse {
         partitions: partitions
             .iter()
             .map(|p| {
-                let map::Partition { index, nodes, filling } = p;
+                let map::Partition { index, nodes, filling, .. } = p;
                 Partition { index: *index, nodes: nodes.clone(), filling: filling.clone() }
             })
             .collect(),

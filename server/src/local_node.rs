@@ -19,10 +19,13 @@
 //! # Writes under an older map
 //! A write must reach every writer of its units. A router whose map predates a change of a
 //! unit's writers (a replica added, marked down or back) would miss the new one, so a node
-//! refuses a write sent under an epoch older than the last change of the unit's writers it
-//! has seen; the router refreshes its map and retries. Scans, which a filling replica copies
-//! from, first wait for the writes in flight here to finish, so a copy taken at epoch E
-//! holds every write this node accepted under an older map.
+//! refuses a write sent under an epoch older than the last change of the unit's writers
+//! (which the map records: every node refuses alike, whichever maps it skipped); the router
+//! refreshes its map and retries. A write is checked against the node's map as it is once
+//! the write holds the node's write gate. Scans, which a filling replica copies from, need
+//! the node's map at the copier's epoch at least, then wait for the writes in flight here to
+//! finish: a copy taken at epoch E holds every write this node accepted under an older map,
+//! and every later write under such a map is refused.
 //!
 //! # After a restart
 //! A node that restarts may have missed writes while it was away, and its map may be older
@@ -74,19 +77,10 @@ pub struct LocalNode {
     map: watch::Receiver<Arc<ClusterMap>>,
     in_contact: Arc<dyn Fn() -> bool + Send + Sync>,
     fills: Mutex<HashMap<Unit, FillLog>>,
-    /// Per unit, its writers and the epoch of the map in which this node first saw them.
-    writers: Mutex<Writers>,
     /// Writes hold it shared from their check to their store write; a scan takes it
     /// exclusively once, to wait for the writes accepted under older maps.
     gate: tokio::sync::RwLock<()>,
     reads: AtomicBool,
-}
-
-/// The writers of each unit as last seen, and since when.
-#[derive(Debug, Default)]
-struct Writers {
-    epoch: u64,
-    units: HashMap<Unit, (Vec<NodeId>, u64)>,
 }
 
 impl std::fmt::Debug for LocalNode {
@@ -112,7 +106,6 @@ impl LocalNode {
             map,
             in_contact,
             fills: Mutex::new(HashMap::new()),
-            writers: Mutex::new(Writers::default()),
             gate: tokio::sync::RwLock::new(()),
             reads: AtomicBool::new(false),
         }
@@ -121,29 +114,6 @@ impl LocalNode {
     /// Lets the node serve reads (see the module docs: after a restart).
     pub fn allow_reads(&self) {
         self.reads.store(true, Ordering::Release);
-    }
-
-    /// The epoch since which `unit` has had the writers it has in `map`.
-    fn writers_since(&self, map: &ClusterMap, unit: Unit) -> u64 {
-        let mut w = self.writers.lock();
-        if map.epoch > w.epoch {
-            w.epoch = map.epoch;
-            for u in map.units() {
-                let mut now = map.writers(u);
-                now.sort_unstable();
-                match w.units.get_mut(&u) {
-                    Some((seen, since)) if *seen != now => {
-                        *seen = now;
-                        *since = map.epoch;
-                    }
-                    Some(_) => {}
-                    None => {
-                        w.units.insert(u, (now, map.epoch));
-                    }
-                }
-            }
-        }
-        w.units.get(&unit).map_or(map.epoch, |(_, since)| *since)
     }
 
     /// The store.
@@ -162,6 +132,38 @@ impl LocalNode {
             let _ = tokio::time::timeout(wait, rx.wait_for(|m| m.epoch >= epoch)).await;
         }
         rx.borrow().clone()
+    }
+
+    /// The map a write is checked against, and the gate held until it is durable. The map
+    /// is read once the gate is held: a scan that passed the gate before this write had its
+    /// map at the copier's epoch already, so this write is checked against that map or a
+    /// newer one and refused if its sender missed the copier among the writers.
+    async fn map_for_write(
+        &self,
+        epoch: u64,
+        deadline: Option<Instant>,
+    ) -> (Arc<ClusterMap>, tokio::sync::RwLockReadGuard<'_, ()>) {
+        self.map_at(epoch, deadline).await;
+        let gate = self.gate.read().await;
+        (self.map.borrow().clone(), gate)
+    }
+
+    /// The map for a scan a filling replica copies from: at least at the copier's epoch,
+    /// else refused. A source behind the copier could still take writes sent under maps that
+    /// do not list the copier, after its copy was taken.
+    async fn map_for_scan(
+        &self,
+        epoch: u64,
+        deadline: Option<Instant>,
+    ) -> DataResult<Arc<ClusterMap>> {
+        let map = self.map_at(epoch, deadline).await;
+        if map.epoch < epoch {
+            return Err(DataError::Unavailable(format!(
+                "node {}'s map is at epoch {}, behind the copier's {epoch}",
+                self.id, map.epoch
+            )));
+        }
+        Ok(map)
     }
 
     fn tablet_unit(&self, map: &ClusterMap, table: u32, fp: u64) -> DataResult<Unit> {
@@ -192,7 +194,7 @@ impl LocalNode {
         if !map.writers(unit).contains(&self.id) {
             return Err(moved(map, format!("node {} does not take writes for {unit:?}", self.id)));
         }
-        let since = self.writers_since(map, unit);
+        let since = map.writers_since(unit);
         if epoch < since {
             return Err(moved(
                 map,
@@ -394,8 +396,7 @@ impl NodeApi for LocalNode {
         deadline: Option<Instant>,
     ) -> DataResult<()> {
         check_deadline(deadline)?;
-        let map = self.map_at(epoch, deadline).await;
-        let _gate = self.gate.read().await;
+        let (map, _gate) = self.map_for_write(epoch, deadline).await;
         let mut checked = HashMap::new();
         // New gids are sent once, to every writer under one epoch, so their puts are new
         // here: unless the unit is filling (its copy may have put the gid already), or the
@@ -451,8 +452,7 @@ impl NodeApi for LocalNode {
         deadline: Option<Instant>,
     ) -> DataResult<()> {
         check_deadline(deadline)?;
-        let map = self.map_at(epoch, deadline).await;
-        let _gate = self.gate.read().await;
+        let (map, _gate) = self.map_for_write(epoch, deadline).await;
         let mut checked = HashMap::new();
         for op in &ops {
             let (unit, put, removed) = match op {
@@ -524,7 +524,7 @@ impl NodeApi for LocalNode {
         deadline: Option<Instant>,
     ) -> DataResult<Vec<(u64, u64)>> {
         check_deadline(deadline)?;
-        let map = self.map_at(epoch, deadline).await;
+        let map = self.map_for_scan(epoch, deadline).await?;
         self.check_contact()?;
         let tablet = map
             .tablet(table, start)
@@ -543,7 +543,7 @@ impl NodeApi for LocalNode {
         deadline: Option<Instant>,
     ) -> DataResult<Vec<DocInfo>> {
         check_deadline(deadline)?;
-        let map = self.map_at(epoch, deadline).await;
+        let map = self.map_for_scan(epoch, deadline).await?;
         self.check_contact()?;
         self.check_reader(&map, Self::partition_unit(&map, partition)?)?;
         drop(self.gate.write().await);
@@ -620,14 +620,28 @@ mod tests {
                     nodes: nodes.clone(),
                     state: TabletState::Active,
                     filling: fill.clone(),
+                    writers_epoch: 1,
                 })
                 .collect(),
             partitions: (0..2)
-                .map(|index| Partition { index, nodes: nodes.clone(), filling: fill.clone() })
+                .map(|index| Partition {
+                    index,
+                    nodes: nodes.clone(),
+                    filling: fill.clone(),
+                    writers_epoch: 1,
+                })
                 .collect(),
             replicas: 2,
             ..Default::default()
         }
+    }
+
+    /// `m` with every unit's writers changed at `epoch` (as the map's own commands stamp
+    /// them).
+    fn stamped(mut m: ClusterMap, epoch: u64) -> ClusterMap {
+        m.tablets.iter_mut().for_each(|t| t.writers_epoch = epoch);
+        m.partitions.iter_mut().for_each(|p| p.writers_epoch = epoch);
+        m
     }
 
     fn config() -> NodeStoreConfig {
@@ -712,7 +726,7 @@ mod tests {
         // Marked down in its own map: neither reads nor writes.
         let mut down = map(false, 3);
         down.nodes.get_mut(&1).unwrap().state = NodeState::Down;
-        f.map.send_replace(Arc::new(down));
+        f.map.send_replace(Arc::new(stamped(down, 3)));
         assert!(is_moved(&n.tablet_probe(3, vec![(0, 0)], 3, 100, None).await.unwrap_err()));
         let put = all_tables(|t| (t, TabletOp::Put { gid: make_gid(9, 0), fp: 1 }));
         assert!(is_moved(&n.tablet_write(3, put.clone(), true, None).await.unwrap_err()));
@@ -721,16 +735,45 @@ mod tests {
         // refused, and one sent under the new map is taken.
         let mut other = map(false, 4);
         other.nodes.get_mut(&2).unwrap().state = NodeState::Down;
-        f.map.send_replace(Arc::new(other));
+        f.map.send_replace(Arc::new(stamped(other, 4)));
         assert!(is_moved(&n.tablet_write(3, put.clone(), true, None).await.unwrap_err()));
         n.tablet_write(4, put, true, None).await.unwrap();
         // A caller ahead of the node: it waits for its map, then answers by it.
         let tx = f.map.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(50)).await;
-            tx.send_replace(Arc::new(map(false, 5)));
+            tx.send_replace(Arc::new(stamped(map(false, 5), 5)));
         });
         n.tablet_probe(5, vec![(0, 0)], 3, 100, None).await.unwrap();
+    }
+
+    /// A copier's scan needs this node's map at the copier's epoch; and writes are refused
+    /// by the map's record of when the writers changed, even when this node never saw the
+    /// map in between.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_source_behind_the_copier_refuses_the_copy_and_old_writes() {
+        let f = fixture(false);
+        let n = &f.node;
+        let soon = || Some(Instant::now() + Duration::from_millis(50));
+        let e = n.tablet_scan(3, 0, 0, u64::MAX, soon()).await.unwrap_err();
+        assert!(matches!(e, DataError::Unavailable(_)), "{e}");
+        let e = n.partition_scan(3, 0, soon()).await.unwrap_err();
+        assert!(matches!(e, DataError::Unavailable(_)), "{e}");
+        // A write under epoch 1; then epoch 2 (node 2 marked down: writers {1}) never reaches
+        // this node, and epoch 3 (node 2 back) has the writers of epoch 1 again, changed at 3.
+        let first = all_tables(|t| (t, TabletOp::Put { gid: make_gid(2, 0), fp: 2 }));
+        n.tablet_write(1, first, true, None).await.unwrap();
+        f.map.send_replace(Arc::new(stamped(map(false, 3), 3)));
+        assert_eq!(n.tablet_scan(3, 0, 0, u64::MAX, soon()).await.unwrap().len(), 1);
+        let put = all_tables(|t| (t, TabletOp::Put { gid: make_gid(1, 0), fp: 1 }));
+        assert!(is_moved(&n.tablet_write(2, put.clone(), true, None).await.unwrap_err()));
+        let d = doc(make_gid(1, 0), "a", 1);
+        let p = map(false, 3).partition_of("a").unwrap();
+        let d = DocInfo { gid: make_gid(1, p), ..d };
+        assert!(is_moved(&n.doc_write(2, vec![DocOp::Put(d.clone())], None).await.unwrap_err()));
+        n.tablet_write(3, put, true, None).await.unwrap();
+        n.doc_write(3, vec![DocOp::Put(d)], None).await.unwrap();
+        assert_eq!(n.store().scan_tablet(0, 0, u64::MAX).unwrap().len(), 2);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

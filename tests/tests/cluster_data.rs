@@ -396,7 +396,35 @@ async fn final_check(addrs: &[String], shared: &Shared) {
 }
 
 /// Fails with the violations, if any.
-fn verdict(shared: &Shared) {
+/// What the nodes' logs (`node-*.log` in `dir`) said about faults and catching up: the last
+/// warnings, errors, map changes and fills of each, for a failure's report.
+fn log_excerpts(dir: &Path) -> String {
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    logs.retain(|p| p.extension().is_some_and(|e| e == "log"));
+    logs.sort();
+    let keys = ["WARN", "ERROR", "filled", "Node", "marked", "epoch"];
+    let mut out = String::new();
+    for log in logs {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> =
+            text.lines().filter(|l| keys.iter().any(|k| l.contains(k))).collect();
+        out.push_str(&format!(
+            "--- {} (last {} of {} lines)\n",
+            log.display(),
+            lines.len().min(60),
+            lines.len()
+        ));
+        for l in &lines[lines.len().saturating_sub(60)..] {
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn verdict(shared: &Shared, dir: &Path) {
     let report = shared.report();
     eprintln!("{report}");
     assert!(shared.checked.load(Ordering::Relaxed) > 0, "no answer was checked: {report}");
@@ -406,6 +434,9 @@ fn verdict(shared: &Shared) {
         .map(|k| format!("{k}: {}", v.iter().filter(|x| x.contains(&format!(": {k}"))).count()))
         .collect();
     eprintln!("violations by kind: {}", kinds.join(", "));
+    if !v.is_empty() {
+        eprintln!("{}", log_excerpts(dir));
+    }
     assert!(
         v.is_empty(),
         "{} violations (first 20):\n{}\n{report}",
@@ -447,7 +478,7 @@ async fn single_node_kill9_torture() {
     let_run(&shared, 1500).await;
     stop_clients(&shared, tasks).await;
     final_check(&addrs, &shared).await;
-    verdict(&shared);
+    verdict(&shared, dir.path());
     node.terminate();
 }
 
@@ -541,7 +572,7 @@ async fn three_nodes_kill9_torture() {
     let_run(&shared, 1500).await;
     stop_clients(&shared, tasks).await;
     final_check(&addrs, &shared).await;
-    verdict(&shared);
+    verdict(&shared, dir.path());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -572,7 +603,7 @@ async fn three_nodes_partition_torture() {
     let_run(&shared, 1500).await;
     stop_clients(&shared, tasks).await;
     final_check(&addrs, &shared).await;
-    verdict(&shared);
+    verdict(&shared, dir.path());
     for m in members.iter_mut() {
         m.kill9();
     }
