@@ -719,21 +719,28 @@ impl ClusterRouter {
                 (node, async move {
                     let asked: Vec<(u32, u64)> = probes.iter().map(|&(_, t, fp)| (t, fp)).collect();
                     let n = asked.len();
-                    let r = api.tablet_probe(epoch, asked, call_k, cap, deadline).await?;
-                    if r.len() != n {
+                    let r = api.tablet_probe_resolving(epoch, asked, call_k, cap, deadline).await?;
+                    if r.results.len() != n {
                         return Err(DataError::Internal(format!(
                             "{} answers to {n} probes",
-                            r.len()
+                            r.results.len()
                         )));
                     }
-                    Ok(probes.into_iter().map(|(qi, _, _)| qi).zip(r).collect::<Vec<_>>())
+                    let answers: Vec<_> =
+                        probes.into_iter().map(|(qi, _, _)| qi).zip(r.results).collect();
+                    Ok((answers, r.docs, r.resolved))
                 })
             })
             .collect();
         // Each query's hits, deduplicated by gid (two tables may catch one entry).
         let mut hits: Vec<(Vec<TabletHit>, bool)> =
             queries.iter().map(|_| (Vec::new(), false)).collect();
-        for (_, answers) in self.fan_out(calls).await? {
+        // Documents the probed nodes resolved, and the partitions they resolved.
+        let mut docs: HashMap<u64, DocInfo> = HashMap::new();
+        let mut resolved: HashSet<u32> = HashSet::new();
+        for (_, (answers, found_docs, parts)) in self.fan_out(calls).await? {
+            resolved.extend(parts);
+            docs.extend(found_docs.into_iter().map(|d| (d.gid, d)));
             for (qi, (found, truncated)) in answers {
                 let (merged, cut) = &mut hits[qi];
                 *cut |= truncated;
@@ -746,8 +753,15 @@ impl ClusterRouter {
             merged.sort_unstable_by_key(|h| h.gid);
             merged.dedup_by_key(|h| h.gid);
         }
-        let gids: HashSet<u64> = hits.iter().flat_map(|(m, _)| m.iter().map(|h| h.gid)).collect();
-        let docs = self.resolve(ctx, &gids, deadline).await?;
+        // The rest: a second hop to their partitions.
+        let gids: HashSet<u64> = hits
+            .iter()
+            .flat_map(|(m, _)| m.iter().map(|h| h.gid))
+            .filter(|g| !resolved.contains(&gid_partition(*g)))
+            .collect();
+        if !gids.is_empty() {
+            docs.extend(self.resolve(ctx, &gids, deadline).await?);
+        }
         Ok(hits
             .into_iter()
             .map(|(merged, cut)| {

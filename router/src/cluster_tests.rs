@@ -704,6 +704,9 @@ async fn the_data_service_round_trips_over_grpc() {
         hits,
         vec![(vec![TabletHit { gid: d.gid, fp: 99, distance: 1 }], false), (vec![], false)]
     );
+    // A node that resolves nothing (this one) answers a resolving probe with its hits alone.
+    let r = node.tablet_probe_resolving(1, vec![(0, 98)], 2, 10, None).await.unwrap();
+    assert_eq!((r.results, r.docs, r.resolved), (hits[..1].to_vec(), vec![], vec![]));
     assert_eq!(
         node.doc_lookup(1, vec!["a".into(), "b".into()], None).await.unwrap(),
         vec![Some(d.clone()), None]

@@ -17,7 +17,9 @@ use neardup_proto::v1::StatsResponse;
 use neardup_server::data_api::{
     doc_from_wire, doc_op_to_wire, docs_from_wire, probe_results_from_wire, tablet_op_to_wire,
 };
-use neardup_server::{DataError, DataResult, DocInfo, DocOp, NodeApi, TabletHit, TabletOp};
+use neardup_server::{
+    DataError, DataResult, DocInfo, DocOp, NodeApi, ProbeAnswer, TabletHit, TabletOp,
+};
 use tokio::sync::watch;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
@@ -165,6 +167,29 @@ impl GrpcNode {
             .max_encoding_message_size(max_message_bytes);
         Ok(GrpcNode { client })
     }
+
+    /// A probe call; with `resolve`, the node resolves the hits of partitions it serves.
+    async fn probe(
+        &self,
+        epoch: u64,
+        probes: Vec<(u32, u64)>,
+        k: u32,
+        max_matches: usize,
+        resolve: bool,
+        deadline: Option<Instant>,
+    ) -> DataResult<ProbeAnswer> {
+        let n = probes.len();
+        let probes =
+            probes.into_iter().map(|(table, fp)| TabletProbeTarget { table, fp }).collect();
+        let max_matches = max_matches as u64;
+        let req = request(TabletProbeRequest { epoch, probes, k, max_matches, resolve }, deadline);
+        let r = self.client.clone().tablet_probe(req).await.map_err(status_error)?.into_inner();
+        Ok(ProbeAnswer {
+            results: probe_results_from_wire(r.results, n)?,
+            docs: r.docs.into_iter().map(doc_from_wire).collect(),
+            resolved: r.resolved_partitions,
+        })
+    }
 }
 
 #[tonic::async_trait]
@@ -190,15 +215,18 @@ impl NodeApi for GrpcNode {
         max_matches: usize,
         deadline: Option<Instant>,
     ) -> DataResult<Vec<(Vec<TabletHit>, bool)>> {
-        let n = probes.len();
-        let probes =
-            probes.into_iter().map(|(table, fp)| TabletProbeTarget { table, fp }).collect();
-        let req = request(
-            TabletProbeRequest { epoch, probes, k, max_matches: max_matches as u64 },
-            deadline,
-        );
-        let r = self.client.clone().tablet_probe(req).await.map_err(status_error)?;
-        probe_results_from_wire(r.into_inner().results, n)
+        Ok(self.probe(epoch, probes, k, max_matches, false, deadline).await?.results)
+    }
+
+    async fn tablet_probe_resolving(
+        &self,
+        epoch: u64,
+        probes: Vec<(u32, u64)>,
+        k: u32,
+        max_matches: usize,
+        deadline: Option<Instant>,
+    ) -> DataResult<ProbeAnswer> {
+        self.probe(epoch, probes, k, max_matches, true, deadline).await
     }
 
     async fn doc_write(

@@ -24,7 +24,7 @@ use tokio_stream::Stream;
 use tonic::{Code, Request, Response, Status};
 
 use crate::cluster_rpc::EPOCH_METADATA;
-use crate::data_types::{DocInfo, DocOp, TabletHit, TabletOp};
+use crate::data_types::{DocInfo, DocOp, ProbeAnswer, TabletHit, TabletOp};
 
 /// Entries or documents per message of a scan stream.
 pub const SCAN_CHUNK: usize = 4096;
@@ -165,6 +165,20 @@ pub trait NodeApi: Send + Sync + 'static {
         max_matches: usize,
         deadline: Option<Instant>,
     ) -> DataResult<Vec<(Vec<TabletHit>, bool)>>;
+    /// [`tablet_probe`](Self::tablet_probe), and the documents of the hits whose partitions
+    /// this node serves, looked up in the same call (a read's second hop saved for them).
+    /// By default none are resolved.
+    async fn tablet_probe_resolving(
+        &self,
+        epoch: u64,
+        probes: Vec<(u32, u64)>,
+        k: u32,
+        max_matches: usize,
+        deadline: Option<Instant>,
+    ) -> DataResult<ProbeAnswer> {
+        let results = self.tablet_probe(epoch, probes, k, max_matches, deadline).await?;
+        Ok(ProbeAnswer { results, ..Default::default() })
+    }
     /// Applies document changes in order, durably.
     async fn doc_write(
         &self,
@@ -373,18 +387,28 @@ impl Data for DataService {
         req: Request<TabletProbeRequest>,
     ) -> Result<Response<TabletProbeResponse>, Status> {
         let deadline = deadline_of(&req);
-        let TabletProbeRequest { epoch, probes, k, max_matches } = req.into_inner();
+        let TabletProbeRequest { epoch, probes, k, max_matches, resolve } = req.into_inner();
         let probes: Vec<(u32, u64)> =
             probes.into_iter().map(|TabletProbeTarget { table, fp }| (table, fp)).collect();
         let n = probes.len();
         let max = usize::try_from(max_matches).unwrap_or(usize::MAX);
-        let results = self.api.tablet_probe(epoch, probes, k, max, deadline).await?;
+        let answer = if resolve {
+            self.api.tablet_probe_resolving(epoch, probes, k, max, deadline).await?
+        } else {
+            let results = self.api.tablet_probe(epoch, probes, k, max, deadline).await?;
+            ProbeAnswer { results, ..Default::default() }
+        };
+        let ProbeAnswer { results, docs, resolved } = answer;
         if results.len() != n {
             return Err(
                 DataError::Internal(format!("{} results for {n} probes", results.len())).into()
             );
         }
-        Ok(Response::new(TabletProbeResponse { results: probe_results_to_wire(results) }))
+        Ok(Response::new(TabletProbeResponse {
+            results: probe_results_to_wire(results),
+            docs: docs.into_iter().map(doc_to_wire).collect(),
+            resolved_partitions: resolved,
+        }))
     }
 
     async fn doc_write(

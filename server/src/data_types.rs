@@ -29,6 +29,19 @@ pub struct TabletHit {
     pub distance: u32,
 }
 
+/// Probes' hits, and the documents of those whose partitions the probed node resolved
+/// ([`crate::NodeApi::tablet_probe_resolving`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ProbeAnswer {
+    /// Per probe, its hits and whether they were cut.
+    pub results: Vec<(Vec<TabletHit>, bool)>,
+    /// The stored documents of hits in `resolved`, once each.
+    pub docs: Vec<DocInfo>,
+    /// The partitions whose hits were resolved: a hit there without a document in `docs`
+    /// has none.
+    pub resolved: Vec<u32>,
+}
+
 /// A change to a table's entries; entries are named by gid and fingerprint, so applying it
 /// needs no lookup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

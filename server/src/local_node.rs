@@ -53,7 +53,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use crate::data_api::{DataError, DataResult, NodeApi};
-use crate::data_types::{DocInfo, DocOp, TabletHit, TabletOp, gid_partition};
+use crate::data_types::{DocInfo, DocOp, ProbeAnswer, TabletHit, TabletOp, gid_partition};
 use crate::node_store::{Durable, NodeStore};
 
 /// Probes answered on the caller's thread (a unary query's); more go to the blocking pool.
@@ -265,6 +265,56 @@ impl LocalNode {
         blocking(move || append(&store)).await?.wait().await.map_err(DataError::from)
     }
 
+    /// Probes, and with `resolve` the documents of their hits in partitions this node
+    /// serves.
+    async fn probe(
+        &self,
+        epoch: u64,
+        probes: Vec<(u32, u64)>,
+        k: u32,
+        max_matches: usize,
+        resolve: bool,
+        deadline: Option<Instant>,
+    ) -> DataResult<ProbeAnswer> {
+        check_deadline(deadline)?;
+        let map = self.map_at(epoch, deadline).await;
+        self.check_contact()?;
+        let mut units = HashSet::new();
+        for &(table, fp) in &probes {
+            units.insert(self.tablet_unit(&map, table, fp)?);
+        }
+        for unit in units {
+            self.check_reader(&map, unit)?;
+        }
+        let serves = |p: u32| {
+            resolve
+                && map.partition(p).is_some()
+                && map.serving(Unit::Partition(p)).contains(&self.id)
+        };
+        let served: HashSet<u32> =
+            (0..map.partitions.len() as u32).filter(|&p| serves(p)).collect();
+        let store = self.store.clone();
+        let inline = probes.len() <= INLINE_PROBES;
+        let probe = move || -> crate::error::Result<ProbeAnswer> {
+            let results = store.probe_tablets(&probes, k, max_matches)?;
+            let mut gids: Vec<u64> = results
+                .iter()
+                .flat_map(|(hits, _)| hits.iter().map(|h| h.gid))
+                .filter(|&g| served.contains(&gid_partition(g)))
+                .collect();
+            gids.sort_unstable();
+            gids.dedup();
+            let mut resolved: Vec<u32> = gids.iter().map(|&g| gid_partition(g)).collect();
+            resolved.sort_unstable();
+            resolved.dedup();
+            let docs = store.resolve(&gids)?.into_iter().flatten().collect();
+            Ok(ProbeAnswer { results, docs, resolved })
+        };
+        // A few probes cost microseconds: answered here, not behind a hand-over to the
+        // blocking pool, whose wake-up alone may take milliseconds on a busy machine.
+        if inline { probe().map_err(DataError::from) } else { blocking(probe).await }
+    }
+
     /// Brings this node's replica of `unit` level with `source` (a serving replica's copy:
     /// `(gid, fp)` entries for a tablet, documents for a partition), as the module docs say.
     /// The caller then reports the replica ready.
@@ -427,22 +477,19 @@ impl NodeApi for LocalNode {
         max_matches: usize,
         deadline: Option<Instant>,
     ) -> DataResult<Vec<(Vec<TabletHit>, bool)>> {
-        check_deadline(deadline)?;
-        let map = self.map_at(epoch, deadline).await;
-        self.check_contact()?;
-        let mut units = HashSet::new();
-        for &(table, fp) in &probes {
-            units.insert(self.tablet_unit(&map, table, fp)?);
-        }
-        for unit in units {
-            self.check_reader(&map, unit)?;
-        }
-        let store = self.store.clone();
-        let inline = probes.len() <= INLINE_PROBES;
-        let probe = move || store.probe_tablets(&probes, k, max_matches);
-        // A few probes cost microseconds: answered here, not behind a hand-over to the
-        // blocking pool, whose wake-up alone may take milliseconds on a busy machine.
-        if inline { probe().map_err(DataError::from) } else { blocking(probe).await }
+        let answer = self.probe(epoch, probes, k, max_matches, false, deadline).await?;
+        Ok(answer.results)
+    }
+
+    async fn tablet_probe_resolving(
+        &self,
+        epoch: u64,
+        probes: Vec<(u32, u64)>,
+        k: u32,
+        max_matches: usize,
+        deadline: Option<Instant>,
+    ) -> DataResult<ProbeAnswer> {
+        self.probe(epoch, probes, k, max_matches, true, deadline).await
     }
 
     async fn doc_write(
@@ -745,6 +792,41 @@ mod tests {
             tx.send_replace(Arc::new(stamped(map(false, 5), 5)));
         });
         n.tablet_probe(5, vec![(0, 0)], 3, 100, None).await.unwrap();
+    }
+
+    /// A resolving probe returns the documents of its hits in partitions the node serves,
+    /// says which partitions those were, and leaves the others to the router.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_probe_resolves_the_hits_of_partitions_the_node_serves() {
+        let f = fixture(false);
+        let n = &f.node;
+        let m = map(false, 1);
+        let names: Vec<String> = (0..200).map(|i| format!("doc{i}")).collect();
+        let in_p = |p| names.iter().find(|x| m.partition_of(x) == Some(p)).unwrap().clone();
+        let da = doc(make_gid(1, 0), &in_p(0), 0xA);
+        let db = doc(make_gid(2, 1), &in_p(1), 0xB);
+        for d in [&da, &db] {
+            let put = all_tables(|t| (t, TabletOp::Put { gid: d.gid, fp: d.fp }));
+            n.tablet_write(1, put, true, None).await.unwrap();
+        }
+        n.doc_write(1, vec![DocOp::Put(da.clone()), DocOp::Put(db.clone())], None).await.unwrap();
+        // b's document is deleted; its entries are not (yet).
+        n.doc_write(1, vec![DocOp::Remove { gid: db.gid, name: db.name.clone() }], None)
+            .await
+            .unwrap();
+        let probes = vec![(0, 0xA), (0, 0xB)];
+        let got = n.tablet_probe_resolving(1, probes.clone(), 3, 100, None).await.unwrap();
+        assert_eq!(got.results, n.tablet_probe(1, probes.clone(), 3, 100, None).await.unwrap());
+        assert!(got.results.iter().all(|(hits, _)| hits.len() == 2));
+        assert_eq!(got.docs, vec![da.clone()]);
+        assert_eq!(got.resolved, vec![0, 1]);
+        // Partition 1 filling here: its hits are left to the router.
+        let mut filling = map(false, 2);
+        filling.partitions[1].nodes = vec![2];
+        filling.partitions[1].filling = vec![1];
+        f.map.send_replace(Arc::new(filling));
+        let got = n.tablet_probe_resolving(2, probes, 3, 100, None).await.unwrap();
+        assert_eq!((got.docs, got.resolved), (vec![da], vec![0]));
     }
 
     /// A copier's scan needs this node's map at the copier's epoch; and writes are refused
