@@ -73,7 +73,9 @@ use neardup_proto::internal::{
 };
 use neardup_proto::v1::{CheckAndInsertResponse, Match, QueryResult, StatsResponse};
 use neardup_server::data_types::{gid_partition, make_gid};
-use neardup_server::{DataError, DataResult, DocInfo, DocOp, NodeApi, TabletHit, TabletOp};
+use neardup_server::{
+    DataError, DataResult, DocInfo, DocOp, NodeApi, NodeStats, TabletHit, TabletOp,
+};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tonic::Status;
@@ -1280,7 +1282,16 @@ impl ClusterRouter {
             ..Default::default()
         };
         let mut docs = 0;
-        for n in all.into_values() {
+        // Per partition, the most documents a serving replica holds (replicas are level but
+        // for the writes in flight).
+        let mut by_partition: HashMap<u32, u64> = HashMap::new();
+        for (node, NodeStats { stats: n, partitions }) in all {
+            for (p, count) in partitions {
+                if ctx.map.serving(Unit::Partition(p)).contains(&node) {
+                    let c = by_partition.entry(p).or_default();
+                    *c = (*c).max(count);
+                }
+            }
             docs += n.documents;
             s.index_bytes += n.index_bytes;
             s.buffered += n.buffered;
@@ -1292,9 +1303,14 @@ impl ClusterRouter {
             s.checkpoint_pending |= n.checkpoint_pending;
             s.merging |= n.merging;
         }
-        // Each document is held by every replica of its partition.
-        let copies = (ctx.map.replicas.max(1) as usize).min(ctx.map.nodes.len().max(1)) as u64;
-        s.documents = docs / copies;
+        // Each partition counted once, from a serving replica; nodes that sent no counts
+        // (older ones): every document is held by every replica of its partition.
+        s.documents = if by_partition.is_empty() {
+            let copies = (ctx.map.replicas.max(1) as usize).min(ctx.map.nodes.len().max(1)) as u64;
+            docs / copies
+        } else {
+            by_partition.values().sum()
+        };
         Ok(s)
     }
 }

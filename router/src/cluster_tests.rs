@@ -200,9 +200,15 @@ impl NodeApi for MemNode {
         Ok(docs.values().filter(|d| gid_partition(d.gid) == partition).cloned().collect())
     }
 
-    async fn stats(&self, _: u64, _: Option<Instant>) -> DataResult<StatsResponse> {
+    async fn stats(&self, _: u64, _: Option<Instant>) -> DataResult<NodeStats> {
         self.gate().await?;
-        Ok(StatsResponse { documents: Self::lock(&self.docs).len() as u64, ..Default::default() })
+        let docs = Self::lock(&self.docs);
+        let mut partitions: BTreeMap<u32, u64> = BTreeMap::new();
+        for d in docs.values() {
+            *partitions.entry(gid_partition(d.gid)).or_default() += 1;
+        }
+        let stats = StatsResponse { documents: docs.len() as u64, ..Default::default() };
+        Ok(NodeStats { stats, partitions: partitions.into_iter().collect() })
     }
 }
 
@@ -554,6 +560,9 @@ async fn a_node_marked_down_is_skipped_and_answers_stay_exact() {
         let r = router.probe(probe_req(vec![q], 3, 1000), None).await.unwrap();
         check_result(&r.results[0], &brute(&model, q, 3, None), 1000, &model);
     }
+    // Stats count each partition once, from a replica that serves it: none is missed for
+    // the node down.
+    assert_eq!(router.stats(None).await.unwrap().documents, model.len() as u64);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -717,7 +726,8 @@ async fn the_data_service_round_trips_over_grpc() {
     );
     assert_eq!(node.tablet_scan(1, 0, 0, u64::MAX, None).await.unwrap(), vec![(d.gid, 99)]);
     assert_eq!(node.partition_scan(1, 3, None).await.unwrap(), vec![d.clone()]);
-    assert_eq!(node.stats(1, None).await.unwrap().documents, 1);
+    let st = node.stats(1, None).await.unwrap();
+    assert_eq!((st.stats.documents, st.partitions), (1, vec![(3, 1)]));
     // Many entries come back in several chunks, all of them.
     let ops: Vec<(u32, TabletOp)> =
         (0..10_000u64).map(|i| (1, TabletOp::Put { gid: i << 8, fp: i * 7919 })).collect();

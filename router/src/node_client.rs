@@ -13,12 +13,11 @@ use neardup_proto::internal::{
     DocLookupRequest, DocResolveRequest, DocWriteRequest, NodeStatsRequest, PartitionScanRequest,
     TabletProbeRequest, TabletProbeTarget, TabletScanRequest, TabletWriteRequest,
 };
-use neardup_proto::v1::StatsResponse;
 use neardup_server::data_api::{
     doc_from_wire, doc_op_to_wire, docs_from_wire, probe_results_from_wire, tablet_op_to_wire,
 };
 use neardup_server::{
-    DataError, DataResult, DocInfo, DocOp, NodeApi, ProbeAnswer, TabletHit, TabletOp,
+    DataError, DataResult, DocInfo, DocOp, NodeApi, NodeStats, ProbeAnswer, TabletHit, TabletOp,
 };
 use tokio::sync::watch;
 use tonic::transport::Channel;
@@ -130,7 +129,7 @@ impl NodeApi for Unreachable {
     async fn partition_scan(&self, _: u64, _: u32, _: Option<Instant>) -> DataResult<Vec<DocInfo>> {
         Err(DataError::Unavailable(self.0.clone()))
     }
-    async fn stats(&self, _: u64, _: Option<Instant>) -> DataResult<StatsResponse> {
+    async fn stats(&self, _: u64, _: Option<Instant>) -> DataResult<NodeStats> {
         Err(DataError::Unavailable(self.0.clone()))
     }
 }
@@ -299,9 +298,12 @@ impl NodeApi for GrpcNode {
         Ok(out)
     }
 
-    async fn stats(&self, epoch: u64, deadline: Option<Instant>) -> DataResult<StatsResponse> {
+    async fn stats(&self, epoch: u64, deadline: Option<Instant>) -> DataResult<NodeStats> {
         let req = request(NodeStatsRequest { epoch }, deadline);
-        let r = self.client.clone().node_stats(req).await.map_err(status_error)?;
-        r.into_inner().stats.ok_or_else(|| DataError::Internal("a node sent no statistics".into()))
+        let r = self.client.clone().node_stats(req).await.map_err(status_error)?.into_inner();
+        let stats =
+            r.stats.ok_or_else(|| DataError::Internal("a node sent no statistics".into()))?;
+        let partitions = r.partitions.into_iter().map(|p| (p.partition, p.documents)).collect();
+        Ok(NodeStats { stats, partitions })
     }
 }

@@ -16,15 +16,15 @@ use neardup_proto::internal::data_server::Data;
 use neardup_proto::internal::{
     DocChange, DocLookupRequest, DocLookupResponse, DocRecord, DocRemoval, DocResolveRequest,
     DocResolveResponse, DocWriteRequest, DocWriteResponse, MaybeDoc, NodeStatsRequest,
-    PartitionScanChunk, PartitionScanRequest, ShardStatsResponse, TabletEntry, TabletEntryOp,
-    TabletProbeRequest, TabletProbeResponse, TabletProbeResult, TabletProbeTarget, TabletScanChunk,
-    TabletScanRequest, TabletWriteRequest, TabletWriteResponse, doc_change,
+    PartitionDocuments, PartitionScanChunk, PartitionScanRequest, ShardStatsResponse, TabletEntry,
+    TabletEntryOp, TabletProbeRequest, TabletProbeResponse, TabletProbeResult, TabletProbeTarget,
+    TabletScanChunk, TabletScanRequest, TabletWriteRequest, TabletWriteResponse, doc_change,
 };
 use tokio_stream::Stream;
 use tonic::{Code, Request, Response, Status};
 
 use crate::cluster_rpc::EPOCH_METADATA;
-use crate::data_types::{DocInfo, DocOp, ProbeAnswer, TabletHit, TabletOp};
+use crate::data_types::{DocInfo, DocOp, NodeStats, ProbeAnswer, TabletHit, TabletOp};
 
 /// Entries or documents per message of a scan stream.
 pub const SCAN_CHUNK: usize = 4096;
@@ -217,12 +217,9 @@ pub trait NodeApi: Send + Sync + 'static {
         partition: u32,
         deadline: Option<Instant>,
     ) -> DataResult<Vec<DocInfo>>;
-    /// The node's own statistics (each of its replicas counted once; routers sum them).
-    async fn stats(
-        &self,
-        epoch: u64,
-        deadline: Option<Instant>,
-    ) -> DataResult<neardup_proto::v1::StatsResponse>;
+    /// The node's own statistics (each of its replicas counted once; routers sum them) and
+    /// its documents per partition.
+    async fn stats(&self, epoch: u64, deadline: Option<Instant>) -> DataResult<NodeStats>;
 }
 
 // Wire conversions, shared by the service and the router's client. Structs are
@@ -462,8 +459,12 @@ impl Data for DataService {
     ) -> Result<Response<ShardStatsResponse>, Status> {
         let deadline = deadline_of(&req);
         let NodeStatsRequest { epoch } = req.into_inner();
-        let stats = self.api.stats(epoch, deadline).await?;
-        Ok(Response::new(ShardStatsResponse { stats: Some(stats) }))
+        let NodeStats { stats, partitions } = self.api.stats(epoch, deadline).await?;
+        let partitions = partitions
+            .into_iter()
+            .map(|(partition, documents)| PartitionDocuments { partition, documents })
+            .collect();
+        Ok(Response::new(ShardStatsResponse { stats: Some(stats), partitions }))
     }
 
     type PartitionScanStream = ScanStream<PartitionScanChunk>;

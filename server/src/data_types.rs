@@ -29,6 +29,16 @@ pub struct TabletHit {
     pub distance: u32,
 }
 
+/// A node's statistics for a router's Stats.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NodeStats {
+    /// The node's figures as the public Stats has them (its replicas counted once each).
+    pub stats: neardup_proto::v1::StatsResponse,
+    /// `(partition, documents)` for every partition the node holds: a router counts each
+    /// partition once, from a serving replica.
+    pub partitions: Vec<(u32, u64)>,
+}
+
 /// Probes' hits, and the documents of those whose partitions the probed node resolved
 /// ([`crate::NodeApi::tablet_probe_resolving`]).
 #[derive(Debug, Clone, Default, PartialEq)]

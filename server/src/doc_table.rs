@@ -40,6 +40,9 @@ pub struct DocTable {
     next_id: u64,
     live: usize,
     name_bytes: usize,
+    /// Live documents by the low byte of their internal id (a cluster node's partition);
+    /// empty until the first document.
+    by_low_byte: Vec<u64>,
 }
 
 #[inline]
@@ -120,9 +123,14 @@ impl DocTable {
             }
             return t;
         }
+        let mut by_low_byte = vec![0u64; 256];
+        for e in &entries {
+            by_low_byte[(e.id & 0xff) as usize] += 1;
+        }
         DocTable {
             next_id: entries.iter().map(|e| e.id + 1).max().unwrap_or(1),
             live: n,
+            by_low_byte,
             name_bytes: entries.iter().map(|e| e.name.len()).sum(),
             slots: entries,
             free: Vec::new(),
@@ -154,6 +162,10 @@ impl DocTable {
             self.remove(entry.id);
         }
         self.name_bytes += entry.name.len();
+        if self.by_low_byte.is_empty() {
+            self.by_low_byte = vec![0; 256];
+        }
+        self.by_low_byte[(entry.id & 0xff) as usize] += 1;
         let (h_id, h_name) = (hash_id(entry.id), hash_name(&entry.name));
         let slot = match self.free.pop() {
             Some(s) => {
@@ -186,6 +198,7 @@ impl DocTable {
         );
         self.free.push(s);
         self.live -= 1;
+        self.by_low_byte[(id & 0xff) as usize] -= 1;
         self.name_bytes -= entry.name.len();
         Some(entry)
     }
@@ -215,6 +228,12 @@ impl DocTable {
             s += 1;
         }
         (out, s)
+    }
+
+    /// Live documents whose internal id's low byte is `b` (on a cluster node: the documents
+    /// of partition `b`).
+    pub fn count_with_low_byte(&self, b: u8) -> u64 {
+        self.by_low_byte.get(b as usize).copied().unwrap_or(0)
     }
 
     /// Number of slots (live or free), the bound for [`entries_from`](Self::entries_from).
@@ -258,6 +277,10 @@ mod tests {
         assert_eq!(t.slot_count(), 1000, "the freed slot is reused");
         let (all, end) = t.entries_from(0, usize::MAX);
         assert_eq!((all.len(), end), (1000, 1000));
+        for b in 0..=255u8 {
+            let want = all.iter().filter(|d| d.id & 0xff == u64::from(b)).count() as u64;
+            assert_eq!(t.count_with_low_byte(b), want, "low byte {b}");
+        }
     }
 
     #[test]
@@ -274,6 +297,11 @@ mod tests {
             [(DocTable::from_entries(entries), false), (DocTable::from_entries(dup.clone()), true)]
         {
             assert_eq!(t.next_id(), one.next_id());
+            if !again {
+                assert!(
+                    (0..=255u8).all(|b| t.count_with_low_byte(b) == one.count_with_low_byte(b))
+                );
+            }
             for x in &dup[..500] {
                 let want = if x.id == 14 && again { "again" } else { &*x.name };
                 assert_eq!(t.by_id(x.id).map(|d| &*d.name), Some(want));

@@ -52,7 +52,7 @@ pub mod transport;
 pub mod wal;
 
 pub use data_api::{DataError, DataResult, DataService, NodeApi};
-pub use data_types::{DocInfo, DocOp, ProbeAnswer, TabletHit, TabletOp};
+pub use data_types::{DocInfo, DocOp, NodeStats, ProbeAnswer, TabletHit, TabletOp};
 pub use error::{Error, ErrorClass, Result};
 pub use metrics::ShardMetrics;
 pub use node_store::{NodeStore, NodeStoreConfig, NodeStoreStats};

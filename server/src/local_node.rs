@@ -53,7 +53,9 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use crate::data_api::{DataError, DataResult, NodeApi};
-use crate::data_types::{DocInfo, DocOp, ProbeAnswer, TabletHit, TabletOp, gid_partition};
+use crate::data_types::{
+    DocInfo, DocOp, NodeStats, ProbeAnswer, TabletHit, TabletOp, gid_partition,
+};
 use crate::node_store::{Durable, NodeStore};
 
 /// Probes answered on the caller's thread (a unary query's); more go to the blocking pool.
@@ -598,13 +600,16 @@ impl NodeApi for LocalNode {
         blocking(move || store.scan_partition(partition)).await
     }
 
-    async fn stats(
-        &self,
-        _epoch: u64,
-        _deadline: Option<Instant>,
-    ) -> DataResult<neardup_proto::v1::StatsResponse> {
+    async fn stats(&self, _epoch: u64, _deadline: Option<Instant>) -> DataResult<NodeStats> {
         let s = self.store.stats();
-        Ok(neardup_proto::v1::StatsResponse {
+        let map = self.map.borrow().clone();
+        let partitions = map
+            .partitions
+            .iter()
+            .filter(|p| map.holds(Unit::Partition(p.index), self.id))
+            .map(|p| (p.index, self.store.partition_documents(p.index)))
+            .collect();
+        let stats = neardup_proto::v1::StatsResponse {
             documents: s.documents,
             design: self.design.to_string(),
             max_k: self.design.max_k(),
@@ -619,7 +624,8 @@ impl NodeApi for LocalNode {
             merging: s.merging,
             version: env!("CARGO_PKG_VERSION").to_string(),
             ..Default::default()
-        })
+        };
+        Ok(NodeStats { stats, partitions })
     }
 }
 

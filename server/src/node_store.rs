@@ -517,6 +517,11 @@ impl NodeStore {
         out
     }
 
+    /// Documents held of partition `p` (0 for a partition no gid can name).
+    pub fn partition_documents(&self, p: u32) -> u64 {
+        u8::try_from(p).map_or(0, |b| self.docs.documents_with_low_byte(b))
+    }
+
     /// Serving / recovering / corrupt / failed, as [`Shard::watch_status`]: the worst of
     /// the node's shards, naming the one.
     pub fn watch_status(&self) -> tokio::sync::watch::Receiver<Status> {

@@ -164,7 +164,10 @@ impl ShardRpc for ShardService {
         &self,
         _request: Request<ShardStatsRequest>,
     ) -> Result<Response<ShardStatsResponse>, Status> {
-        Ok(Response::new(ShardStatsResponse { stats: Some(stats_response(self.shard.stats()?)) }))
+        Ok(Response::new(ShardStatsResponse {
+            stats: Some(stats_response(self.shard.stats()?)),
+            partitions: Vec::new(),
+        }))
     }
 }
 

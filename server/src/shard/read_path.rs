@@ -265,4 +265,10 @@ impl Shard {
     pub fn doc_bytes(&self) -> usize {
         self.state.read().docs.heap_bytes()
     }
+
+    /// Live documents whose internal id's low byte is `b` (on a cluster node: the documents
+    /// of partition `b`).
+    pub fn documents_with_low_byte(&self, b: u8) -> u64 {
+        self.state.read().docs.count_with_low_byte(b)
+    }
 }
