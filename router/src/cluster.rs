@@ -721,7 +721,7 @@ impl ClusterRouter {
                 (node, async move {
                     let asked: Vec<(u32, u64)> = probes.iter().map(|&(_, t, fp)| (t, fp)).collect();
                     let n = asked.len();
-                    let r = api.tablet_probe_resolving(epoch, asked, call_k, cap, deadline).await?;
+                    let r = api.tablet_probe(epoch, asked, call_k, cap, true, deadline).await?;
                     if r.results.len() != n {
                         return Err(DataError::Internal(format!(
                             "{} answers to {n} probes",

@@ -8,6 +8,7 @@ use neardup_cluster::map::{
     ClusterMap, DesignInfo, NodeInfo, NodeState, Partition, Role, Tablet, TabletState,
 };
 use neardup_proto::internal::ShardDocument;
+use neardup_server::ProbeAnswer;
 use tonic::{Code, Request};
 
 use super::*;
@@ -102,11 +103,12 @@ impl NodeApi for MemNode {
         probes: Vec<(u32, u64)>,
         k: u32,
         max: usize,
+        _: bool,
         _: Option<Instant>,
-    ) -> DataResult<Vec<(Vec<TabletHit>, bool)>> {
+    ) -> DataResult<ProbeAnswer> {
         self.gate().await?;
         let e = Self::lock(&self.entries);
-        Ok(probes
+        let results = probes
             .into_iter()
             .map(|(t, q)| {
                 let spec = &self.design.tables()[t as usize];
@@ -121,7 +123,9 @@ impl NodeApi for MemNode {
                 let cut = hits.len() > max;
                 (hits.into_iter().take(max).collect(), cut)
             })
-            .collect())
+            .collect();
+        // Resolves none: the router's second hop is exercised here.
+        Ok(ProbeAnswer { results, ..Default::default() })
     }
 
     async fn doc_write(&self, _: u64, ops: Vec<DocOp>, _: Option<Instant>) -> DataResult<()> {
@@ -708,13 +712,17 @@ async fn the_data_service_round_trips_over_grpc() {
         .await
         .unwrap();
     node.doc_write(1, vec![DocOp::Put(d.clone())], None).await.unwrap();
-    let hits = node.tablet_probe(1, vec![(0, 98), (0, 1 << 63)], 2, 10, None).await.unwrap();
+    let hits = node
+        .tablet_probe(1, vec![(0, 98), (0, 1 << 63)], 2, 10, false, None)
+        .await
+        .unwrap()
+        .results;
     assert_eq!(
         hits,
         vec![(vec![TabletHit { gid: d.gid, fp: 99, distance: 1 }], false), (vec![], false)]
     );
     // A node that resolves nothing (this one) answers a resolving probe with its hits alone.
-    let r = node.tablet_probe_resolving(1, vec![(0, 98)], 2, 10, None).await.unwrap();
+    let r = node.tablet_probe(1, vec![(0, 98)], 2, 10, true, None).await.unwrap();
     assert_eq!((r.results, r.docs, r.resolved), (hits[..1].to_vec(), vec![], vec![]));
     assert_eq!(
         node.doc_lookup(1, vec!["a".into(), "b".into()], None).await.unwrap(),

@@ -17,7 +17,7 @@ use neardup_server::data_api::{
     doc_from_wire, doc_op_to_wire, docs_from_wire, probe_results_from_wire, tablet_op_to_wire,
 };
 use neardup_server::{
-    DataError, DataResult, DocInfo, DocOp, NodeApi, NodeStats, ProbeAnswer, TabletHit, TabletOp,
+    DataError, DataResult, DocInfo, DocOp, NodeApi, NodeStats, ProbeAnswer, TabletOp,
 };
 use tokio::sync::watch;
 use tonic::transport::Channel;
@@ -93,8 +93,9 @@ impl NodeApi for Unreachable {
         _: Vec<(u32, u64)>,
         _: u32,
         _: usize,
+        _: bool,
         _: Option<Instant>,
-    ) -> DataResult<Vec<(Vec<TabletHit>, bool)>> {
+    ) -> DataResult<ProbeAnswer> {
         Err(DataError::Unavailable(self.0.clone()))
     }
     async fn doc_write(&self, _: u64, _: Vec<DocOp>, _: Option<Instant>) -> DataResult<()> {
@@ -166,29 +167,6 @@ impl GrpcNode {
             .max_encoding_message_size(max_message_bytes);
         Ok(GrpcNode { client })
     }
-
-    /// A probe call; with `resolve`, the node resolves the hits of partitions it serves.
-    async fn probe(
-        &self,
-        epoch: u64,
-        probes: Vec<(u32, u64)>,
-        k: u32,
-        max_matches: usize,
-        resolve: bool,
-        deadline: Option<Instant>,
-    ) -> DataResult<ProbeAnswer> {
-        let n = probes.len();
-        let probes =
-            probes.into_iter().map(|(table, fp)| TabletProbeTarget { table, fp }).collect();
-        let max_matches = max_matches as u64;
-        let req = request(TabletProbeRequest { epoch, probes, k, max_matches, resolve }, deadline);
-        let r = self.client.clone().tablet_probe(req).await.map_err(status_error)?.into_inner();
-        Ok(ProbeAnswer {
-            results: probe_results_from_wire(r.results, n)?,
-            docs: r.docs.into_iter().map(doc_from_wire).collect(),
-            resolved: r.resolved_partitions,
-        })
-    }
 }
 
 #[tonic::async_trait]
@@ -212,20 +190,20 @@ impl NodeApi for GrpcNode {
         probes: Vec<(u32, u64)>,
         k: u32,
         max_matches: usize,
-        deadline: Option<Instant>,
-    ) -> DataResult<Vec<(Vec<TabletHit>, bool)>> {
-        Ok(self.probe(epoch, probes, k, max_matches, false, deadline).await?.results)
-    }
-
-    async fn tablet_probe_resolving(
-        &self,
-        epoch: u64,
-        probes: Vec<(u32, u64)>,
-        k: u32,
-        max_matches: usize,
+        resolve: bool,
         deadline: Option<Instant>,
     ) -> DataResult<ProbeAnswer> {
-        self.probe(epoch, probes, k, max_matches, true, deadline).await
+        let n = probes.len();
+        let probes =
+            probes.into_iter().map(|(table, fp)| TabletProbeTarget { table, fp }).collect();
+        let max_matches = max_matches as u64;
+        let req = request(TabletProbeRequest { epoch, probes, k, max_matches, resolve }, deadline);
+        let r = self.client.clone().tablet_probe(req).await.map_err(status_error)?.into_inner();
+        Ok(ProbeAnswer {
+            results: probe_results_from_wire(r.results, n)?,
+            docs: r.docs.into_iter().map(doc_from_wire).collect(),
+            resolved: r.resolved_partitions,
+        })
     }
 
     async fn doc_write(

@@ -156,29 +156,18 @@ pub trait NodeApi: Send + Sync + 'static {
         deadline: Option<Instant>,
     ) -> DataResult<()>;
     /// For each `(table, fp)` probe, the entries within `k`, at most `max_matches` (then
-    /// `true`: truncated).
+    /// `true`: truncated). With `resolve`, also the documents of the hits whose partitions
+    /// this node serves, looked up in the same call (a read's second hop saved for them; a
+    /// node may resolve none).
     async fn tablet_probe(
         &self,
         epoch: u64,
         probes: Vec<(u32, u64)>,
         k: u32,
         max_matches: usize,
+        resolve: bool,
         deadline: Option<Instant>,
-    ) -> DataResult<Vec<(Vec<TabletHit>, bool)>>;
-    /// [`tablet_probe`](Self::tablet_probe), and the documents of the hits whose partitions
-    /// this node serves, looked up in the same call (a read's second hop saved for them).
-    /// By default none are resolved.
-    async fn tablet_probe_resolving(
-        &self,
-        epoch: u64,
-        probes: Vec<(u32, u64)>,
-        k: u32,
-        max_matches: usize,
-        deadline: Option<Instant>,
-    ) -> DataResult<ProbeAnswer> {
-        let results = self.tablet_probe(epoch, probes, k, max_matches, deadline).await?;
-        Ok(ProbeAnswer { results, ..Default::default() })
-    }
+    ) -> DataResult<ProbeAnswer>;
     /// Applies document changes in order, durably.
     async fn doc_write(
         &self,
@@ -389,13 +378,8 @@ impl Data for DataService {
             probes.into_iter().map(|TabletProbeTarget { table, fp }| (table, fp)).collect();
         let n = probes.len();
         let max = usize::try_from(max_matches).unwrap_or(usize::MAX);
-        let answer = if resolve {
-            self.api.tablet_probe_resolving(epoch, probes, k, max, deadline).await?
-        } else {
-            let results = self.api.tablet_probe(epoch, probes, k, max, deadline).await?;
-            ProbeAnswer { results, ..Default::default() }
-        };
-        let ProbeAnswer { results, docs, resolved } = answer;
+        let ProbeAnswer { results, docs, resolved } =
+            self.api.tablet_probe(epoch, probes, k, max, resolve, deadline).await?;
         if results.len() != n {
             return Err(
                 DataError::Internal(format!("{} results for {n} probes", results.len())).into()

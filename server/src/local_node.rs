@@ -53,9 +53,7 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use crate::data_api::{DataError, DataResult, NodeApi};
-use crate::data_types::{
-    DocInfo, DocOp, NodeStats, ProbeAnswer, TabletHit, TabletOp, gid_partition,
-};
+use crate::data_types::{DocInfo, DocOp, NodeStats, ProbeAnswer, TabletOp, gid_partition};
 use crate::node_store::{Durable, NodeStore};
 
 /// Probes answered on the caller's thread (a unary query's); more go to the blocking pool.
@@ -267,56 +265,6 @@ impl LocalNode {
         blocking(move || append(&store)).await?.wait().await.map_err(DataError::from)
     }
 
-    /// Probes, and with `resolve` the documents of their hits in partitions this node
-    /// serves.
-    async fn probe(
-        &self,
-        epoch: u64,
-        probes: Vec<(u32, u64)>,
-        k: u32,
-        max_matches: usize,
-        resolve: bool,
-        deadline: Option<Instant>,
-    ) -> DataResult<ProbeAnswer> {
-        check_deadline(deadline)?;
-        let map = self.map_at(epoch, deadline).await;
-        self.check_contact()?;
-        let mut units = HashSet::new();
-        for &(table, fp) in &probes {
-            units.insert(self.tablet_unit(&map, table, fp)?);
-        }
-        for unit in units {
-            self.check_reader(&map, unit)?;
-        }
-        let serves = |p: u32| {
-            resolve
-                && map.partition(p).is_some()
-                && map.serving(Unit::Partition(p)).contains(&self.id)
-        };
-        let served: HashSet<u32> =
-            (0..map.partitions.len() as u32).filter(|&p| serves(p)).collect();
-        let store = self.store.clone();
-        let inline = probes.len() <= INLINE_PROBES;
-        let probe = move || -> crate::error::Result<ProbeAnswer> {
-            let results = store.probe_tablets(&probes, k, max_matches)?;
-            let mut gids: Vec<u64> = results
-                .iter()
-                .flat_map(|(hits, _)| hits.iter().map(|h| h.gid))
-                .filter(|&g| served.contains(&gid_partition(g)))
-                .collect();
-            gids.sort_unstable();
-            gids.dedup();
-            let mut resolved: Vec<u32> = gids.iter().map(|&g| gid_partition(g)).collect();
-            resolved.sort_unstable();
-            resolved.dedup();
-            let docs = store.resolve(&gids)?.into_iter().flatten().collect();
-            Ok(ProbeAnswer { results, docs, resolved })
-        };
-        // A few probes cost microseconds: answered here, not behind a hand-over to the
-        // blocking pool, whose wake-up alone may take milliseconds on a busy machine.
-        if inline { probe().map_err(DataError::from) } else { blocking(probe).await }
-    }
-
     /// Brings this node's replica of `unit` level with `source` (a serving replica's copy:
     /// `(gid, fp)` entries for a tablet, documents for a partition), as the module docs say.
     /// The caller then reports the replica ready.
@@ -477,21 +425,42 @@ impl NodeApi for LocalNode {
         probes: Vec<(u32, u64)>,
         k: u32,
         max_matches: usize,
-        deadline: Option<Instant>,
-    ) -> DataResult<Vec<(Vec<TabletHit>, bool)>> {
-        let answer = self.probe(epoch, probes, k, max_matches, false, deadline).await?;
-        Ok(answer.results)
-    }
-
-    async fn tablet_probe_resolving(
-        &self,
-        epoch: u64,
-        probes: Vec<(u32, u64)>,
-        k: u32,
-        max_matches: usize,
+        resolve: bool,
         deadline: Option<Instant>,
     ) -> DataResult<ProbeAnswer> {
-        self.probe(epoch, probes, k, max_matches, true, deadline).await
+        check_deadline(deadline)?;
+        let map = self.map_at(epoch, deadline).await;
+        self.check_contact()?;
+        let mut units = HashSet::new();
+        for &(table, fp) in &probes {
+            units.insert(self.tablet_unit(&map, table, fp)?);
+        }
+        for unit in units {
+            self.check_reader(&map, unit)?;
+        }
+        let serves = |p: u32| resolve && map.serving(Unit::Partition(p)).contains(&self.id);
+        let served: HashSet<u32> =
+            map.partitions.iter().map(|p| p.index).filter(|&p| serves(p)).collect();
+        let store = self.store.clone();
+        let inline = probes.len() <= INLINE_PROBES;
+        let probe = move || -> crate::error::Result<ProbeAnswer> {
+            let results = store.probe_tablets(&probes, k, max_matches)?;
+            let mut gids: Vec<u64> = results
+                .iter()
+                .flat_map(|(hits, _)| hits.iter().map(|h| h.gid))
+                .filter(|&g| served.contains(&gid_partition(g)))
+                .collect();
+            gids.sort_unstable();
+            gids.dedup();
+            let mut resolved: Vec<u32> = gids.iter().map(|&g| gid_partition(g)).collect();
+            resolved.sort_unstable();
+            resolved.dedup();
+            let docs = store.resolve(&gids)?.into_iter().flatten().collect();
+            Ok(ProbeAnswer { results, docs, resolved })
+        };
+        // A few probes cost microseconds: answered here, not behind a hand-over to the
+        // blocking pool, whose wake-up alone may take milliseconds on a busy machine.
+        if inline { probe().map_err(DataError::from) } else { blocking(probe).await }
     }
 
     async fn doc_write(
@@ -745,14 +714,14 @@ mod tests {
                 .unwrap();
         }
         // Filling: writes are taken, reads refused.
-        let e = n.tablet_probe(1, vec![(0, 0)], 3, 100, None).await.unwrap_err();
+        let e = n.tablet_probe(1, vec![(0, 0)], 3, 100, false, None).await.unwrap_err();
         assert!(is_moved(&e), "{e}");
         assert!(is_moved(&n.doc_resolve(1, vec![make_gid(1, 0)], None).await.unwrap_err()));
         assert!(is_moved(&n.tablet_scan(1, 0, 0, u64::MAX, None).await.unwrap_err()));
         // Serving: every table's probe equals a scan of what was written.
         f.map.send_replace(Arc::new(map(false, 2)));
         let probes: Vec<(u32, u64)> = (0..4).map(|t| (t, 0)).collect();
-        let hits = n.tablet_probe(2, probes, 3, 100, None).await.unwrap();
+        let hits = n.tablet_probe(2, probes, 3, 100, false, None).await.unwrap().results;
         let design = Design::parse(DESIGN).unwrap();
         for (t, (h, truncated)) in hits.iter().enumerate() {
             assert!(!truncated);
@@ -773,14 +742,14 @@ mod tests {
         }
         // Cut off from the leader: reads refused, as unavailable.
         f.contact.store(false, Ordering::Release);
-        let e = n.tablet_probe(2, vec![(0, 0)], 3, 100, None).await.unwrap_err();
+        let e = n.tablet_probe(2, vec![(0, 0)], 3, 100, false, None).await.unwrap_err();
         assert!(matches!(e, DataError::Unavailable(_)), "{e}");
         f.contact.store(true, Ordering::Release);
         // Marked down in its own map: neither reads nor writes.
         let mut down = map(false, 3);
         down.nodes.get_mut(&1).unwrap().state = NodeState::Down;
         f.map.send_replace(Arc::new(stamped(down, 3)));
-        assert!(is_moved(&n.tablet_probe(3, vec![(0, 0)], 3, 100, None).await.unwrap_err()));
+        assert!(is_moved(&n.tablet_probe(3, vec![(0, 0)], 3, 100, false, None).await.unwrap_err()));
         let put = all_tables(|t| (t, TabletOp::Put { gid: make_gid(9, 0), fp: 1 }));
         assert!(is_moved(&n.tablet_write(3, put.clone(), true, None).await.unwrap_err()));
         // Node 2 down instead: the writers changed at epoch 4, so a write sent under an older
@@ -797,7 +766,7 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(50)).await;
             tx.send_replace(Arc::new(stamped(map(false, 5), 5)));
         });
-        n.tablet_probe(5, vec![(0, 0)], 3, 100, None).await.unwrap();
+        n.tablet_probe(5, vec![(0, 0)], 3, 100, false, None).await.unwrap();
     }
 
     /// A resolving probe returns the documents of its hits in partitions the node serves,
@@ -821,8 +790,9 @@ mod tests {
             .await
             .unwrap();
         let probes = vec![(0, 0xA), (0, 0xB)];
-        let got = n.tablet_probe_resolving(1, probes.clone(), 3, 100, None).await.unwrap();
-        assert_eq!(got.results, n.tablet_probe(1, probes.clone(), 3, 100, None).await.unwrap());
+        let got = n.tablet_probe(1, probes.clone(), 3, 100, true, None).await.unwrap();
+        let plain = n.tablet_probe(1, probes.clone(), 3, 100, false, None).await.unwrap();
+        assert_eq!(plain, ProbeAnswer { results: got.results.clone(), ..Default::default() });
         assert!(got.results.iter().all(|(hits, _)| hits.len() == 2));
         assert_eq!(got.docs, vec![da.clone()]);
         assert_eq!(got.resolved, vec![0, 1]);
@@ -831,7 +801,7 @@ mod tests {
         filling.partitions[1].nodes = vec![2];
         filling.partitions[1].filling = vec![1];
         f.map.send_replace(Arc::new(filling));
-        let got = n.tablet_probe_resolving(2, probes, 3, 100, None).await.unwrap();
+        let got = n.tablet_probe(2, probes, 3, 100, true, None).await.unwrap();
         assert_eq!((got.docs, got.resolved), (vec![da], vec![0]));
     }
 
