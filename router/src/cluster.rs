@@ -737,13 +737,17 @@ impl ClusterRouter {
         // Each query's hits, deduplicated by gid (two tables may catch one entry).
         let mut hits: Vec<(Vec<TabletHit>, bool)> =
             queries.iter().map(|_| (Vec::new(), false)).collect();
-        // Documents the probed nodes resolved, and the partitions they resolved.
+        // Documents the probed nodes resolved, and the gids they resolved: a node's
+        // resolved partitions speak for the hits of its own answer only (another node's
+        // hits in the same partition may be entries it never saw).
         let mut docs: HashMap<u64, DocInfo> = HashMap::new();
-        let mut resolved: HashSet<u32> = HashSet::new();
+        let mut resolved: HashSet<u64> = HashSet::new();
         for (_, (answers, found_docs, parts)) in self.fan_out(calls).await? {
-            resolved.extend(parts);
             docs.extend(found_docs.into_iter().map(|d| (d.gid, d)));
             for (qi, (found, truncated)) in answers {
+                resolved.extend(
+                    found.iter().map(|h| h.gid).filter(|g| parts.contains(&gid_partition(*g))),
+                );
                 let (merged, cut) = &mut hits[qi];
                 *cut |= truncated;
                 merged.extend(found.into_iter().filter(|h| {
@@ -759,7 +763,7 @@ impl ClusterRouter {
         let gids: HashSet<u64> = hits
             .iter()
             .flat_map(|(m, _)| m.iter().map(|h| h.gid))
-            .filter(|g| !resolved.contains(&gid_partition(*g)))
+            .filter(|g| !resolved.contains(g))
             .collect();
         if !gids.is_empty() {
             docs.extend(self.resolve(ctx, &gids, deadline).await?);

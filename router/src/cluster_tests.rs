@@ -31,6 +31,9 @@ struct MemNode {
     moved: Arc<AtomicU64>,
     moved_epoch: AtomicU64,
     calls: AtomicU64,
+    /// This node's id and the cluster's map, when it resolves the hits of partitions it
+    /// serves as a real node does; unset, it resolves none.
+    serves: Mutex<Option<(NodeId, watch::Receiver<Arc<ClusterMap>>)>>,
 }
 
 impl MemNode {
@@ -46,6 +49,7 @@ impl MemNode {
             moved,
             moved_epoch: AtomicU64::new(0),
             calls: AtomicU64::new(0),
+            serves: Mutex::new(None),
         })
     }
 
@@ -103,7 +107,7 @@ impl NodeApi for MemNode {
         probes: Vec<(u32, u64)>,
         k: u32,
         max: usize,
-        _: bool,
+        resolve: bool,
         _: Option<Instant>,
     ) -> DataResult<ProbeAnswer> {
         self.gate().await?;
@@ -123,9 +127,28 @@ impl NodeApi for MemNode {
                 let cut = hits.len() > max;
                 (hits.into_iter().take(max).collect(), cut)
             })
+            .collect::<Vec<_>>();
+        drop(e);
+        let served: BTreeSet<u32> = match &*Self::lock(&self.serves) {
+            Some((id, map)) if resolve => {
+                let map = map.borrow();
+                map.partitions
+                    .iter()
+                    .map(|p| p.index)
+                    .filter(|&p| map.serving(Unit::Partition(p)).contains(id))
+                    .collect()
+            }
+            _ => BTreeSet::new(),
+        };
+        let gids: BTreeSet<u64> = results
+            .iter()
+            .flat_map(|(hits, _): &(Vec<TabletHit>, bool)| hits.iter().map(|h| h.gid))
+            .filter(|g| served.contains(&gid_partition(*g)))
             .collect();
-        // Resolves none: the router's second hop is exercised here.
-        Ok(ProbeAnswer { results, ..Default::default() })
+        let docs =
+            Self::lock(&self.docs).values().filter(|d| gids.contains(&d.gid)).cloned().collect();
+        let resolved = gids.iter().map(|&g| gid_partition(g)).collect::<BTreeSet<_>>();
+        Ok(ProbeAnswer { results, docs, resolved: resolved.into_iter().collect() })
     }
 
     async fn doc_write(&self, _: u64, ops: Vec<DocOp>, _: Option<Instant>) -> DataResult<()> {
@@ -303,8 +326,12 @@ impl Cluster {
         let map = map_of(&addrs, split_bits, 16);
         let design = Arc::new(Design::parse(DESIGN).unwrap());
         let moved = Arc::new(AtomicU64::new(0));
-        let nodes = (1..=3).map(|id| (id, MemNode::new(design.clone(), moved.clone()))).collect();
+        let nodes: BTreeMap<NodeId, Arc<MemNode>> =
+            (1..=3).map(|id| (id, MemNode::new(design.clone(), moved.clone()))).collect();
         let (map_tx, _) = watch::channel(Arc::new(map));
+        for (&id, node) in &nodes {
+            *MemNode::lock(&node.serves) = Some((id, map_tx.subscribe()));
+        }
         Cluster { nodes, map_tx, moved, ids: Arc::new(Counter(AtomicU64::new(0))) }
     }
 

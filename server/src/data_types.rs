@@ -47,8 +47,8 @@ pub struct ProbeAnswer {
     pub results: Vec<(Vec<TabletHit>, bool)>,
     /// The stored documents of hits in `resolved`, once each.
     pub docs: Vec<DocInfo>,
-    /// The partitions whose hits were resolved: a hit there without a document in `docs`
-    /// has none.
+    /// The partitions whose hits were resolved: a hit of this answer there without a
+    /// document in `docs` has none (another node's hits there are not covered).
     pub resolved: Vec<u32>,
 }
 
