@@ -351,30 +351,20 @@ impl ClusterMap {
 
     /// Stamps every unit whose writers differ from `before`'s with this map's epoch.
     fn mark_writer_changes(&mut self, before: &ClusterMap) {
-        let sorted = |mut v: Vec<NodeId>| {
-            v.sort_unstable();
-            v
+        let writers = |m: &ClusterMap, u: Unit| {
+            let mut w = m.writers(u);
+            w.sort_unstable();
+            w
         };
-        let changed: Vec<Unit> = self
-            .units()
-            .filter(|&u| sorted(self.writers(u)) != sorted(before.writers(u)))
-            .collect();
+        let changed: BTreeSet<Unit> =
+            self.units().filter(|&u| writers(self, u) != writers(before, u)).collect();
         let epoch = self.epoch;
-        for unit in changed {
-            match unit {
-                Unit::Tablet { table, start } => {
-                    if let Some(t) =
-                        self.tablets.iter_mut().find(|t| t.table == table && t.start == start)
-                    {
-                        t.writers_epoch = epoch;
-                    }
-                }
-                Unit::Partition(p) => {
-                    if let Some(x) = self.partitions.get_mut(p as usize) {
-                        x.writers_epoch = epoch;
-                    }
-                }
-            }
+        for t in self.tablets.iter_mut().filter(|t| changed.contains(&t.unit())) {
+            t.writers_epoch = epoch;
+        }
+        for p in self.partitions.iter_mut().filter(|p| changed.contains(&Unit::Partition(p.index)))
+        {
+            p.writers_epoch = epoch;
         }
     }
 

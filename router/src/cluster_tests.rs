@@ -9,6 +9,7 @@ use neardup_cluster::map::{
 };
 use neardup_proto::internal::ShardDocument;
 use neardup_server::ProbeAnswer;
+use neardup_server::data_types::hits_to_resolve;
 use tonic::{Code, Request};
 
 use super::*;
@@ -129,26 +130,19 @@ impl NodeApi for MemNode {
             })
             .collect::<Vec<_>>();
         drop(e);
-        let served: BTreeSet<u32> = match &*Self::lock(&self.serves) {
+        let (gids, resolved) = match &*Self::lock(&self.serves) {
             Some((id, map)) if resolve => {
                 let map = map.borrow();
-                map.partitions
-                    .iter()
-                    .map(|p| p.index)
-                    .filter(|&p| map.serving(Unit::Partition(p)).contains(id))
-                    .collect()
+                hits_to_resolve(&results, |p| map.serving(Unit::Partition(p)).contains(id))
             }
-            _ => BTreeSet::new(),
+            _ => (Vec::new(), Vec::new()),
         };
-        let gids: BTreeSet<u64> = results
-            .iter()
-            .flat_map(|(hits, _): &(Vec<TabletHit>, bool)| hits.iter().map(|h| h.gid))
-            .filter(|g| served.contains(&gid_partition(*g)))
+        let docs = Self::lock(&self.docs)
+            .values()
+            .filter(|d| gids.binary_search(&d.gid).is_ok())
+            .cloned()
             .collect();
-        let docs =
-            Self::lock(&self.docs).values().filter(|d| gids.contains(&d.gid)).cloned().collect();
-        let resolved = gids.iter().map(|&g| gid_partition(g)).collect::<BTreeSet<_>>();
-        Ok(ProbeAnswer { results, docs, resolved: resolved.into_iter().collect() })
+        Ok(ProbeAnswer { results, docs, resolved })
     }
 
     async fn doc_write(&self, _: u64, ops: Vec<DocOp>, _: Option<Instant>) -> DataResult<()> {

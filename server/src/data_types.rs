@@ -40,7 +40,7 @@ pub struct NodeStats {
 }
 
 /// Probes' hits, and the documents of those whose partitions the probed node resolved
-/// ([`crate::NodeApi::tablet_probe_resolving`]).
+/// ([`crate::NodeApi::tablet_probe`] with `resolve`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ProbeAnswer {
     /// Per probe, its hits and whether they were cut.
@@ -50,6 +50,25 @@ pub struct ProbeAnswer {
     /// The partitions whose hits were resolved: a hit of this answer there without a
     /// document in `docs` has none (another node's hits there are not covered).
     pub resolved: Vec<u32>,
+}
+
+/// What a probed node resolves of `results`: the gids of hits in partitions it `serves`
+/// (sorted, once each) and those partitions (sorted). Only the partitions of hits are
+/// asked about.
+pub fn hits_to_resolve(
+    results: &[(Vec<TabletHit>, bool)],
+    serves: impl Fn(u32) -> bool,
+) -> (Vec<u64>, Vec<u32>) {
+    let mut gids: Vec<u64> =
+        results.iter().flat_map(|(hits, _)| hits.iter().map(|h| h.gid)).collect();
+    gids.sort_unstable();
+    gids.dedup();
+    let mut parts: Vec<u32> = gids.iter().map(|&g| gid_partition(g)).collect();
+    parts.sort_unstable();
+    parts.dedup();
+    parts.retain(|&p| serves(p));
+    gids.retain(|&g| parts.binary_search(&gid_partition(g)).is_ok());
+    (gids, parts)
 }
 
 /// A change to a table's entries; entries are named by gid and fingerprint, so applying it

@@ -53,7 +53,9 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use crate::data_api::{DataError, DataResult, NodeApi};
-use crate::data_types::{DocInfo, DocOp, NodeStats, ProbeAnswer, TabletOp, gid_partition};
+use crate::data_types::{
+    DocInfo, DocOp, NodeStats, ProbeAnswer, TabletOp, gid_partition, hits_to_resolve,
+};
 use crate::node_store::{Durable, NodeStore};
 
 /// Probes answered on the caller's thread (a unary query's); more go to the blocking pool.
@@ -438,23 +440,15 @@ impl NodeApi for LocalNode {
         for unit in units {
             self.check_reader(&map, unit)?;
         }
-        let serves = |p: u32| resolve && map.serving(Unit::Partition(p)).contains(&self.id);
-        let served: HashSet<u32> =
-            map.partitions.iter().map(|p| p.index).filter(|&p| serves(p)).collect();
-        let store = self.store.clone();
+        let (store, id) = (self.store.clone(), self.id);
         let inline = probes.len() <= INLINE_PROBES;
         let probe = move || -> crate::error::Result<ProbeAnswer> {
             let results = store.probe_tablets(&probes, k, max_matches)?;
-            let mut gids: Vec<u64> = results
-                .iter()
-                .flat_map(|(hits, _)| hits.iter().map(|h| h.gid))
-                .filter(|&g| served.contains(&gid_partition(g)))
-                .collect();
-            gids.sort_unstable();
-            gids.dedup();
-            let mut resolved: Vec<u32> = gids.iter().map(|&g| gid_partition(g)).collect();
-            resolved.sort_unstable();
-            resolved.dedup();
+            if !resolve {
+                return Ok(ProbeAnswer { results, ..Default::default() });
+            }
+            let (gids, resolved) =
+                hits_to_resolve(&results, |p| map.serving(Unit::Partition(p)).contains(&id));
             let docs = store.resolve(&gids)?.into_iter().flatten().collect();
             Ok(ProbeAnswer { results, docs, resolved })
         };

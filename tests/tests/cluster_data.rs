@@ -395,7 +395,6 @@ async fn final_check(addrs: &[String], shared: &Shared) {
     }
 }
 
-/// Fails with the violations, if any.
 /// What the nodes' logs (`node-*.log` in `dir`) said about faults and catching up: the last
 /// warnings, errors, map changes and fills of each, for a failure's report.
 fn log_excerpts(dir: &Path) -> String {
@@ -424,6 +423,7 @@ fn log_excerpts(dir: &Path) -> String {
     out
 }
 
+/// Fails with the violations, if any (with the nodes' log excerpts from `dir`).
 fn verdict(shared: &Shared, dir: &Path) {
     let report = shared.report();
     eprintln!("{report}");
