@@ -666,6 +666,11 @@ impl Replica {
         if let Some(cmd) = change
             && self.map.check(&cmd).is_ok()
         {
+            if let Command::NodeDown { id } = cmd {
+                let heard = self.last_heard.get(&id).copied().unwrap_or(0);
+                let silent = self.ticks.saturating_sub(heard.max(self.leader_since));
+                tracing::warn!(node = id, silent_ticks = silent, "marking a silent node down");
+            }
             let (index, _) = self.propose(&cmd, Vec::new())?;
             self.duty_wait = index;
         }

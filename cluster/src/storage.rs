@@ -112,12 +112,17 @@ impl Kv for SledKv {
     }
 
     fn write(&self, writes: Vec<KvWrite>) -> Result<(), ClusterError> {
-        self.db.apply_batch(batch(writes))?;
         let started = std::time::Instant::now();
+        self.db.apply_batch(batch(writes))?;
+        let applied = started.elapsed();
         self.db.flush()?;
         let took = started.elapsed();
         if took >= crate::STALL_WARN {
-            tracing::warn!(took_ms = took.as_millis() as u64, "syncing the Raft store took long");
+            tracing::warn!(
+                took_ms = took.as_millis() as u64,
+                write_ms = applied.as_millis() as u64,
+                "syncing the Raft store took long"
+            );
         }
         Ok(())
     }
@@ -125,7 +130,12 @@ impl Kv for SledKv {
     /// sled's log is sequential and a flush makes every earlier write durable; its own
     /// background flush (every 500 ms by default) does the same for lazy writes.
     fn write_lazy(&self, writes: Vec<KvWrite>) -> Result<(), ClusterError> {
+        let started = std::time::Instant::now();
         self.db.apply_batch(batch(writes))?;
+        let took = started.elapsed();
+        if took >= crate::STALL_WARN {
+            tracing::warn!(took_ms = took.as_millis() as u64, "a lazy Raft store write took long");
+        }
         Ok(())
     }
 }
