@@ -86,9 +86,10 @@ pub use crate::node_client::{GrpcNode, GrpcNodes};
 use crate::shard::{ShardApi, ShardHealth};
 
 /// Gids asked from the id source at a time (more when one write needs more). Each grant is a
-/// Raft entry, synced on every node: a block lasts a loading router a second or more, and
-/// the numbers a restart leaves unused are a small part of the 2^56 there are.
-pub const ID_BLOCK: u64 = 1 << 16;
+/// Raft entry, synced on every node, and a sync behind a loading node's data writes can
+/// stall its Raft thread for seconds: a block lasts a loading router ten seconds or more,
+/// and the numbers a restart leaves unused are a small part of the 2^56 there are.
+pub const ID_BLOCK: u64 = 1 << 20;
 
 /// Times an admission looks again at a concurrent admission with a larger gid that claims
 /// to be an original, waiting for it to yield (5 ms, doubling: 315 ms in all at most).
