@@ -21,8 +21,13 @@
 //!    killed with `kill -9` one second in, and a writer sending one-document inserts every
 //!    10 ms: the time from the kill until writes succeed again (0 when none failed).
 //!
+//! Before the kill it also reads the nodes' logs: the Raft thread's stalls of 250 ms or more
+//! (a sync of the Raft store, or one round of Raft's work) and the nodes the leader marked
+//! down for silence. A node marked down copies its replicas again once back, so figures
+//! taken meanwhile measure those copies too.
+//!
 //! Every phase is bounded in count and time. It prints a table; with `--json` the last line
-//! of stdout is one JSON object.
+//! of stdout is one JSON object. `--keep` keeps the nodes' data directories and logs.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -87,6 +92,9 @@ pub struct ClusterArgs {
     /// Print the figures as one JSON object on the last line too.
     #[arg(long)]
     json: bool,
+    /// Keep the nodes' data directories and logs (under the directory printed at the end).
+    #[arg(long)]
+    keep: bool,
     /// Seed of the generated workload.
     #[arg(long, default_value_t = 20070508)]
     seed: u64,
@@ -204,6 +212,42 @@ impl Drop for Proc {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// What the nodes' logs say of the map's health so far (phases 1 to 4): the Raft thread's
+/// stalls (a store sync, or one round of Raft's work, of 250 ms or more; either delays the
+/// node's heartbeats) and the nodes the leader marked down for silence. A node marked down
+/// turns its replicas to filling when back, each copied again: figures taken while that
+/// happens measure the copies too.
+fn log_events(procs: &[Proc]) -> Value {
+    let (mut syncs, mut sync_max, mut readies, mut ready_max, mut downs) = (0, 0, 0, 0, 0);
+    for p in procs {
+        let text = std::fs::read_to_string(&p.log).unwrap_or_default();
+        for line in text.lines() {
+            let took = || {
+                line.split_whitespace()
+                    .find_map(|w| w.strip_prefix("took_ms="))
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            if line.contains("syncing the Raft store took long") {
+                syncs += 1;
+                sync_max = sync_max.max(took());
+            } else if line.contains("handling Raft's readies took long") {
+                readies += 1;
+                ready_max = ready_max.max(took());
+            } else if line.contains("marking a silent node down") {
+                downs += 1;
+            }
+        }
+    }
+    json!({
+        "slow_store_syncs": syncs,
+        "slowest_store_sync_ms": sync_max,
+        "slow_readies": readies,
+        "slowest_ready_ms": ready_max,
+        "nodes_marked_down": downs,
+    })
 }
 
 /// Starts 3 nodes (bootstrap, 2 joins) and waits until each serves.
@@ -472,6 +516,7 @@ async fn run(args: ClusterArgs) -> Result<(), String> {
     let router = nodes[0].clone();
     eprintln!("3 nodes: measuring through the router at {router}");
     let mut cluster = measure(&args, &inputs, &router, &nodes).await?;
+    cluster.insert("raft_health".into(), log_events(&procs));
     eprintln!("3 nodes: kill -9 of node 3 under {} queries/s", args.kill_rate);
     let kill = kill_phase(&args, &inputs, &router, &mut procs[2]).await?;
     cluster.insert("kill".into(), kill);
@@ -492,7 +537,11 @@ async fn run(args: ClusterArgs) -> Result<(), String> {
         report.insert("single".into(), Value::Object(one));
     }
     report.insert("load_average_at_end".into(), json!(load_average()));
-    let _ = std::fs::remove_dir_all(&base);
+    if args.keep {
+        eprintln!("data and logs kept in {}", base.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&base);
+    }
     let report = Value::Object(report);
     print_table(&args, &report);
     if args.json {
@@ -544,6 +593,16 @@ fn print_table(args: &ClusterArgs, r: &Value) {
             println!("| {what} at {rate}/s, p50/p99/p999 us | {} | {} |", cell(c), cell(s));
         }
     }
+    let h = &c["raft_health"];
+    println!(
+        "| Raft stalls of 250 ms or more before the kill: store syncs (slowest, ms); rounds \
+         (slowest, ms); nodes marked down | {} ({}); {} ({}); {} | - |",
+        h["slow_store_syncs"],
+        h["slowest_store_sync_ms"],
+        h["slow_readies"],
+        h["slowest_ready_ms"],
+        h["nodes_marked_down"]
+    );
     let k = &c["kill"];
     println!(
         "| Query at {}/s during kill -9 of node {}, p50/p99/p999 us (errors) | {} / {} / {} ({}) | - |",
