@@ -664,3 +664,88 @@ fn memory_per_entry_at_a_million_documents() {
     );
     shard.shutdown().unwrap();
 }
+
+/// Prints the CPU time of a query's probes on a node's tables (as a router sends them: each
+/// table's tablet probed for a batch of queries) against the same queries on one shard
+/// holding the same documents, both in process on one thread.
+/// `cargo test --release -p neardup-server --lib probe_cost_against_one_shard -- --ignored --nocapture`
+#[test]
+#[ignore = "a measurement: run in release with --ignored --nocapture"]
+fn probe_cost_against_one_shard() {
+    const N: u64 = 1_000_000;
+    const Q: usize = 100_000;
+    let design = Design::parse("5c2").unwrap();
+    let mut rng = SplitMix64::new(78);
+    let fps: Vec<u64> = (0..N).map(|_| rng.next_u64()).collect();
+    // Queries: half near a stored fingerprint (2 bits flipped), half random.
+    let queries: Vec<u64> = (0..Q)
+        .map(|i| {
+            let r = rng.next_u64();
+            if i % 2 == 0 { fps[(r % N) as usize] ^ (1 << (r >> 58)) ^ (1 << 3) } else { r }
+        })
+        .collect();
+    let mut c = NodeStoreConfig { min_free_bytes: 0, ..Default::default() };
+    c.shard.checkpoint_ops = u64::MAX;
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeStore::open(dir.path(), &design, c.clone(), ShardMetrics::default()).unwrap();
+    for (n, chunk) in fps.chunks(50_000).enumerate() {
+        let ops: Vec<(u32, TabletOp)> = chunk
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &fp)| {
+                let gid = make_gid((n * 50_000 + i + 1) as u64, 0);
+                (0..10).map(move |t| (t, TabletOp::Put { gid, fp }))
+            })
+            .collect();
+        block_on(node.write_tablets(ops)).unwrap();
+    }
+    for s in &node.tables {
+        s.compact_all().unwrap();
+    }
+    let tables = design.tables_for_k(3);
+    let mut hits = 0usize;
+    let started = std::time::Instant::now();
+    for batch in queries.chunks(1000) {
+        let probes: Vec<(u32, u64)> =
+            batch.iter().flat_map(|&q| tables.iter().map(move |&t| (t as u32, q))).collect();
+        hits +=
+            node.probe_tablets(&probes, 3, 100).unwrap().iter().map(|h| h.0.len()).sum::<usize>();
+    }
+    let node_ns = started.elapsed().as_nanos() as f64 / Q as f64;
+    node.shutdown().unwrap();
+    drop(node);
+    let dir = tempfile::tempdir().unwrap();
+    let mut sc = c.shard.clone();
+    sc.index.design = design;
+    sc.min_free_bytes = 0;
+    let shard = Shard::open(dir.path(), sc, ShardMetrics::default()).unwrap();
+    shard.recover().unwrap();
+    for (n, chunk) in fps.chunks(50_000).enumerate() {
+        let new: Vec<crate::NewDocument> = chunk
+            .iter()
+            .enumerate()
+            .map(|(i, &fp)| crate::NewDocument {
+                id: format!("d{}", n * 50_000 + i),
+                fingerprint: fp,
+                timestamp_ms: 1,
+                sketch: None,
+            })
+            .collect();
+        let out = shard.write(&new, &[], false).unwrap();
+        shard.wait_durable_blocking(out.seq).unwrap();
+    }
+    shard.compact_all().unwrap();
+    let mut found = 0usize;
+    let started = std::time::Instant::now();
+    for batch in queries.chunks(1000) {
+        found += shard.probe(batch, 3, 100).unwrap().iter().map(|h| h.matches.len()).sum::<usize>();
+    }
+    let shard_ns = started.elapsed().as_nanos() as f64 / Q as f64;
+    println!(
+        "{Q} queries at k = 3 over {N} documents (5c2), one thread: node tablets {node_ns:.0} ns \
+         a query ({hits} table hits), one shard {shard_ns:.0} ns a query ({found} matches): \
+         {:.2}x",
+        node_ns / shard_ns
+    );
+    shard.shutdown().unwrap();
+}
