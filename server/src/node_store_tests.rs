@@ -631,11 +631,7 @@ fn memory_per_entry_at_a_million_documents() {
     node.shutdown().unwrap();
     drop(node);
     let dir = tempfile::tempdir().unwrap();
-    let mut sc = c.shard.clone();
-    sc.index.design = design;
-    sc.min_free_bytes = 0;
-    let shard = Shard::open(dir.path(), sc, ShardMetrics::default()).unwrap();
-    shard.recover().unwrap();
+    let shard = one_shard(dir.path(), &c, design);
     for chunk in docs.chunks(50_000) {
         let new: Vec<crate::NewDocument> = chunk
             .iter()
@@ -663,6 +659,16 @@ fn memory_per_entry_at_a_million_documents() {
         (index + doc_table) as f64 / N as f64,
     );
     shard.shutdown().unwrap();
+}
+
+/// A single-node shard of `design` in `dir`, with the shard settings of `c`, recovered.
+fn one_shard(dir: &Path, c: &NodeStoreConfig, design: Design) -> Arc<Shard> {
+    let mut sc = c.shard.clone();
+    sc.index.design = design;
+    sc.min_free_bytes = 0;
+    let shard = Shard::open(dir, sc, ShardMetrics::default()).unwrap();
+    shard.recover().unwrap();
+    shard
 }
 
 /// Prints the CPU time of a query's probes on a node's tables (as a router sends them: each
@@ -715,11 +721,7 @@ fn probe_cost_against_one_shard() {
     node.shutdown().unwrap();
     drop(node);
     let dir = tempfile::tempdir().unwrap();
-    let mut sc = c.shard.clone();
-    sc.index.design = design;
-    sc.min_free_bytes = 0;
-    let shard = Shard::open(dir.path(), sc, ShardMetrics::default()).unwrap();
-    shard.recover().unwrap();
+    let shard = one_shard(dir.path(), &c, design);
     for (n, chunk) in fps.chunks(50_000).enumerate() {
         let new: Vec<crate::NewDocument> = chunk
             .iter()
