@@ -642,33 +642,32 @@ impl Replica {
     /// Marks silent active nodes down and heard down nodes back, one change at a time.
     fn liveness_duty(&mut self) -> Result<(), ClusterError> {
         let window = self.cfg.election_ticks as u64;
+        // The change, and for a node marked down the ticks it has been silent.
         let change = self.map.nodes.values().find_map(|n| {
             if n.id == self.cfg.id {
                 // The leader hears itself: marked down by hand, it is back at once.
-                return (n.state == NodeState::Down).then_some(Command::NodeBack { id: n.id });
+                return (n.state == NodeState::Down).then_some((Command::NodeBack { id: n.id }, 0));
             }
             let heard = self.last_heard.get(&n.id).copied();
             let silent = self.ticks.saturating_sub(heard.unwrap_or(0).max(self.leader_since));
             match n.state {
                 NodeState::Active if silent > self.cfg.failure_ticks => {
-                    Some(Command::NodeDown { id: n.id })
+                    Some((Command::NodeDown { id: n.id }, silent))
                 }
                 NodeState::Down
                     if heard.is_some_and(|t| {
                         t >= self.leader_since && self.ticks.saturating_sub(t) <= window
                     }) =>
                 {
-                    Some(Command::NodeBack { id: n.id })
+                    Some((Command::NodeBack { id: n.id }, 0))
                 }
                 _ => None,
             }
         });
-        if let Some(cmd) = change
+        if let Some((cmd, silent)) = change
             && self.map.check(&cmd).is_ok()
         {
             if let Command::NodeDown { id } = cmd {
-                let heard = self.last_heard.get(&id).copied().unwrap_or(0);
-                let silent = self.ticks.saturating_sub(heard.max(self.leader_since));
                 tracing::warn!(node = id, silent_ticks = silent, "marking a silent node down");
             }
             let (index, _) = self.propose(&cmd, Vec::new())?;

@@ -112,11 +112,10 @@ impl Kv for SledKv {
     }
 
     fn write(&self, writes: Vec<KvWrite>) -> Result<(), ClusterError> {
+        let applied = self.apply(writes)?;
         let started = std::time::Instant::now();
-        self.db.apply_batch(batch(writes))?;
-        let applied = started.elapsed();
         self.db.flush()?;
-        let took = started.elapsed();
+        let took = applied + started.elapsed();
         if took >= crate::STALL_WARN {
             tracing::warn!(
                 took_ms = took.as_millis() as u64,
@@ -130,13 +129,21 @@ impl Kv for SledKv {
     /// sled's log is sequential and a flush makes every earlier write durable; its own
     /// background flush (every 500 ms by default) does the same for lazy writes.
     fn write_lazy(&self, writes: Vec<KvWrite>) -> Result<(), ClusterError> {
-        let started = std::time::Instant::now();
-        self.db.apply_batch(batch(writes))?;
-        let took = started.elapsed();
+        let took = self.apply(writes)?;
         if took >= crate::STALL_WARN {
             tracing::warn!(took_ms = took.as_millis() as u64, "a lazy Raft store write took long");
         }
         Ok(())
+    }
+}
+
+impl SledKv {
+    /// Applies `writes` in one batch, not flushed; returns how long sled took (the kernel may
+    /// hold the write back while the disk has much dirty data).
+    fn apply(&self, writes: Vec<KvWrite>) -> Result<std::time::Duration, ClusterError> {
+        let started = std::time::Instant::now();
+        self.db.apply_batch(batch(writes))?;
+        Ok(started.elapsed())
     }
 }
 

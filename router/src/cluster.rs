@@ -746,14 +746,17 @@ impl ClusterRouter {
         for (_, (answers, found_docs, parts)) in self.fan_out(calls).await? {
             docs.extend(found_docs.into_iter().map(|d| (d.gid, d)));
             for (qi, (found, truncated)) in answers {
-                resolved.extend(
-                    found.iter().map(|h| h.gid).filter(|g| parts.contains(&gid_partition(*g))),
-                );
+                let (q, k) = queries[qi];
                 let (merged, cut) = &mut hits[qi];
                 *cut |= truncated;
-                merged.extend(found.into_iter().filter(|h| {
-                    h.distance <= queries[qi].1 && h.distance == (h.fp ^ queries[qi].0).count_ones()
-                }));
+                for h in found {
+                    if parts.contains(&gid_partition(h.gid)) {
+                        resolved.insert(h.gid);
+                    }
+                    if h.distance <= k && h.distance == (h.fp ^ q).count_ones() {
+                        merged.push(h);
+                    }
+                }
             }
         }
         for (merged, _) in hits.iter_mut() {

@@ -31,7 +31,7 @@ pub struct DocEntry {
 }
 
 /// Documents by internal id and by name. See the module docs.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct DocTable {
     slots: Vec<DocEntry>,
     free: Vec<u32>,
@@ -40,9 +40,14 @@ pub struct DocTable {
     next_id: u64,
     live: usize,
     name_bytes: usize,
-    /// Live documents by the low byte of their internal id (a cluster node's partition);
-    /// empty until the first document.
-    by_low_byte: Vec<u64>,
+    /// Live documents by the low byte of their internal id (a cluster node's partition).
+    by_low_byte: Box<[u64; 256]>,
+}
+
+/// The low byte of an internal id, as an index of [`DocTable::by_low_byte`].
+#[inline]
+fn low_byte(id: u64) -> usize {
+    (id & 0xff) as usize
 }
 
 #[inline]
@@ -59,10 +64,25 @@ fn hash_name(name: &str) -> u64 {
     xxhash_rust::xxh3::xxh3_64(name.as_bytes())
 }
 
+impl Default for DocTable {
+    fn default() -> Self {
+        DocTable::new()
+    }
+}
+
 impl DocTable {
     /// An empty table whose first internal id is 1.
     pub fn new() -> DocTable {
-        DocTable { next_id: 1, ..Default::default() }
+        DocTable {
+            slots: Vec::new(),
+            free: Vec::new(),
+            by_id: HashTable::new(),
+            by_name: HashTable::new(),
+            next_id: 1,
+            live: 0,
+            name_bytes: 0,
+            by_low_byte: Box::new([0; 256]),
+        }
     }
 
     /// Live documents.
@@ -123,9 +143,9 @@ impl DocTable {
             }
             return t;
         }
-        let mut by_low_byte = vec![0u64; 256];
+        let mut by_low_byte = Box::new([0u64; 256]);
         for e in &entries {
-            by_low_byte[(e.id & 0xff) as usize] += 1;
+            by_low_byte[low_byte(e.id)] += 1;
         }
         DocTable {
             next_id: entries.iter().map(|e| e.id + 1).max().unwrap_or(1),
@@ -162,10 +182,7 @@ impl DocTable {
             self.remove(entry.id);
         }
         self.name_bytes += entry.name.len();
-        if self.by_low_byte.is_empty() {
-            self.by_low_byte = vec![0; 256];
-        }
-        self.by_low_byte[(entry.id & 0xff) as usize] += 1;
+        self.by_low_byte[low_byte(entry.id)] += 1;
         let (h_id, h_name) = (hash_id(entry.id), hash_name(&entry.name));
         let slot = match self.free.pop() {
             Some(s) => {
@@ -198,7 +215,7 @@ impl DocTable {
         );
         self.free.push(s);
         self.live -= 1;
-        self.by_low_byte[(id & 0xff) as usize] -= 1;
+        self.by_low_byte[low_byte(id)] -= 1;
         self.name_bytes -= entry.name.len();
         Some(entry)
     }
@@ -233,7 +250,7 @@ impl DocTable {
     /// Live documents whose internal id's low byte is `b` (on a cluster node: the documents
     /// of partition `b`).
     pub fn count_with_low_byte(&self, b: u8) -> u64 {
-        self.by_low_byte.get(b as usize).copied().unwrap_or(0)
+        self.by_low_byte[usize::from(b)]
     }
 
     /// Number of slots (live or free), the bound for [`entries_from`](Self::entries_from).
