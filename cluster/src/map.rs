@@ -48,6 +48,11 @@ pub struct NodeInfo {
     pub role: Role,
     /// Where it stands in its life cycle.
     pub state: NodeState,
+    /// The epoch of the map that last marked it down (0: never). What a filling replica
+    /// recorded of the writes it took before then is void: it missed the writes made while
+    /// it was down.
+    #[serde(default)]
+    pub down_epoch: u64,
 }
 
 /// The table design of the cluster's index.
@@ -443,6 +448,7 @@ impl ClusterMap {
                         internal_addr: internal_addr.clone(),
                         role: Role::Learner,
                         state: NodeState::Joining,
+                        down_epoch: 0,
                     },
                 );
             }
@@ -554,6 +560,8 @@ impl ClusterMap {
             }
             Command::NodeDown { id } => {
                 self.bootstrapped()?;
+                // `apply` gives this change the next epoch.
+                let epoch = self.epoch + 1;
                 let node = self.node_mut(*id)?;
                 if node.state != NodeState::Active {
                     return Err(MapError::Refused(format!(
@@ -562,6 +570,7 @@ impl ClusterMap {
                     )));
                 }
                 node.state = NodeState::Down;
+                node.down_epoch = epoch;
             }
             Command::NodeBack { id } => {
                 self.bootstrapped()?;
@@ -832,6 +841,7 @@ mod tests {
                 internal_addr: "i1".into(),
                 role: Role::Learner,
                 state: NodeState::Joining,
+                down_epoch: 0,
             },
             layout: Layout::default(),
             min_prefix_bits: Some(26),
@@ -930,12 +940,14 @@ mod tests {
         assert_eq!(stamps(&map), before, "a grant changes no writers");
         map.apply(&Command::NodeDown { id: 3 }).unwrap();
         let down = map.epoch;
+        assert_eq!(map.nodes[&3].down_epoch, down, "the node carries when it was marked down");
         for u in map.units() {
             let want = if held_by_3.contains(&u) { down } else { map.writers_since(u) };
             assert_eq!(map.writers_since(u), want, "{u:?}");
         }
         map.apply(&Command::NodeBack { id: 3 }).unwrap();
         let back = map.epoch;
+        assert_eq!(map.nodes[&3].down_epoch, down, "and keeps it when back");
         assert!(held_by_3.iter().all(|&u| map.writers_since(u) == back));
         // Filling to serving keeps the writers: the stamp stays.
         all_ready(&mut map);

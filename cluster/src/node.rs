@@ -178,6 +178,7 @@ pub(crate) fn open_store(cfg: &ClusterConfig) -> Result<RaftStore, ClusterError>
                     internal_addr: cfg.internal_addr.clone(),
                     role: Role::Voter,
                     state: NodeState::Active,
+                    down_epoch: 0,
                 },
                 layout: cfg.layout,
                 min_prefix_bits: min_prefix_bits(&design.name),

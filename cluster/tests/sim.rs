@@ -192,6 +192,7 @@ impl Sim {
                         internal_addr: "i1".into(),
                         role: Role::Voter,
                         state: NodeState::Active,
+                        down_epoch: 0,
                     },
                     layout: Layout { replicas: 2, split_bits: 1, partitions: 4 },
                     min_prefix_bits: Some(26),

@@ -271,6 +271,7 @@ fn map_of(addrs: &[String], split_bits: u32, parts: u32) -> ClusterMap {
                 internal_addr: a.clone(),
                 role: Role::Voter,
                 state: NodeState::Active,
+                down_epoch: 0,
             },
         );
     }

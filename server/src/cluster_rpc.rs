@@ -468,7 +468,7 @@ pub fn status_response(node: &ClusterNode) -> StatusResponse {
     let nodes = nodes
         .values()
         .map(|n| {
-            let map::NodeInfo { id, public_addr, internal_addr, role, state } = n;
+            let map::NodeInfo { id, public_addr, internal_addr, role, state, .. } = n;
             Node {
                 id: *id,
                 public_addr: public_addr.clone(),

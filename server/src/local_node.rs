@@ -67,6 +67,11 @@ const EPOCH_WAIT: Duration = Duration::from_millis(500);
 /// What a filling replica did to a unit since it started filling.
 #[derive(Debug, Default)]
 struct FillLog {
+    /// The epoch of the map the first write was taken under. A log from before the node was
+    /// last marked down ([`NodeInfo::down_epoch`]) is from an earlier filling, void.
+    ///
+    /// [`NodeInfo::down_epoch`]: neardup_cluster::map::NodeInfo::down_epoch
+    since: u64,
     put: HashSet<u64>,
     removed: HashSet<u64>,
 }
@@ -249,11 +254,29 @@ impl LocalNode {
         }
     }
 
-    fn record(&self, unit: Unit, put: Option<u64>, removed: Option<u64>) {
+    fn record(&self, map: &ClusterMap, unit: Unit, put: Option<u64>, removed: Option<u64>) {
+        let down = self.down_epoch(map);
         let mut fills = self.fills.lock();
-        let log = fills.entry(unit).or_default();
+        let log =
+            fills.entry(unit).or_insert_with(|| FillLog { since: map.epoch, ..FillLog::default() });
+        if log.since < down {
+            // Left over from a filling before the node was marked down (it came back before
+            // the log was pruned): what it recorded says nothing of the writes missed since.
+            *log = FillLog { since: map.epoch, ..FillLog::default() };
+        }
         log.put.extend(put);
         log.removed.extend(removed);
+    }
+
+    /// When `map` last marked this node down (0: never).
+    fn down_epoch(&self, map: &ClusterMap) -> u64 {
+        map.nodes.get(&self.id).map_or(0, |n| n.down_epoch)
+    }
+
+    /// The log of `unit`'s current filling, if any write was recorded in it.
+    fn fill_log<'a>(&self, fills: &'a HashMap<Unit, FillLog>, unit: Unit) -> Option<&'a FillLog> {
+        let down = self.down_epoch(&self.map.borrow());
+        fills.get(&unit).filter(|log| log.since >= down)
     }
 
     /// A write to the store: applied and logged on the blocking pool (index lookups, log
@@ -330,7 +353,7 @@ impl LocalNode {
     ) -> (Vec<T>, Vec<T>) {
         let fills = self.fills.lock();
         let empty = FillLog::default();
-        let log = fills.get(&unit).unwrap_or(&empty);
+        let log = self.fill_log(&fills, unit).unwrap_or(&empty);
         let have: HashSet<u64> = theirs.iter().map(&gid).collect();
         let removes =
             ours.into_iter().filter(|x| !have.contains(&gid(x)) && !log.put.contains(&gid(x)));
@@ -343,7 +366,7 @@ impl LocalNode {
     /// again.
     fn raced<T>(&self, unit: Unit, puts: Vec<T>, gid: impl Fn(&T) -> u64) -> Vec<T> {
         let fills = self.fills.lock();
-        let Some(log) = fills.get(&unit) else { return Vec::new() };
+        let Some(log) = self.fill_log(&fills, unit) else { return Vec::new() };
         puts.into_iter().filter(|x| log.removed.contains(&gid(x))).collect()
     }
 
@@ -412,8 +435,8 @@ impl NodeApi for LocalNode {
             let filling = self.check_writer_once(&mut checked, &map, unit, epoch)?;
             if filling {
                 match op {
-                    TabletOp::Put { gid, .. } => self.record(unit, Some(gid), None),
-                    TabletOp::Remove { gid, .. } => self.record(unit, None, Some(gid)),
+                    TabletOp::Put { gid, .. } => self.record(&map, unit, Some(gid), None),
+                    TabletOp::Remove { gid, .. } => self.record(&map, unit, None, Some(gid)),
                 }
             }
             new.push(current && !filling);
@@ -483,7 +506,7 @@ impl NodeApi for LocalNode {
                 }
             };
             if self.check_writer_once(&mut checked, &map, unit, epoch)? {
-                self.record(unit, put, removed);
+                self.record(&map, unit, put, removed);
             }
         }
         self.write(move |s| s.append_docs(&ops)).await
@@ -621,6 +644,7 @@ mod tests {
             internal_addr: format!("i{id}"),
             role: Role::Voter,
             state: NodeState::Active,
+            down_epoch: 0,
         };
         let (nodes, fill) = if filling { (vec![2], vec![1]) } else { (vec![1, 2], vec![]) };
         ClusterMap {
@@ -869,6 +893,38 @@ mod tests {
         let mut want = vec![pdoc(1).gid, pdoc(2).gid, pdoc(4).gid];
         want.sort_unstable();
         assert_eq!(docs, want);
+    }
+
+    /// A node filling a unit that is marked down and back before its record of that filling
+    /// is pruned: the old record is void. A document put during the first filling and
+    /// deleted while the node was down is removed by the next reconcile, not kept.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_filling_from_before_a_node_was_down_is_forgotten() {
+        let f = fixture(true);
+        let n = &f.node;
+        let g = |i: u64| make_gid(i, 0);
+        let put = |gid: u64, fp: u64| vec![(0, TabletOp::Put { gid, fp })];
+        let unit = Unit::Tablet { table: 0, start: 0 };
+        let held = || {
+            let mut h = n.store().scan_tablet(0, 0, u64::MAX).unwrap();
+            h.sort_unstable();
+            h
+        };
+        n.tablet_write(1, put(g(1), 0xA), true, None).await.unwrap();
+        // Down at epoch 2 (a is deleted on the serving replica meanwhile), back at 3.
+        let mut down = map(true, 2);
+        let node = down.nodes.get_mut(&1).unwrap();
+        (node.state, node.down_epoch) = (NodeState::Down, 2);
+        f.map.send_replace(Arc::new(stamped(down, 2)));
+        let mut back = map(true, 3);
+        back.nodes.get_mut(&1).unwrap().down_epoch = 2;
+        f.map.send_replace(Arc::new(stamped(back, 3)));
+        n.reconcile(unit, Source::Entries(vec![(g(2), 0xB)])).await.unwrap();
+        assert_eq!(held(), vec![(g(2), 0xB)]);
+        // What this filling takes is kept against a source that lacks it, as ever.
+        n.tablet_write(3, put(g(3), 0xC), true, None).await.unwrap();
+        n.reconcile(unit, Source::Entries(vec![(g(2), 0xB)])).await.unwrap();
+        assert_eq!(held(), vec![(g(2), 0xB), (g(3), 0xC)]);
     }
 
     /// Puts of new gids skip the lookup only on a serving replica under the sender's own
