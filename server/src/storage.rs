@@ -69,6 +69,12 @@ pub trait Store: Send + Sync + 'static {
     fn sync_log(&self) -> Result<()> {
         self.sync()
     }
+    /// [`sync_log`](Store::sync_log) for the logs whose names start with `prefix` only (a
+    /// [`PrefixedStore`]'s). By default every log.
+    fn sync_logs_under(&self, prefix: &str) -> Result<()> {
+        let _ = prefix;
+        self.sync_log()
+    }
     /// Makes durable every write that returned before this call other than those
     /// [`sync_log`](Store::sync_log) covers; `sync_log` then `sync_rest` is a
     /// [`sync`](Store::sync). By default the same as `sync`.
@@ -396,7 +402,17 @@ impl Store for SledStore {
     /// Syncs the logs' segment files only: the database's work (its own flushes, large
     /// removals) never holds up group commit.
     fn sync_log(&self) -> Result<()> {
-        let logs: Vec<Arc<SegmentLog>> = self.logs.lock().values().cloned().collect();
+        self.sync_logs_under("")
+    }
+
+    fn sync_logs_under(&self, prefix: &str) -> Result<()> {
+        let logs: Vec<Arc<SegmentLog>> = self
+            .logs
+            .lock()
+            .iter()
+            .filter(|(name, _)| name.starts_with(prefix))
+            .map(|(_, l)| l.clone())
+            .collect();
         for l in logs {
             l.sync()?;
         }
@@ -470,8 +486,14 @@ impl Store for PrefixedStore {
         self.inner.sync()
     }
 
+    /// This store's own logs: group commit of the shard over it waits for no other
+    /// shard's log.
     fn sync_log(&self) -> Result<()> {
-        self.inner.sync_log()
+        self.inner.sync_logs_under(&self.prefix)
+    }
+
+    fn sync_logs_under(&self, prefix: &str) -> Result<()> {
+        self.inner.sync_logs_under(&format!("{}{prefix}", self.prefix))
     }
 
     fn sync_rest(&self) -> Result<()> {
@@ -625,6 +647,31 @@ mod tests {
         drop((s, store));
         let store = SledStore::open(dir.path(), 1 << 20).unwrap();
         assert_eq!(store.space("t").unwrap().get(&[2]).unwrap().unwrap().len(), 1 << 20);
+    }
+
+    /// A shard over a shared store syncs its own logs for group commit, not its
+    /// neighbours'; a sync of the whole store syncs them all.
+    #[test]
+    fn a_prefixed_store_syncs_its_own_logs() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SledStore::open(dir.path(), 1 << 20).unwrap();
+        let shared: Arc<dyn Store> = Arc::new(store.clone());
+        let (a, b) =
+            (PrefixedStore::new(shared.clone(), "t1/"), PrefixedStore::new(shared, "t10/"));
+        let (la, lb) = (a.log("log").unwrap(), b.log("log").unwrap());
+        let dirty = |name: &str| store.logs.lock()[name].is_dirty();
+        for round in 1..=2u64 {
+            la.put(&round.to_be_bytes(), b"a").unwrap();
+            lb.put(&round.to_be_bytes(), b"b").unwrap();
+            a.sync_log().unwrap();
+            assert!(!dirty("t1/log") && dirty("t10/log"), "round {round}");
+            b.sync_log().unwrap();
+            assert!(!dirty("t10/log"));
+        }
+        la.put(&3u64.to_be_bytes(), b"a").unwrap();
+        lb.put(&3u64.to_be_bytes(), b"b").unwrap();
+        a.sync().unwrap();
+        assert!(!dirty("t1/log") && !dirty("t10/log"));
     }
 
     /// A log kept as a tree by an older version moves to segment files the first time it

@@ -81,6 +81,9 @@ struct Inner {
 pub struct SegmentLog {
     dir: PathBuf,
     inner: Mutex<Inner>,
+    /// Held for the whole of a sync, so that a log found clean is synced: a caller that
+    /// finds a sync under way waits for it, then syncs what was appended since.
+    syncing: Mutex<()>,
 }
 
 fn key_of(k: &[u8]) -> Result<u64> {
@@ -209,7 +212,11 @@ impl SegmentLog {
             drop(r);
             inner.segs.push_back(Segment { path, file: Arc::new(file), bytes: offset });
         }
-        let log = SegmentLog { dir: dir.to_path_buf(), inner: Mutex::new(inner) };
+        let log = SegmentLog {
+            dir: dir.to_path_buf(),
+            inner: Mutex::new(inner),
+            syncing: Mutex::new(()),
+        };
         {
             let mut inner = log.inner.lock();
             // Segments holding no record (all removed before a restart never happens: their
@@ -230,17 +237,35 @@ impl SegmentLog {
     /// this call is durable once it returns `Ok`. Puts may go on meanwhile. Costs nothing
     /// when nothing was put since the last sync (many logs share one store's syncs).
     pub fn sync(&self) -> Result<()> {
+        // Without it, a caller finding the log clean while another's fdatasync was still
+        // running would acknowledge records not yet on the disk (the shards of a node
+        // share their store's logs' syncs).
+        let _one = self.syncing.lock();
         let file = {
             let mut inner = self.inner.lock();
             if !inner.dirty {
                 return Ok(());
             }
-            inner.dirty = false;
-            let Some(w) = inner.writer.as_mut() else { return Ok(()) };
+            let Some(w) = inner.writer.as_mut() else {
+                inner.dirty = false;
+                return Ok(());
+            };
             w.flush().map_err(|e| io("writing", &self.dir, e))?;
-            w.get_ref().try_clone().map_err(|e| io("syncing", &self.dir, e))?
+            let file = w.get_ref().try_clone().map_err(|e| io("syncing", &self.dir, e))?;
+            inner.dirty = false;
+            file
         };
-        file.sync_data().map_err(|e| io("syncing", &self.dir, e))
+        let synced = file.sync_data().map_err(|e| io("syncing", &self.dir, e));
+        if synced.is_err() {
+            self.inner.lock().dirty = true;
+        }
+        synced
+    }
+
+    /// Whether records were appended since the last sync began.
+    #[cfg(test)]
+    pub(crate) fn is_dirty(&self) -> bool {
+        self.inner.lock().dirty
     }
 
     /// Bytes of the segment files.
