@@ -716,6 +716,18 @@ mod tests {
         (0..4).map(op).collect()
     }
 
+    /// A put of `(gid, fp)` in table 0.
+    fn put_in_0(gid: u64, fp: u64) -> Vec<(u32, TabletOp)> {
+        vec![(0, TabletOp::Put { gid, fp })]
+    }
+
+    /// Table 0's entries on the node, sorted.
+    fn held(n: &LocalNode) -> Vec<(u64, u64)> {
+        let mut h = n.store().scan_tablet(0, 0, u64::MAX).unwrap();
+        h.sort_unstable();
+        h
+    }
+
     fn is_moved(e: &DataError) -> bool {
         matches!(e, DataError::EpochMoved { .. })
     }
@@ -903,14 +915,8 @@ mod tests {
         let f = fixture(true);
         let n = &f.node;
         let g = |i: u64| make_gid(i, 0);
-        let put = |gid: u64, fp: u64| vec![(0, TabletOp::Put { gid, fp })];
         let unit = Unit::Tablet { table: 0, start: 0 };
-        let held = || {
-            let mut h = n.store().scan_tablet(0, 0, u64::MAX).unwrap();
-            h.sort_unstable();
-            h
-        };
-        n.tablet_write(1, put(g(1), 0xA), true, None).await.unwrap();
+        n.tablet_write(1, put_in_0(g(1), 0xA), true, None).await.unwrap();
         // Down at epoch 2 (a is deleted on the serving replica meanwhile), back at 3.
         let mut down = map(true, 2);
         let node = down.nodes.get_mut(&1).unwrap();
@@ -920,11 +926,11 @@ mod tests {
         back.nodes.get_mut(&1).unwrap().down_epoch = 2;
         f.map.send_replace(Arc::new(stamped(back, 3)));
         n.reconcile(unit, Source::Entries(vec![(g(2), 0xB)])).await.unwrap();
-        assert_eq!(held(), vec![(g(2), 0xB)]);
+        assert_eq!(held(n), vec![(g(2), 0xB)]);
         // What this filling takes is kept against a source that lacks it, as ever.
-        n.tablet_write(3, put(g(3), 0xC), true, None).await.unwrap();
+        n.tablet_write(3, put_in_0(g(3), 0xC), true, None).await.unwrap();
         n.reconcile(unit, Source::Entries(vec![(g(2), 0xB)])).await.unwrap();
-        assert_eq!(held(), vec![(g(2), 0xB), (g(3), 0xC)]);
+        assert_eq!(held(n), vec![(g(2), 0xB), (g(3), 0xC)]);
     }
 
     /// Puts of new gids skip the lookup only on a serving replica under the sender's own
@@ -934,28 +940,22 @@ mod tests {
         let f = fixture(true);
         let n = &f.node;
         let g = |i: u64| make_gid(i, 0);
-        let put = |gid: u64, fp: u64| vec![(0, TabletOp::Put { gid, fp })];
-        let held = || {
-            let mut h = n.store().scan_tablet(0, 0, u64::MAX).unwrap();
-            h.sort_unstable();
-            h
-        };
         // Filling: the copy holds a; the router's put of a arrives after it.
         let unit = Unit::Tablet { table: 0, start: 0 };
         n.reconcile(unit, Source::Entries(vec![(g(1), 0xA)])).await.unwrap();
-        n.tablet_write(1, put(g(1), 0xA), true, None).await.unwrap();
-        assert_eq!(held(), vec![(g(1), 0xA)]);
+        n.tablet_write(1, put_in_0(g(1), 0xA), true, None).await.unwrap();
+        assert_eq!(held(n), vec![(g(1), 0xA)]);
         // Serving now; a put sent under the filling map is looked up too.
         f.map.send_replace(Arc::new(map(false, 2)));
-        n.tablet_write(1, put(g(1), 0xA), true, None).await.unwrap();
-        assert_eq!(held(), vec![(g(1), 0xA)]);
+        n.tablet_write(1, put_in_0(g(1), 0xA), true, None).await.unwrap();
+        assert_eq!(held(n), vec![(g(1), 0xA)]);
         // Under the current map a new gid is stored without a lookup: a sender that broke
         // its promise would leave a second entry (reads dedupe by gid), which shows the
         // lookup is skipped; without the promise the put is idempotent.
-        n.tablet_write(2, put(g(2), 0xB), true, None).await.unwrap();
-        n.tablet_write(2, put(g(2), 0xB), false, None).await.unwrap();
-        assert_eq!(held(), vec![(g(1), 0xA), (g(2), 0xB)]);
-        n.tablet_write(2, put(g(2), 0xB), true, None).await.unwrap();
-        assert_eq!(held(), vec![(g(1), 0xA), (g(2), 0xB), (g(2), 0xB)]);
+        n.tablet_write(2, put_in_0(g(2), 0xB), true, None).await.unwrap();
+        n.tablet_write(2, put_in_0(g(2), 0xB), false, None).await.unwrap();
+        assert_eq!(held(n), vec![(g(1), 0xA), (g(2), 0xB)]);
+        n.tablet_write(2, put_in_0(g(2), 0xB), true, None).await.unwrap();
+        assert_eq!(held(n), vec![(g(1), 0xA), (g(2), 0xB), (g(2), 0xB)]);
     }
 }
