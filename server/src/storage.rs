@@ -256,12 +256,10 @@ impl SledStore {
     ///
     /// sled 0.34 writes a value over a quarter of a log segment (run chunks, document
     /// snapshots) to a file of its own under `blobs/`, named by its log sequence number,
-    /// and never syncs it: its flush syncs only the log that points at it. Left to the
-    /// kernel, a checkpoint's blobs were hundreds of MB of dirty pages at 10M documents,
-    /// and every small write on the same disk (a Raft store's, the write-ahead log's)
-    /// waited behind their writeback for seconds. Synced here, a checkpoint waits for its
-    /// own data. A write that returned before a sync began has its blob file there already
-    /// (sled writes it within the write), so the sync covers it against power loss too.
+    /// and never syncs it: its flush syncs only the log that points at it, so a power loss
+    /// could keep the pointer and lose the value. A write that returned before a sync began
+    /// has its blob file there already (sled writes it within the write), so the sync
+    /// covers it. The first sync after opening syncs every blob file there.
     fn sync_blobs(&self) -> Result<()> {
         use std::sync::atomic::Ordering;
         let dir = self.path.join("blobs");
