@@ -76,6 +76,18 @@ struct FillLog {
     removed: HashSet<u64>,
 }
 
+impl FillLog {
+    /// An empty log of a filling whose first write was taken under epoch `since`.
+    fn new(since: u64) -> FillLog {
+        FillLog { since, ..FillLog::default() }
+    }
+
+    /// Whether it records the current filling of a node last marked down at epoch `down`.
+    fn current(&self, down: u64) -> bool {
+        self.since >= down
+    }
+}
+
 /// A node's data behind the [`NodeApi`]: see the module docs.
 pub struct LocalNode {
     id: NodeId,
@@ -257,12 +269,11 @@ impl LocalNode {
     fn record(&self, map: &ClusterMap, unit: Unit, put: Option<u64>, removed: Option<u64>) {
         let down = self.down_epoch(map);
         let mut fills = self.fills.lock();
-        let log =
-            fills.entry(unit).or_insert_with(|| FillLog { since: map.epoch, ..FillLog::default() });
-        if log.since < down {
+        let log = fills.entry(unit).or_insert_with(|| FillLog::new(map.epoch));
+        if !log.current(down) {
             // Left over from a filling before the node was marked down (it came back before
             // the log was pruned): what it recorded says nothing of the writes missed since.
-            *log = FillLog { since: map.epoch, ..FillLog::default() };
+            *log = FillLog::new(map.epoch);
         }
         log.put.extend(put);
         log.removed.extend(removed);
@@ -276,7 +287,7 @@ impl LocalNode {
     /// The log of `unit`'s current filling, if any write was recorded in it.
     fn fill_log<'a>(&self, fills: &'a HashMap<Unit, FillLog>, unit: Unit) -> Option<&'a FillLog> {
         let down = self.down_epoch(&self.map.borrow());
-        fills.get(&unit).filter(|log| log.since >= down)
+        fills.get(&unit).filter(|log| log.current(down))
     }
 
     /// A write to the store: applied and logged on the blocking pool (index lookups, log

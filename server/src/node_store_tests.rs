@@ -671,7 +671,7 @@ fn one_shard(dir: &Path, c: &NodeStoreConfig, design: Design) -> Arc<Shard> {
     shard
 }
 
-/// Prints the CPU time of a query's probes on a node's tables (as a router sends them: each
+/// Prints the time of a query's probes on a node's tables (as a router sends them: each
 /// table's tablet probed for a batch of queries) against the same queries on one shard
 /// holding the same documents, both in process on one thread; and the time each took to
 /// load them.

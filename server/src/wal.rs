@@ -238,8 +238,9 @@ impl SegmentLog {
     /// when nothing was put since the last sync (many logs share one store's syncs).
     pub fn sync(&self) -> Result<()> {
         // Without it, a caller finding the log clean while another's fdatasync was still
-        // running would acknowledge records not yet on the disk (the shards of a node
-        // share their store's logs' syncs).
+        // running would acknowledge records not yet on the disk (a whole-store sync, a
+        // checkpoint's, syncs every shard's log of a node while each shard's group commit
+        // syncs its own).
         let _one = self.syncing.lock();
         let file = {
             let mut inner = self.inner.lock();
