@@ -12,6 +12,7 @@ use neardup_core::util::SplitMix64;
 use neardup_core::{Design, Doc, Index, IndexConfig, Match};
 use serde_json::json;
 
+use crate::alloc_peak;
 use crate::bruteforce;
 use crate::latency::Latencies;
 use crate::workload::{self, Shape, Workload};
@@ -336,13 +337,18 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
     let baseline_sort_seconds = t.elapsed().as_secs_f64();
     drop(plain);
     // Build on one core, then on all cores (the second index is the one measured).
+    // Each build's peak memory above its input (the documents, already in memory).
     let t = Instant::now();
+    let phase = alloc_peak::start();
     let single = one_thread(|| Index::build(config.clone(), &docs)).map_err(|e| e.to_string())?;
     let build_seconds = t.elapsed().as_secs_f64();
+    let peak_one = phase.end();
     drop(single);
     let t = Instant::now();
+    let phase = alloc_peak::start();
     let mut index = Index::build(config.clone(), &docs).map_err(|e| e.to_string())?;
     let build_seconds_all = t.elapsed().as_secs_f64();
+    let peak_all = phase.end();
     let mem = index.memory();
     let floor = 64.0 - (n as f64).log2() + 1.44;
     let bits = mem.bits_per_fp_per_table();
@@ -358,6 +364,22 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
         bits / floor,
         mem.column_bits.0,
         mem.column_bits.1,
+    );
+    let index_bytes = mem.total_bytes as f64;
+    let peak_text = |p: &alloc_peak::Peak| {
+        let rss = p.rss_bytes.map_or("not reported".to_string(), |b| {
+            format!("{:.1} MB ({:.2}x)", b as f64 / 1e6, b as f64 / index_bytes)
+        });
+        format!(
+            "heap {:.1} MB ({:.2}x the index), resident set {rss}",
+            p.heap_bytes as f64 / 1e6,
+            p.heap_bytes as f64 / index_bytes
+        )
+    };
+    eprintln!(
+        "build peak memory above the input documents: one core {}; all cores {}",
+        peak_text(&peak_one),
+        peak_text(&peak_all)
     );
     let huge = huge_page_bytes();
     eprintln!("memory backed by huge pages: {:.1} MB", huge as f64 / 1e6);
@@ -599,6 +621,11 @@ pub fn run(args: IndexArgs) -> Result<(), String> {
         "build_seconds": build_seconds,
         "build_fps_per_second_one_core": n as f64 / build_seconds,
         "build_seconds_all_cores": build_seconds_all,
+        "build_peak_heap_bytes_one_core": peak_one.heap_bytes,
+        "build_peak_heap_bytes_all_cores": peak_all.heap_bytes,
+        "build_peak_rss_bytes_one_core": peak_one.rss_bytes,
+        "build_peak_rss_bytes_all_cores": peak_all.rss_bytes,
+        "build_peak_to_index_all_cores": peak_all.heap_bytes as f64 / index_bytes,
         "baseline_sort_seconds": baseline_sort_seconds,
         "build_to_baseline_sort": build_seconds / baseline_sort_seconds,
         "bits_per_fp_per_table": bits,

@@ -9,6 +9,7 @@
 // The index report is one large `json!` object.
 #![recursion_limit = "256"]
 
+mod alloc_peak;
 mod bruteforce;
 mod cluster;
 mod cluster_map;
