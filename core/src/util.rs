@@ -239,26 +239,64 @@ pub(crate) fn huge_page_vec<T>(capacity: usize) -> Vec<T> {
 /// bits past 16M values), then each group, about 40k values at 10M, sorted on the rest of
 /// the prefix while it is in cache. The whole is moved through memory once, and needs no
 /// second array of its size.
-pub(crate) fn sort_on_top_bits(
-    src: &[u64],
+pub(crate) fn sort_on_top_bits<S: Values + ?Sized>(
+    src: &S,
     map: impl Fn(u64) -> u64,
     bits: u32,
     out: &mut Vec<u64>,
     scratch: &mut Vec<u64>,
 ) {
     let bits = bits.min(64);
+    let n = src.len();
     if bits == 0 {
-        clear_with_room(out, src.len());
-        out.extend(src.iter().map(|&x| map(x)));
+        clear_with_room(out, n);
+        src.for_each_chunk(|c| out.extend(c.iter().map(|&x| map(x))));
         return;
     }
-    let top = bits.min(if src.len() > 1 << 24 { 10 } else { 8 });
+    let top = bits.min(if n > 1 << 24 { 10 } else { 8 });
     let shift = 64 - top;
     let digit = |&x: &u64| (map(x) >> shift) as usize;
-    let starts = digit_starts(src, digit, 1 << top);
-    scatter_into(src, digit, &starts, out, &|&x: &u64| map(x));
+    let groups = 1 << top;
+    let mut starts = vec![0usize; groups + 1];
+    src.for_each_chunk(|c| count_into(c, digit, &mut starts[1..]));
+    for i in 1..=groups {
+        starts[i] += starts[i - 1];
+    }
+    assert_eq!(starts[groups], n, "the values' count changed");
+    // Every slot is written once, as the chunks come: the cursors carry over.
+    clear_with_room(out, n);
+    let slots = &mut out.spare_capacity_mut()[..n];
+    let mut next = [0usize; MAX_GROUPS];
+    next[..groups].copy_from_slice(&starts[..groups]);
+    src.for_each_chunk(|c| {
+        next = distribute_from::<_, _, MAX_GROUPS>(c, digit, next, slots, |slot, &x| {
+            slot.write(map(x));
+        });
+    });
+    // Each group filled up to where the next starts: all `n` slots were written.
+    assert!(next[..groups] == starts[1..], "digit counts changed");
+    // SAFETY: the assertion above shows slots 0..n were all initialised.
+    unsafe { out.set_len(n) };
     for g in starts.windows(2) {
         sort_on_bits(&mut out[g[0]..g[1]], 64 - bits, bits - top, scratch);
+    }
+}
+
+/// Sorted values given a chunk at a time, in order: an array, or a table decoded in pieces
+/// so that a build needs no second copy of its values.
+pub(crate) trait Values {
+    /// How many values there are.
+    fn len(&self) -> usize;
+    /// Calls `f` with consecutive chunks that together hold every value, in order.
+    fn for_each_chunk(&self, f: impl FnMut(&[u64]));
+}
+
+impl Values for [u64] {
+    fn len(&self) -> usize {
+        <[u64]>::len(self)
+    }
+    fn for_each_chunk(&self, mut f: impl FnMut(&[u64])) {
+        f(self)
     }
 }
 
@@ -344,16 +382,22 @@ fn group_starts<T>(src: &[T], digit: impl FnMut(&T) -> usize) -> [usize; 257] {
 /// group by `digit` starts in `src` grouped, and `src.len()` last: one counting pass and
 /// a running sum. Every pass of the build's radix sorts counts through here.
 #[inline(always)]
-fn count_starts<T>(src: &[T], mut digit: impl FnMut(&T) -> usize, starts: &mut [usize]) {
-    let counts = &mut starts[1..];
+fn count_starts<T>(src: &[T], digit: impl FnMut(&T) -> usize, starts: &mut [usize]) {
+    count_into(src, digit, &mut starts[1..]);
+    let groups = starts.len() - 1;
+    for i in 1..=groups {
+        starts[i] += starts[i - 1];
+    }
+}
+
+/// Adds the digits' counts of `src` to `counts` (a power of two of them).
+#[inline(always)]
+fn count_into<T>(src: &[T], mut digit: impl FnMut(&T) -> usize, counts: &mut [usize]) {
     let groups = counts.len();
     debug_assert!(groups.is_power_of_two());
     for x in src {
         // Masked so that indexing needs no check; digits are below `groups` anyway.
         counts[digit(x) & (groups - 1)] += 1;
-    }
-    for i in 1..=groups {
-        starts[i] += starts[i - 1];
     }
 }
 
@@ -375,6 +419,18 @@ fn distribute<S, D, const G: usize>(
     let mut next = [0usize; G];
     let groups = starts.len() - 1;
     next[..groups].copy_from_slice(&starts[..groups]);
+    distribute_from(src, digit, next, dst, put)
+}
+
+/// [`distribute`] with the cursors given, as one chunk of a longer source leaves them.
+#[inline(always)]
+fn distribute_from<S, D, const G: usize>(
+    src: &[S],
+    digit: impl Fn(&S) -> usize,
+    mut next: [usize; G],
+    dst: &mut [D],
+    put: impl Fn(&mut D, &S),
+) -> [usize; G] {
     let ahead = (128 / std::mem::size_of::<D>().max(1)).max(1);
     for x in src {
         // Masked so that indexing `next` needs no check; digits are below it anyway.
@@ -393,6 +449,18 @@ fn distribute<S, D, const G: usize>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An array given `.1` values at a time.
+    struct InChunks<'a>(&'a [u64], usize);
+
+    impl Values for InChunks<'_> {
+        fn len(&self) -> usize {
+            self.0.len()
+        }
+        fn for_each_chunk(&self, mut f: impl FnMut(&[u64])) {
+            self.0.chunks(self.1).for_each(&mut f);
+        }
+    }
 
     #[test]
     fn binomials() {
@@ -435,15 +503,20 @@ mod tests {
             for bits in [0u32, 5, 8, 16, 21, 26, 33, 64] {
                 // The low `bits` bits rotated to the front: the rest keep their order.
                 let map = |x: u64| x.rotate_right(bits);
-                sort_on_top_bits(&src, map, bits, &mut out, &mut tmp);
+                sort_on_top_bits(src.as_slice(), map, bits, &mut out, &mut tmp);
                 let mut want: Vec<u64> = src.iter().map(|&x| map(x)).collect();
                 want.sort_unstable();
                 assert_eq!(out, want, "n {n} bits {bits}");
+                // The same values given in chunks: the scatter's cursors carry over.
+                for chunk in [1, 7, 4096] {
+                    sort_on_top_bits(&InChunks(&src, chunk), map, bits, &mut out, &mut tmp);
+                    assert_eq!(out, want, "n {n} bits {bits} in chunks of {chunk}");
+                }
             }
         }
         // Stable on the prefix alone: equal prefixes keep the input order.
         let src: Vec<u64> = (0..3000u64).map(|i| ((i % 7) << 60) | i).collect();
-        sort_on_top_bits(&src, |x| x, 4, &mut out, &mut tmp);
+        sort_on_top_bits(src.as_slice(), |x| x, 4, &mut out, &mut tmp);
         let mut want = src.clone();
         want.sort_by_key(|x| x >> 60);
         assert_eq!(out, want);

@@ -180,3 +180,26 @@ impl EncodedTable {
         }
     }
 }
+
+/// Decoded a chunk at a time, so that a build can read a table's values without a copy of
+/// them all.
+impl crate::util::Values for EncodedTable {
+    fn len(&self) -> usize {
+        EncodedTable::len(self)
+    }
+
+    fn for_each_chunk(&self, mut f: impl FnMut(&[u64])) {
+        const CHUNK: usize = 4096;
+        let mut chunk = Vec::with_capacity(CHUNK);
+        self.scan_range(0, u64::MAX, |v, _| {
+            chunk.push(v);
+            if chunk.len() == CHUNK {
+                f(&chunk);
+                chunk.clear();
+            }
+        });
+        if !chunk.is_empty() {
+            f(&chunk);
+        }
+    }
+}

@@ -134,9 +134,20 @@ impl HxTable {
         });
         let bb = opts.block_bytes;
         let cap_bits = (bb - BLOCK_HEAD - BLOCK_TAIL) * 8;
-        // Room for the worst case (a value never takes more than 9 bytes); pages never
-        // written are never backed, and the excess goes at shrink_to_fit below.
-        let blocks_bound = values.len().div_ceil(1.max((bb - BLOCK_HEAD - BLOCK_TAIL) / 9)) + 1;
+        // Room for every block the values can take, from their codes' exact lengths: a
+        // block ends when its entries run out or the next value does not fit, so each is
+        // filled but for the longest value's bits. (A larger reservation would cost no
+        // memory the table touches, but it would be counted against the build.)
+        let (payload, longest) = counts.iter().enumerate().filter(|&(_, &c)| c > 0).fold(
+            (0u64, 0u64),
+            |(sum, max), (h, &c)| {
+                let bits = u64::from(table[h] & 0xFF) + h as u64;
+                (sum + c * bits, max.max(bits))
+            },
+        );
+        let fill = (cap_bits as u64).saturating_sub(longest).max(1);
+        let blocks_bound =
+            payload.div_ceil(fill) as usize + values.len().div_ceil(MAX_BLOCK_ENTRIES as usize) + 1;
         let mut data = AlignedBytes::with_capacity(blocks_bound * bb + SLACK);
         data.resize_zeroed(SLACK);
         let mut ranks = Vec::new();

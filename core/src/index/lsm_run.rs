@@ -16,7 +16,7 @@ use crate::codec::{EncodedTable, HxTable, Layout, TableHit, TableOptions};
 use crate::design::{Design, TableSpec};
 use crate::error::{Error, Result};
 use crate::permute::VisitMap;
-use crate::util::sort_on_top_bits;
+use crate::util::{Values, sort_on_top_bits};
 
 /// What building a run needs besides its documents.
 #[derive(Debug, Clone)]
@@ -124,15 +124,22 @@ impl Run {
     pub(crate) fn build(id: u64, docs: &[Doc], ctx: &BuildContext, beside: usize) -> Result<Run> {
         check_run_size(docs.len())?;
         let (docs, distinct, spare) = DocStore::from_docs(docs);
-        Self::assemble(id, docs, distinct, spare, ctx, beside, |_, spec, distinct, v, tmp| {
-            permuted_sorted(distinct, spec, v, tmp)
+        Self::assemble(id, docs, distinct, spare, ctx, beside, |_, spec, fps, v, tmp| {
+            permuted_sorted(fps, spec, v, tmp)
         })
     }
 
     /// Builds the tables of a run whose documents and distinct fingerprints are known.
-    /// `fill(t, spec, distinct, buffer, scratch)` puts the sorted permuted values of
-    /// non-identity table `t` into `buffer`; `scratch` is for it to use as it likes.
-    /// `spare` is an empty array to take for the first buffer (or a new one).
+    /// `fill(t, spec, fps, buffer, scratch)` puts the sorted permuted values of
+    /// non-identity table `t` into `buffer`, reading the distinct fingerprints from `fps`
+    /// (their table in identity order); `scratch` is for it to use as it likes. `spare` is
+    /// an empty array to take for the first buffer (or a new one).
+    ///
+    /// With tables in blocks, the distinct fingerprints are dropped once the identity-order
+    /// tables are built: the other tables decode them from `fps` a chunk at a time, so that
+    /// the build's memory beyond the finished run is one buffer of values per worker (the
+    /// blocks hold a value in 5-6 bytes, the array in 8). Packed tables take 7-8 bytes a
+    /// value and decode several times slower, bucket by bucket: they keep the array.
     fn assemble(
         id: u64,
         docs: DocStore,
@@ -140,42 +147,60 @@ impl Run {
         mut spare: Vec<u64>,
         ctx: &BuildContext,
         beside: usize,
-        fill: impl Fn(usize, &TableSpec, &[u64], &mut Vec<u64>, &mut Vec<u64>) + Sync,
+        fill: impl Fn(usize, &TableSpec, &Distinct<'_>, &mut Vec<u64>, &mut Vec<u64>) + Sync,
     ) -> Result<Run> {
         let opts = ctx.opts_for(distinct.len(), beside);
         let fps = Arc::new(EncodedTable::encode(&distinct, opts)?);
-        let build = |t: usize, v: &mut Vec<u64>, tmp: &mut Vec<u64>| -> Result<PermutedTable> {
-            let spec = &ctx.design.tables()[t];
-            if spec.perm.is_identity() {
-                PermutedTable::build(
+        let specs = ctx.design.tables();
+        let mut tables: Vec<Option<PermutedTable>> = Vec::with_capacity(specs.len());
+        for spec in specs {
+            tables.push(if spec.perm.is_identity() {
+                Some(PermutedTable::build(
                     &distinct,
                     Some(fps.clone()),
                     spec.prefix_bits,
                     opts,
                     &ctx.policy,
                     0,
-                )
+                )?)
             } else {
-                fill(t, spec, &distinct, v, tmp);
-                PermutedTable::build(v, None, spec.prefix_bits, opts, &ctx.policy, 0)
-            }
+                None
+            });
+        }
+        let n_distinct = distinct.len();
+        let keep = matches!(*fps, EncodedTable::Packed(_));
+        // Dropped here, not at the end of the scope as a value left unmoved would be.
+        let distinct = if keep {
+            distinct
+        } else {
+            drop(distinct);
+            Vec::new()
         };
-        let n = ctx.design.tables().len();
+        let source = if keep { Distinct::Array(&distinct) } else { Distinct::Table(&fps) };
+        let build = |t: usize, v: &mut Vec<u64>, tmp: &mut Vec<u64>| -> Result<PermutedTable> {
+            let spec = &specs[t];
+            fill(t, spec, &source, v, tmp);
+            PermutedTable::build(v, None, spec.prefix_bits, opts, &ctx.policy, 0)
+        };
+        let rest: Vec<usize> = (0..specs.len()).filter(|&t| tables[t].is_none()).collect();
         // Each worker keeps two buffers for the tables it builds, as a sequential build
         // does for all of them: no fresh pages per table. The spare array, its pages
         // backed already, is one worker's buffer for the values, cut to their number.
-        spare.shrink_to(distinct.len());
+        spare.shrink_to(n_distinct);
         let spare = std::sync::Mutex::new(spare);
         let take_spare = || std::mem::take(&mut *spare.lock().unwrap_or_else(|e| e.into_inner()));
-        let tables = if ctx.parallel {
-            (0..n)
-                .into_par_iter()
-                .map_init(|| (take_spare(), Vec::new()), |(v, tmp), t| build(t, v, tmp))
+        let built = if ctx.parallel {
+            rest.par_iter()
+                .map_init(|| (take_spare(), Vec::new()), |(v, tmp), &t| build(t, v, tmp))
                 .collect::<Result<Vec<_>>>()?
         } else {
             let (mut values, mut tmp) = (take_spare(), Vec::new());
-            (0..n).map(|t| build(t, &mut values, &mut tmp)).collect::<Result<Vec<_>>>()?
+            rest.iter().map(|&t| build(t, &mut values, &mut tmp)).collect::<Result<Vec<_>>>()?
         };
+        for (t, table) in rest.into_iter().zip(built) {
+            tables[t] = Some(table);
+        }
+        let tables = tables.into_iter().map(|t| t.expect("every table built")).collect();
         Ok(Run { id, fps, docs, tables, opts: ctx.opts })
     }
 
@@ -211,31 +236,21 @@ impl Run {
             sorted_difference(&all_fps, &distinct)
         };
         let same_design = runs.iter().all(|r| r.tables.len() == ctx.design.tables().len());
-        Self::assemble(
-            id,
-            docs,
-            distinct,
-            Vec::new(),
-            ctx,
-            beside,
-            move |t, spec, distinct, v, tmp| {
-                if !same_design {
-                    permuted_sorted(distinct, spec, v, tmp);
-                    return;
-                }
-                let mut merged = merge_sorted(
-                    runs.iter().map(|r| r.tables[t].encoded.to_vec()).collect(),
-                    |&x| x,
-                );
-                merged.dedup();
-                if !gone.is_empty() {
-                    let mut drop_t = Vec::new();
-                    permuted_sorted(&gone, spec, &mut drop_t, tmp);
-                    merged = sorted_difference(&merged, &drop_t);
-                }
-                *v = merged;
-            },
-        )
+        Self::assemble(id, docs, distinct, Vec::new(), ctx, beside, move |t, spec, fps, v, tmp| {
+            if !same_design {
+                permuted_sorted(fps, spec, v, tmp);
+                return;
+            }
+            let mut merged =
+                merge_sorted(runs.iter().map(|r| r.tables[t].encoded.to_vec()).collect(), |&x| x);
+            merged.dedup();
+            if !gone.is_empty() {
+                let mut drop_t = Vec::new();
+                permuted_sorted(gone.as_slice(), spec, &mut drop_t, tmp);
+                merged = sorted_difference(&merged, &drop_t);
+            }
+            *v = merged;
+        })
     }
 
     /// Calls `f(fp, id, ts)` for every live document, in fingerprint order.
@@ -587,7 +602,7 @@ impl Run {
                     None => {
                         rebuilt.push(t);
                         let mut v = Vec::new();
-                        permuted_sorted(&fps_sorted, spec, &mut v, &mut Vec::new());
+                        permuted_sorted(fps_sorted.as_slice(), spec, &mut v, &mut Vec::new());
                         PermutedTable::build(&v, None, spec.prefix_bits, ctx.opts, &ctx.policy, 0)?
                     }
                 }
@@ -680,20 +695,48 @@ fn check_run_size(docs: usize) -> Result<()> {
     Ok(())
 }
 
+/// A run's distinct fingerprints while its tables are built: in an array, or read back from
+/// their identity-order table.
+pub(crate) enum Distinct<'a> {
+    Array(&'a [u64]),
+    Table(&'a EncodedTable),
+}
+
+impl Values for Distinct<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Distinct::Array(a) => a.len(),
+            Distinct::Table(t) => t.len(),
+        }
+    }
+
+    fn for_each_chunk(&self, f: impl FnMut(&[u64])) {
+        match self {
+            Distinct::Array(a) => a.for_each_chunk(f),
+            Distinct::Table(t) => t.for_each_chunk(f),
+        }
+    }
+}
+
 /// Puts the strictly increasing `values` through table `spec`'s permutation, sorted, into
 /// `out` (`tmp` is scratch). Designs keep the bits after a table's prefix in order, so a
 /// stable sort on the prefix is enough; any other permutation is sorted on all 64 bits.
-fn permuted_sorted(values: &[u64], spec: &TableSpec, out: &mut Vec<u64>, tmp: &mut Vec<u64>) {
+fn permuted_sorted<S: Values + ?Sized>(
+    values: &S,
+    spec: &TableSpec,
+    out: &mut Vec<u64>,
+    tmp: &mut Vec<u64>,
+) {
     let perm = &spec.perm;
     let on_prefix = perm.width() == 64 && perm.keeps_order_after(spec.prefix_bits);
     let bits = if on_prefix { spec.prefix_bits } else { 64 };
-    struct Sort<'a> {
-        values: &'a [u64],
+    struct Sort<'a, S: ?Sized> {
+        values: &'a S,
         bits: u32,
         out: &'a mut Vec<u64>,
         tmp: &'a mut Vec<u64>,
     }
-    impl VisitMap for Sort<'_> {
+    impl<S: Values + ?Sized> VisitMap for Sort<'_, S> {
         type Output = ();
         fn call(self, map: impl Fn(u64) -> u64 + Copy) {
             sort_on_top_bits(self.values, map, self.bits, self.out, self.tmp);
@@ -792,7 +835,7 @@ mod tests {
         assert!(keeps.perm.keeps_order_after(32) && !scrambles.perm.keeps_order_after(32));
         for s in [keeps, scrambles] {
             let (mut out, mut tmp) = (Vec::new(), Vec::new());
-            permuted_sorted(&values, &s, &mut out, &mut tmp);
+            permuted_sorted(values.as_slice(), &s, &mut out, &mut tmp);
             let mut want: Vec<u64> = values.iter().map(|&x| s.perm.apply(x)).collect();
             want.sort_unstable();
             assert_eq!(out, want);
