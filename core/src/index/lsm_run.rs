@@ -578,16 +578,24 @@ impl Run {
             }
         });
         let mut built = Vec::with_capacity(ctx.design.tables().len());
+        // As in a build: once table 0 is built, tables in blocks read the fingerprints back
+        // from it, and the tables rebuilt share one buffer.
+        let mut fps_sorted = Some(fps_sorted);
+        let (mut v, mut tmp) = (Vec::new(), Vec::new());
         for (t, spec) in ctx.design.tables().iter().enumerate() {
             let table = if t == 0 {
-                PermutedTable::build(
-                    &fps_sorted,
+                let table = PermutedTable::build(
+                    fps_sorted.as_deref().unwrap_or_default(),
                     Some(fps.clone()),
                     spec.prefix_bits,
                     ctx.opts,
                     &ctx.policy,
                     0,
-                )?
+                )?;
+                if matches!(*fps, EncodedTable::Blocks(_)) {
+                    fps_sorted = None;
+                }
+                table
             } else {
                 let intact =
                     if same_design { decoded.get_mut(t).and_then(Option::take) } else { None };
@@ -601,8 +609,11 @@ impl Run {
                     }
                     None => {
                         rebuilt.push(t);
-                        let mut v = Vec::new();
-                        permuted_sorted(fps_sorted.as_slice(), spec, &mut v, &mut Vec::new());
+                        let source = match &fps_sorted {
+                            Some(a) => Distinct::Array(a),
+                            None => Distinct::Table(&fps),
+                        };
+                        permuted_sorted(&source, spec, &mut v, &mut tmp);
                         PermutedTable::build(&v, None, spec.prefix_bits, ctx.opts, &ctx.policy, 0)?
                     }
                 }
