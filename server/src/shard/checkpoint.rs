@@ -75,10 +75,18 @@ impl Shard {
         }
         let gone: Vec<RunKey> =
             ck.stored.keys().filter(|k| !current.contains(k)).copied().collect();
+        let mut removed = false;
         for key in gone {
             if let Some(stored) = ck.stored.remove(&key) {
                 persist::remove_run(&self.spaces, stored.sid)?;
+                removed = true;
             }
+        }
+        if removed {
+            // Durable now, not at the next checkpoint: the store frees the space of what
+            // it removed only after a sync (see `SledStore::flush_db`), and a shard that
+            // goes quiet after a merge may not write another checkpoint for a long time.
+            self.sync()?;
         }
         ck.manifest = manifest;
         ck.last = Instant::now();
@@ -165,6 +173,8 @@ impl Shard {
         to.extend_from_slice(&[0xFF; 5]);
         if ck.docsnap.id != 0 {
             self.spaces.docs.remove_range(&old, &to)?;
+            // As after a checkpoint's removals: the space goes after a sync.
+            self.sync()?;
         }
         ck.docsnap = header;
         ck.snapshot_bytes = bytes;
