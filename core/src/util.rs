@@ -259,24 +259,11 @@ pub(crate) fn sort_on_top_bits<S: Values + ?Sized>(
     let groups = 1 << top;
     let mut starts = vec![0usize; groups + 1];
     src.for_each_chunk(|c| count_into(c, digit, &mut starts[1..]));
-    for i in 1..=groups {
-        starts[i] += starts[i - 1];
-    }
+    running_sum(&mut starts);
     assert_eq!(starts[groups], n, "the values' count changed");
-    // Every slot is written once, as the chunks come: the cursors carry over.
-    clear_with_room(out, n);
-    let slots = &mut out.spare_capacity_mut()[..n];
-    let mut next = [0usize; MAX_GROUPS];
-    next[..groups].copy_from_slice(&starts[..groups]);
-    src.for_each_chunk(|c| {
-        next = distribute_from::<_, _, MAX_GROUPS>(c, digit, next, slots, |slot, &x| {
-            slot.write(map(x));
-        });
+    scatter_chunks_into(n, |each| src.for_each_chunk(each), digit, &starts, out, &|&x: &u64| {
+        map(x)
     });
-    // Each group filled up to where the next starts: all `n` slots were written.
-    assert!(next[..groups] == starts[1..], "digit counts changed");
-    // SAFETY: the assertion above shows slots 0..n were all initialised.
-    unsafe { out.set_len(n) };
     for g in starts.windows(2) {
         sort_on_bits(&mut out[g[0]..g[1]], 64 - bits, bits - top, scratch);
     }
@@ -359,14 +346,31 @@ fn scatter_into<S, T>(
     dst: &mut Vec<T>,
     map: &impl Fn(&S) -> T,
 ) {
-    let n = src.len();
+    scatter_chunks_into(src.len(), |each| each(src), digit, starts, dst, map)
+}
+
+/// [`scatter_into`] for `n` elements that `chunks` gives, in order, a chunk at a time to
+/// the function it is handed: the cursors carry over from one chunk to the next.
+fn scatter_chunks_into<S, T>(
+    n: usize,
+    chunks: impl FnOnce(&mut dyn FnMut(&[S])),
+    digit: impl Fn(&S) -> usize,
+    starts: &[usize],
+    dst: &mut Vec<T>,
+    map: &impl Fn(&S) -> T,
+) {
     clear_with_room(dst, n);
     let slots = &mut dst.spare_capacity_mut()[..n];
-    let next = distribute::<_, _, MAX_GROUPS>(src, digit, starts, slots, |slot, x| {
-        slot.write(map(x));
+    let groups = starts.len() - 1;
+    let mut next = [0usize; MAX_GROUPS];
+    next[..groups].copy_from_slice(&starts[..groups]);
+    chunks(&mut |c: &[S]| {
+        next = distribute_from::<_, _, MAX_GROUPS>(c, &digit, next, slots, |slot, x| {
+            slot.write(map(x));
+        });
     });
     // Each group filled up to where the next starts: all `n` slots were written.
-    assert!(next[..starts.len() - 1] == starts[1..], "digit counts changed");
+    assert!(next[..groups] == starts[1..], "digit counts changed");
     // SAFETY: the assertion above shows slots 0..n were all initialised.
     unsafe { dst.set_len(n) };
 }
@@ -384,8 +388,13 @@ fn group_starts<T>(src: &[T], digit: impl FnMut(&T) -> usize) -> [usize; 257] {
 #[inline(always)]
 fn count_starts<T>(src: &[T], digit: impl FnMut(&T) -> usize, starts: &mut [usize]) {
     count_into(src, digit, &mut starts[1..]);
-    let groups = starts.len() - 1;
-    for i in 1..=groups {
+    running_sum(starts);
+}
+
+/// Turns the counts in `starts[1..]` into where each group starts (`starts[0]` is 0).
+#[inline(always)]
+fn running_sum(starts: &mut [usize]) {
+    for i in 1..starts.len() {
         starts[i] += starts[i - 1];
     }
 }

@@ -110,15 +110,26 @@ pub trait Space: Send + Sync {
     fn scan<'a>(&'a self, from: &[u8], to: &[u8]) -> Box<dyn Iterator<Item = Result<Entry>> + 'a>;
     /// Removes every key with `from <= key < to`.
     fn remove_range(&self, from: &[u8], to: &[u8]) -> Result<()> {
-        let keys: Vec<Vec<u8>> =
-            self.scan(from, to).map(|e| e.map(|(k, _)| k)).collect::<Result<_>>()?;
-        for chunk in keys.chunks(1024) {
-            self.apply(chunk.iter().map(|k| (k.clone(), None)).collect())?;
-        }
-        Ok(())
+        remove_scanned(self, from, to).map(drop)
     }
     /// The last entry with `from <= key < to`.
     fn last_in(&self, from: &[u8], to: &[u8]) -> Result<Option<Entry>>;
+}
+
+/// Removes every key with `from <= key < to` from `space`, found by a scan, in batches;
+/// returns the sizes of the values removed.
+fn remove_scanned<S: Space + ?Sized>(space: &S, from: &[u8], to: &[u8]) -> Result<Vec<usize>> {
+    let mut keys = Vec::new();
+    let mut sizes = Vec::new();
+    for e in space.scan(from, to) {
+        let (k, v) = e?;
+        keys.push(k);
+        sizes.push(v.len());
+    }
+    for chunk in keys.chunks(1024) {
+        space.apply(chunk.iter().map(|k| (k.clone(), None)).collect())?;
+    }
+    Ok(sizes)
 }
 
 thread_local! {
@@ -268,15 +279,16 @@ impl SledStore {
     /// segments ([`close_segments`](Self::close_segments)), once what it flushed is durable.
     fn flush_db(&self) -> Result<()> {
         use std::sync::atomic::Ordering;
+        let flush = || guarded("sync", || self.db.flush().map(drop).map_err(sled_error));
         self.sync_blobs()?;
-        guarded("sync", || self.db.flush().map(drop).map_err(sled_error))?;
+        flush()?;
         // One flush at a time takes the count and closes the segments.
         let due = self.blob_churn.fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| {
             (c >= CLOSE_SEGMENTS_AFTER).then_some(0)
         });
         if due.is_ok() {
             self.close_segments()?;
-            guarded("sync", || self.db.flush().map(drop).map_err(sled_error))?;
+            flush()?;
         }
         Ok(())
     }
@@ -612,17 +624,7 @@ impl Space for SledSpace {
 
     /// As the default, and the large values removed are counted.
     fn remove_range(&self, from: &[u8], to: &[u8]) -> Result<()> {
-        let mut keys = Vec::new();
-        let mut sizes = Vec::new();
-        for e in self.scan(from, to) {
-            let (k, v) = e?;
-            keys.push(k);
-            sizes.push(v.len());
-        }
-        for chunk in keys.chunks(1024) {
-            self.apply(chunk.iter().map(|k| (k.clone(), None)).collect())?;
-        }
-        self.churned(sizes);
+        self.churned(remove_scanned(self, from, to)?);
         Ok(())
     }
 

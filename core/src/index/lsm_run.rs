@@ -152,31 +152,19 @@ impl Run {
         let opts = ctx.opts_for(distinct.len(), beside);
         let fps = Arc::new(EncodedTable::encode(&distinct, opts)?);
         let specs = ctx.design.tables();
-        let mut tables: Vec<Option<PermutedTable>> = Vec::with_capacity(specs.len());
-        for spec in specs {
-            tables.push(if spec.perm.is_identity() {
-                Some(PermutedTable::build(
-                    &distinct,
-                    Some(fps.clone()),
-                    spec.prefix_bits,
-                    opts,
-                    &ctx.policy,
-                    0,
-                )?)
-            } else {
-                None
-            });
-        }
-        let n_distinct = distinct.len();
-        let keep = matches!(*fps, EncodedTable::Packed(_));
-        // Dropped here, not at the end of the scope as a value left unmoved would be.
-        let distinct = if keep {
-            distinct
-        } else {
-            drop(distinct);
-            Vec::new()
-        };
-        let source = if keep { Distinct::Array(&distinct) } else { Distinct::Table(&fps) };
+        // The identity-order tables first, from the array.
+        let mut tables: Vec<Option<PermutedTable>> = specs
+            .iter()
+            .map(|spec| {
+                let build = || {
+                    let fps = Some(fps.clone());
+                    PermutedTable::build(&distinct, fps, spec.prefix_bits, opts, &ctx.policy, 0)
+                };
+                spec.perm.is_identity().then(build).transpose()
+            })
+            .collect::<Result<_>>()?;
+        let distinct = Distinct::keep(distinct, &fps);
+        let source = Distinct::of(distinct.as_deref(), &fps);
         let build = |t: usize, v: &mut Vec<u64>, tmp: &mut Vec<u64>| -> Result<PermutedTable> {
             let spec = &specs[t];
             fill(t, spec, &source, v, tmp);
@@ -186,7 +174,7 @@ impl Run {
         // Each worker keeps two buffers for the tables it builds, as a sequential build
         // does for all of them: no fresh pages per table. The spare array, its pages
         // backed already, is one worker's buffer for the values, cut to their number.
-        spare.shrink_to(n_distinct);
+        spare.shrink_to(fps.len());
         let spare = std::sync::Mutex::new(spare);
         let take_spare = || std::mem::take(&mut *spare.lock().unwrap_or_else(|e| e.into_inner()));
         let built = if ctx.parallel {
@@ -592,9 +580,7 @@ impl Run {
                     &ctx.policy,
                     0,
                 )?;
-                if matches!(*fps, EncodedTable::Blocks(_)) {
-                    fps_sorted = None;
-                }
+                fps_sorted = fps_sorted.and_then(|a| Distinct::keep(a, &fps));
                 table
             } else {
                 let intact =
@@ -609,10 +595,7 @@ impl Run {
                     }
                     None => {
                         rebuilt.push(t);
-                        let source = match &fps_sorted {
-                            Some(a) => Distinct::Array(a),
-                            None => Distinct::Table(&fps),
-                        };
+                        let source = Distinct::of(fps_sorted.as_deref(), &fps);
                         permuted_sorted(&source, spec, &mut v, &mut tmp);
                         PermutedTable::build(&v, None, spec.prefix_bits, ctx.opts, &ctx.policy, 0)?
                     }
@@ -711,6 +694,21 @@ fn check_run_size(docs: usize) -> Result<()> {
 pub(crate) enum Distinct<'a> {
     Array(&'a [u64]),
     Table(&'a EncodedTable),
+}
+
+impl<'a> Distinct<'a> {
+    /// The array of distinct fingerprints, once their identity-order table `fps` is built,
+    /// if the other tables should read them from it rather than from `fps`: tables in
+    /// blocks are read back (the array is dropped), packed ones keep it (see
+    /// [`Run::assemble`]).
+    fn keep(distinct: Vec<u64>, fps: &EncodedTable) -> Option<Vec<u64>> {
+        matches!(fps, EncodedTable::Packed(_)).then_some(distinct)
+    }
+
+    /// Where to read them: the array kept, else `fps`.
+    fn of(kept: Option<&'a [u64]>, fps: &'a EncodedTable) -> Distinct<'a> {
+        kept.map_or(Distinct::Table(fps), Distinct::Array)
+    }
 }
 
 impl Values for Distinct<'_> {
