@@ -739,43 +739,31 @@ mod tests {
         assert_eq!(store.space("t").unwrap().get(&[2]).unwrap().unwrap().len(), 1 << 20);
     }
 
-    /// The files sled keeps for large values go once the values are replaced and synced.
+    /// Large values written, replaced and removed count toward closing sled's segments,
+    /// small ones do not, and the flush that closes them takes the count. (That closing
+    /// lets sled's files go is tested in `tests/sled_blobs.rs`, in a process of its own.)
     #[test]
-    fn replaced_large_values_leave_no_files_behind() {
+    fn large_values_written_and_removed_count_toward_closing_segments() {
+        use std::sync::atomic::Ordering;
         let dir = tempfile::tempdir().unwrap();
         let store = SledStore::open(dir.path(), 1 << 20).unwrap();
         let s = store.space("runs").unwrap();
-        let blob_bytes = || -> u64 {
-            std::fs::read_dir(dir.path().join("blobs"))
-                .map(|d| d.flatten().map(|f| f.metadata().unwrap().len()).sum())
-                .unwrap_or(0)
-        };
-        // Generations of eight 1 MiB chunks, each replacing the one before, as merges do.
-        let chunk = |g: u8, c: u8| vec![g ^ c; 1 << 20];
-        for g in 0..6u8 {
-            for c in 0..8u8 {
-                s.put(&[g, c], &chunk(g, c)).unwrap();
-            }
-            if g > 0 {
-                s.remove_range(&[g - 1], &[g]).unwrap();
-            }
-            store.sync().unwrap();
-        }
-        // Live: 8 MiB. sled alone kept every generation's files (and leaves rewritten
-        // whole): more than 40 MiB here.
-        let live = 8u64 << 20;
-        assert!(blob_bytes() < 2 * live, "{} bytes of blob files for {live} live", blob_bytes());
-        drop((s, store));
-        let store = SledStore::open(dir.path(), 1 << 20).unwrap();
-        let s = store.space("runs").unwrap();
-        for c in 0..8u8 {
-            assert_eq!(s.get(&[5, c]).unwrap().unwrap(), chunk(5, c), "chunk {c}");
-        }
-        assert!(s.get(&[4, 0]).unwrap().is_none());
-        // Removals alone count too: a range removed and synced leaves nothing behind.
-        s.remove_range(&[5], &[6]).unwrap();
+        let churn = || store.blob_churn.load(Ordering::Acquire);
+        s.put(b"small", &[1; 100]).unwrap();
+        assert_eq!(churn(), 0);
+        s.put(b"a", &vec![1; BLOB_BYTES]).unwrap();
+        assert_eq!(churn(), BLOB_BYTES as u64, "written");
+        s.put(b"a", &vec![2; BLOB_BYTES]).unwrap();
+        assert_eq!(churn(), 3 * BLOB_BYTES as u64, "written, and the value it replaced");
+        s.put(b"b", &vec![3; BLOB_BYTES]).unwrap();
+        s.remove(b"a").unwrap();
+        s.remove_range(b"b", b"c").unwrap();
+        assert_eq!(churn(), 6 * BLOB_BYTES as u64, "removed, one by one and by range");
         store.sync().unwrap();
-        assert!(blob_bytes() < 1 << 20, "{} bytes of blob files for none live", blob_bytes());
+        assert_eq!(churn(), 6 * BLOB_BYTES as u64, "not yet enough to close the segments");
+        s.put(b"c", &vec![4; CLOSE_SEGMENTS_AFTER as usize]).unwrap();
+        store.sync().unwrap();
+        assert_eq!(churn(), 0, "the flush closed the segments and took the count");
     }
 
     /// A shard over a shared store syncs its own logs for group commit, not its
