@@ -907,6 +907,47 @@ impl Index {
         Ok(())
     }
 
+    /// Like [`query_into`](Self::query_into) for each of `fps`: `outs[i]` answers `fps[i]`
+    /// (`outs` is cleared and refilled). The first memory stages of a few queries run
+    /// together, so that their cache misses overlap as those of one query's tables do: what
+    /// an index of one table (a cluster node's tablet) needs to answer many probes quickly.
+    pub fn query_many_into(
+        &self,
+        fps: &[u64],
+        k: u32,
+        scratch: &mut QueryScratch,
+        outs: &mut Vec<Vec<Match>>,
+    ) -> Result<()> {
+        /// Queries whose stages run together.
+        const GROUP: usize = 8;
+        let Some(tables) = self.for_k.get(k as usize) else {
+            return Err(Error::KOutOfRange { k, max: self.max_k() });
+        };
+        outs.clear();
+        outs.resize_with(fps.len(), Vec::new);
+        let per_query = tables.len();
+        let on = self.recent_on();
+        for (group, outs) in fps.chunks(GROUP).zip(outs.chunks_mut(GROUP)) {
+            scratch.pqs.clear();
+            scratch.cands.clear();
+            for &fp in group {
+                let from = scratch.pqs.len();
+                self.stage(fp, tables, on, &mut scratch.pqs, &mut scratch.cands, from);
+            }
+            let per_runs = self.direct.len() * per_query;
+            for (j, (&fp, out)) in group.iter().zip(outs.iter_mut()).enumerate() {
+                let pqs = &scratch.pqs[j * per_query..(j + 1) * per_query];
+                let cands = &scratch.cands[j * per_runs..(j + 1) * per_runs];
+                let (hits, recent) = (&mut scratch.hits, &mut scratch.recent);
+                self.finish(fp, k, tables, on, pqs, cands, hits, recent, out);
+                if out.len() > 1 {
+                    out.sort_unstable_by_key(|m| (m.distance, m.ts, m.id));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Appends every match, unordered.
     #[inline]
     fn collect_unsorted(
@@ -919,24 +960,60 @@ impl Index {
         let Some(tables) = self.for_k.get(k as usize) else {
             return Err(Error::KOutOfRange { k, max: self.max_k() });
         };
-        // The stages of every run together, so that the cache misses of all runs overlap
-        // (see `Run::finish`); each table's permutation is applied once for all runs.
-        let design = &self.config.design;
-        let specs = design.tables();
         let QueryScratch { pqs, cands, hits, recent } = scratch;
-        pqs.clear();
-        pqs.extend(tables.iter().map(|&t| specs[t].perm.apply(fp)));
         let on = self.recent_on();
+        pqs.clear();
+        cands.clear();
+        self.stage(fp, tables, on, pqs, cands, 0);
+        self.finish(fp, k, tables, on, pqs, cands, hits, recent, out);
+        Ok(())
+    }
+
+    /// Stages 1 and 2 of a query (see `Run::finish`) in every run together, so that the
+    /// cache misses of all runs overlap; each table's permutation is applied once for all
+    /// runs. Appends the permuted query to `pqs` (whose part from `from` on is this
+    /// query's) and where each run's tables search to `cands`.
+    #[inline]
+    fn stage(
+        &self,
+        fp: u64,
+        tables: &[usize],
+        on: bool,
+        pqs: &mut Vec<u64>,
+        cands: &mut Vec<permuted_table::Candidates>,
+        from: usize,
+    ) {
+        let specs = self.config.design.tables();
+        pqs.extend(tables.iter().map(|&t| specs[t].perm.apply(fp)));
+        let pqs = &pqs[from..];
         if on {
             self.recent.prefetch(tables, pqs);
         }
         for &i in &self.direct {
             self.runs[i].prefetch(tables, pqs);
         }
-        cands.clear();
         for &i in &self.direct {
             self.runs[i].candidates(tables, pqs, cands);
         }
+    }
+
+    /// The rest of a query, after [`stage`](Self::stage) left its permuted values `pqs`
+    /// and its runs' candidates `cands`: appends every match, unordered.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn finish(
+        &self,
+        fp: u64,
+        k: u32,
+        tables: &[usize],
+        on: bool,
+        pqs: &[u64],
+        cands: &[permuted_table::Candidates],
+        hits: &mut lsm_run::HitScratch,
+        recent: &mut Vec<u64>,
+        out: &mut Vec<Match>,
+    ) {
+        let design = &self.config.design;
         for (&i, c) in self.direct.iter().zip(cands.chunks_exact(tables.len().max(1))) {
             let staged = lsm_run::Staged { tables, pqs, cands: c };
             self.runs[i].finish(fp, k, design, staged, hits, out);
@@ -946,7 +1023,7 @@ impl Index {
                 b.scan(fp, k, out);
             }
             self.buffer.scan(fp, k, out);
-            return Ok(());
+            return;
         }
         // The recent tables find the fingerprints; the small runs and the buffer hold
         // their documents.
@@ -960,7 +1037,6 @@ impl Index {
             }
             self.buffer.matches_of(f, fp, out);
         }
-        Ok(())
     }
 
     /// Answers many queries on all cores; `result[i]` answers `fps[i]`.

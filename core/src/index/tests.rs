@@ -642,6 +642,14 @@ proptest::proptest! {
                 },
                 Op::Query(q, k) => {
                     proptest::prop_assert_eq!(index.query(q, k).unwrap(), model.query(q, k));
+                    // Many at once, more than one group of staged queries: each the same.
+                    let qs: Vec<u64> = (0..11).map(|b| q ^ (b as u64 * 0x0101_0101)).collect();
+                    let mut outs = vec![vec![Match { id: 0, fp: 0, distance: 0, ts: 0 }]];
+                    index.query_many_into(&qs, k, &mut QueryScratch::default(), &mut outs).unwrap();
+                    proptest::prop_assert_eq!(outs.len(), qs.len());
+                    for (&q, out) in qs.iter().zip(&outs) {
+                        proptest::prop_assert_eq!(out, &model.query(q, k));
+                    }
                 }
                 _ => {}
             }

@@ -113,14 +113,9 @@ impl Shard {
         self.check_serving()?;
         let st = self.state.read();
         st.index.check_k(k)?;
-        let mut scratch = QueryScratch::default();
-        fps.iter()
-            .map(|&fp| {
-                let mut out = Vec::new();
-                st.index.query_into(fp, k, &mut scratch, &mut out)?;
-                Ok(out)
-            })
-            .collect()
+        let mut out = Vec::new();
+        st.index.query_many_into(fps, k, &mut QueryScratch::default(), &mut out)?;
+        Ok(out)
     }
 
     /// Applies document changes with caller-assigned ids (gids) to a shard with names, in
