@@ -900,10 +900,8 @@ impl Index {
         out: &mut Vec<Match>,
     ) -> Result<()> {
         out.clear();
-        self.collect_unsorted(fp, k, scratch, out)?;
-        if out.len() > 1 {
-            out.sort_unstable_by_key(|m| (m.distance, m.ts, m.id));
-        }
+        let tables = self.probed_tables(k)?;
+        self.answer(&[fp], k, tables, scratch, std::slice::from_mut(out));
         Ok(())
     }
 
@@ -920,122 +918,90 @@ impl Index {
     ) -> Result<()> {
         /// Queries whose stages run together.
         const GROUP: usize = 8;
-        let Some(tables) = self.for_k.get(k as usize) else {
-            return Err(Error::KOutOfRange { k, max: self.max_k() });
-        };
+        let tables = self.probed_tables(k)?;
         outs.clear();
         outs.resize_with(fps.len(), Vec::new);
-        let per_query = tables.len();
-        let on = self.recent_on();
         for (group, outs) in fps.chunks(GROUP).zip(outs.chunks_mut(GROUP)) {
-            scratch.pqs.clear();
-            scratch.cands.clear();
-            for &fp in group {
-                let from = scratch.pqs.len();
-                self.stage(fp, tables, on, &mut scratch.pqs, &mut scratch.cands, from);
-            }
-            let per_runs = self.direct.len() * per_query;
-            for (j, (&fp, out)) in group.iter().zip(outs.iter_mut()).enumerate() {
-                let pqs = &scratch.pqs[j * per_query..(j + 1) * per_query];
-                let cands = &scratch.cands[j * per_runs..(j + 1) * per_runs];
-                let (hits, recent) = (&mut scratch.hits, &mut scratch.recent);
-                self.finish(fp, k, tables, on, pqs, cands, hits, recent, out);
-                if out.len() > 1 {
-                    out.sort_unstable_by_key(|m| (m.distance, m.ts, m.id));
-                }
-            }
+            self.answer(group, k, tables, scratch, outs);
         }
         Ok(())
     }
 
-    /// Appends every match, unordered.
+    /// The tables a query at distance `k` probes.
+    fn probed_tables(&self, k: u32) -> Result<&[usize]> {
+        self.for_k
+            .get(k as usize)
+            .map(Vec::as_slice)
+            .ok_or_else(|| Error::KOutOfRange { k, max: self.max_k() })
+    }
+
+    /// Answers each of `fps` (probing `tables`) into `outs`, one each, cleared first: every
+    /// live document within `k`, ordered by distance, then timestamp, then id.
+    ///
+    /// Stages 1 and 2 (see `Run::finish`) of every query in every run come first, so that
+    /// the cache misses of all of them overlap; each table's permutation is applied once
+    /// for all runs.
     #[inline]
-    fn collect_unsorted(
+    fn answer(
         &self,
-        fp: u64,
+        fps: &[u64],
         k: u32,
+        tables: &[usize],
         scratch: &mut QueryScratch,
-        out: &mut Vec<Match>,
-    ) -> Result<()> {
-        let Some(tables) = self.for_k.get(k as usize) else {
-            return Err(Error::KOutOfRange { k, max: self.max_k() });
-        };
+        outs: &mut [Vec<Match>],
+    ) {
+        let design = &self.config.design;
+        let specs = design.tables();
         let QueryScratch { pqs, cands, hits, recent } = scratch;
         let on = self.recent_on();
         pqs.clear();
         cands.clear();
-        self.stage(fp, tables, on, pqs, cands, 0);
-        self.finish(fp, k, tables, on, pqs, cands, hits, recent, out);
-        Ok(())
-    }
-
-    /// Stages 1 and 2 of a query (see `Run::finish`) in every run together, so that the
-    /// cache misses of all runs overlap; each table's permutation is applied once for all
-    /// runs. Appends the permuted query to `pqs` (whose part from `from` on is this
-    /// query's) and where each run's tables search to `cands`.
-    #[inline]
-    fn stage(
-        &self,
-        fp: u64,
-        tables: &[usize],
-        on: bool,
-        pqs: &mut Vec<u64>,
-        cands: &mut Vec<permuted_table::Candidates>,
-        from: usize,
-    ) {
-        let specs = self.config.design.tables();
-        pqs.extend(tables.iter().map(|&t| specs[t].perm.apply(fp)));
-        let pqs = &pqs[from..];
-        if on {
-            self.recent.prefetch(tables, pqs);
-        }
-        for &i in &self.direct {
-            self.runs[i].prefetch(tables, pqs);
-        }
-        for &i in &self.direct {
-            self.runs[i].candidates(tables, pqs, cands);
-        }
-    }
-
-    /// The rest of a query, after [`stage`](Self::stage) left its permuted values `pqs`
-    /// and its runs' candidates `cands`: appends every match, unordered.
-    #[allow(clippy::too_many_arguments)]
-    #[inline]
-    fn finish(
-        &self,
-        fp: u64,
-        k: u32,
-        tables: &[usize],
-        on: bool,
-        pqs: &[u64],
-        cands: &[permuted_table::Candidates],
-        hits: &mut lsm_run::HitScratch,
-        recent: &mut Vec<u64>,
-        out: &mut Vec<Match>,
-    ) {
-        let design = &self.config.design;
-        for (&i, c) in self.direct.iter().zip(cands.chunks_exact(tables.len().max(1))) {
-            let staged = lsm_run::Staged { tables, pqs, cands: c };
-            self.runs[i].finish(fp, k, design, staged, hits, out);
-        }
-        if !on {
-            for (_, b) in &self.frozen {
-                b.scan(fp, k, out);
+        for &fp in fps {
+            let from = pqs.len();
+            pqs.extend(tables.iter().map(|&t| specs[t].perm.apply(fp)));
+            let pqs = &pqs[from..];
+            if on {
+                self.recent.prefetch(tables, pqs);
             }
-            self.buffer.scan(fp, k, out);
-            return;
+            for &i in &self.direct {
+                self.runs[i].prefetch(tables, pqs);
+            }
+            for &i in &self.direct {
+                self.runs[i].candidates(tables, pqs, cands);
+            }
         }
-        // The recent tables find the fingerprints; the small runs and the buffer hold
-        // their documents.
-        self.recent.probe(design, tables, pqs, k, recent);
-        for &f in recent.iter() {
-            for &i in &self.small {
-                self.runs[i].matches_of(f, fp, out);
+        let per_query = tables.len();
+        let per_runs = self.direct.len() * per_query;
+        for (j, (&fp, out)) in fps.iter().zip(outs).enumerate() {
+            out.clear();
+            let pqs = &pqs[j * per_query..(j + 1) * per_query];
+            let cands = &cands[j * per_runs..(j + 1) * per_runs];
+            for (&i, c) in self.direct.iter().zip(cands.chunks_exact(per_query.max(1))) {
+                let staged = lsm_run::Staged { tables, pqs, cands: c };
+                self.runs[i].finish(fp, k, design, staged, hits, out);
             }
-            for (_, b) in &self.frozen {
-                b.matches_of(f, fp, out);
+            if on {
+                // The recent tables find the fingerprints; the small runs and the buffer
+                // hold their documents.
+                self.recent.probe(design, tables, pqs, k, recent);
+                for &f in recent.iter() {
+                    for &i in &self.small {
+                        self.runs[i].matches_of(f, fp, out);
+                    }
+                    for (_, b) in &self.frozen {
+                        b.matches_of(f, fp, out);
+                    }
+                    self.buffer.matches_of(f, fp, out);
+                }
+            } else {
+                for (_, b) in &self.frozen {
+                    b.scan(fp, k, out);
+                }
+                self.buffer.scan(fp, k, out);
             }
-            self.buffer.matches_of(f, fp, out);
+            if out.len() > 1 {
+                out.sort_unstable_by_key(|m| (m.distance, m.ts, m.id));
+            }
         }
     }
 

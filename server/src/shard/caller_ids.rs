@@ -112,7 +112,6 @@ impl Shard {
     pub fn query_entries(&self, fps: &[u64], k: u32) -> Result<Vec<Vec<Match>>> {
         self.check_serving()?;
         let st = self.state.read();
-        st.index.check_k(k)?;
         let mut out = Vec::new();
         st.index.query_many_into(fps, k, &mut QueryScratch::default(), &mut out)?;
         Ok(out)
