@@ -9,14 +9,17 @@
 //! design, same documents):
 //! 1. durable inserts of `--docs` generated documents (unary Insert batches, several in
 //!    flight; a batch refused with UNAVAILABLE, as during a leader election, is sent again
-//!    and counted), then background merges settle;
+//!    and counted), then background merges settle; with the servers' CPU time per
+//!    document (utime + stime of every node process: until the last batch is acknowledged,
+//!    and until the merges settle), which a shared machine's noise moves far less than the
+//!    rate;
 //! 2. bytes per document: `Stats.index_bytes` (memory) and `Stats.disk_bytes` (disk) of the
 //!    whole cluster (any node's `Stats` sums every node's own), each divided by the
 //!    documents loaded;
 //! 3. unary Query latency at each `--rates` value, open loop, with the same-run floors of
 //!    `neardup-bench service` (a gRPC Health check and a loopback TCP echo, interleaved
 //!    one-second slices);
-//! 4. QueryBatch throughput over several streams;
+//! 4. QueryBatch throughput over several streams, and the servers' CPU time per query;
 //! 5. the cluster only: unary queries at `--kill-rate` for `--kill-seconds` while node 3 is
 //!    killed with `kill -9` one second in, and a writer sending one-document inserts every
 //!    10 ms: the time from the kill until writes succeed again (0 when none failed).
@@ -38,6 +41,7 @@ use neardup_client::{Client, ClientOptions, Target, doc};
 use neardup_proto::v1::InsertRequest;
 use serde_json::{Value, json};
 
+use crate::cpu::process_cpu_seconds;
 use crate::load::{Kind, Load, stall_probe};
 use crate::service::{free_port, load_average, name, settle, tempfile_dir, workload};
 
@@ -304,12 +308,25 @@ struct Inputs {
     queries: Arc<Vec<u64>>,
 }
 
-/// Phases 1 to 4 through `router`, over the nodes `nodes` (public addresses).
+/// CPU time used so far by every process of `pids`, in seconds (`None` if one is gone).
+fn cpu_of(pids: &[u32]) -> Option<f64> {
+    pids.iter().map(|&p| process_cpu_seconds(p)).sum()
+}
+
+/// Microseconds of CPU per item between two readings of [`cpu_of`].
+fn cpu_per(before: Option<f64>, after: Option<f64>, items: impl TryInto<u64>) -> Option<f64> {
+    let items = items.try_into().unwrap_or(u64::MAX).max(1);
+    Some((after? - before?) * 1e6 / items as f64)
+}
+
+/// Phases 1 to 4 through `router`, over the nodes `nodes` (public addresses) run by the
+/// processes `pids` (for the CPU they spend per document and per query).
 async fn measure(
     args: &ClusterArgs,
     inputs: &Inputs,
     router: &str,
     nodes: &[String],
+    pids: &[u32],
 ) -> Result<serde_json::Map<String, Value>, String> {
     let options = ClientOptions { timeout: Duration::from_secs(600), ..ClientOptions::default() };
     let mut out = serde_json::Map::new();
@@ -324,6 +341,7 @@ async fn measure(
     };
     let writer = Client::connect_with(router, patient).await.map_err(|e| e.to_string())?;
     let t = Instant::now();
+    let cpu_start = cpu_of(pids);
     let inserted = insert_batches(
         &writer,
         inputs.fps.clone(),
@@ -333,6 +351,7 @@ async fn measure(
     )
     .await?;
     let secs = t.elapsed().as_secs_f64();
+    let cpu_acked = cpu_of(pids);
     eprintln!("  {:.0} documents/s durable", inserted as f64 / secs);
     out.insert("documents_inserted".into(), json!(inserted));
     out.insert("insert_docs_per_second".into(), json!(inserted as f64 / secs));
@@ -343,6 +362,14 @@ async fn measure(
         settle(&c, Duration::from_secs(300)).await?;
         stats.push(c.stats().await.map_err(|e| e.to_string())?);
     }
+    // The servers' CPU per document: until the last insert was acknowledged, and until the
+    // merges it left had settled too (the whole cost of taking a document in).
+    let cpu_settled = cpu_of(pids);
+    out.insert("insert_cpu_us_per_doc".into(), json!(cpu_per(cpu_start, cpu_acked, inserted)));
+    out.insert(
+        "insert_settled_cpu_us_per_doc".into(),
+        json!(cpu_per(cpu_start, cpu_settled, inserted)),
+    );
     // 2. Bytes per document. A node's public `Stats` covers the whole cluster (its router
     // sums every node's own statistics), so one answer holds every node's bytes.
     let memory = stats[0].index_bytes;
@@ -378,6 +405,7 @@ async fn measure(
     let streams = args.batch_streams.max(1);
     let per_stream = args.batch_queries / streams;
     let t = Instant::now();
+    let cpu_start = cpu_of(pids);
     let mut tasks = Vec::new();
     for s in 0..streams {
         let c = Client::connect_with(router, options.clone()).await.map_err(|e| e.to_string())?;
@@ -393,6 +421,7 @@ async fn measure(
         answered += task.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?.len();
     }
     let qps = answered as f64 / t.elapsed().as_secs_f64();
+    out.insert("query_batch_cpu_us".into(), json!(cpu_per(cpu_start, cpu_of(pids), answered)));
     eprintln!("  QueryBatch {qps:.0} queries/s");
     out.insert("query_batch_queries".into(), json!(answered));
     out.insert("query_batch_qps".into(), json!(qps));
@@ -515,7 +544,8 @@ async fn run(args: ClusterArgs) -> Result<(), String> {
     let nodes: Vec<String> = procs.iter().map(|p| p.public.clone()).collect();
     let router = nodes[0].clone();
     eprintln!("3 nodes: measuring through the router at {router}");
-    let mut cluster = measure(&args, &inputs, &router, &nodes).await?;
+    let pids: Vec<u32> = procs.iter().filter_map(|p| p.child.as_ref().map(Child::id)).collect();
+    let mut cluster = measure(&args, &inputs, &router, &nodes, &pids).await?;
     cluster.insert("raft_health".into(), log_events(&procs));
     eprintln!("3 nodes: kill -9 of node 3 under {} queries/s", args.kill_rate);
     let kill = kill_phase(&args, &inputs, &router, &mut procs[2]).await?;
@@ -532,7 +562,8 @@ async fn run(args: ClusterArgs) -> Result<(), String> {
         single.start(&args, &[])?;
         single.serving(Duration::from_secs(120)).await?;
         let addr = single.public.clone();
-        let one = measure(&args, &inputs, &addr, std::slice::from_ref(&addr)).await?;
+        let pids: Vec<u32> = single.child.as_ref().map(Child::id).into_iter().collect();
+        let one = measure(&args, &inputs, &addr, std::slice::from_ref(&addr), &pids).await?;
         single.terminate();
         report.insert("single".into(), Value::Object(one));
     }
@@ -569,9 +600,12 @@ fn print_table(args: &ClusterArgs, r: &Value) {
     };
     row("durable inserts, documents/s", "insert_docs_per_second", 0);
     row("insert batches sent again after UNAVAILABLE", "insert_batches_retried", 0);
+    row("server CPU per document inserted, us (every node)", "insert_cpu_us_per_doc", 1);
+    row("... and with the merges it left, until settled, us", "insert_settled_cpu_us_per_doc", 1);
     row("memory, bytes/document (every node)", "memory_bytes_per_doc", 1);
     row("disk, bytes/document (every node)", "disk_bytes_per_doc", 1);
     row("QueryBatch, queries/s", "query_batch_qps", 0);
+    row("server CPU per QueryBatch query, us (every node)", "query_batch_cpu_us", 2);
     for (i, &rate) in args.rates.iter().enumerate() {
         for (what, kind) in [
             ("Query", "query"),
