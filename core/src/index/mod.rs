@@ -347,6 +347,10 @@ pub struct Index {
     next_run_id: u64,
     merges: u64,
     merged_docs: u64,
+    /// [`insert_many`](Self::insert_many)'s buffers: the fingerprints, and each table's
+    /// permuted values.
+    fp_scratch: Vec<u64>,
+    permuted_scratch: Vec<u64>,
 }
 
 impl Index {
@@ -370,6 +374,8 @@ impl Index {
             next_run_id: 1,
             merges: 0,
             merged_docs: 0,
+            fp_scratch: Vec::new(),
+            permuted_scratch: Vec::new(),
         })
     }
 
@@ -446,6 +452,37 @@ impl Index {
         Ok(())
     }
 
+    /// Inserts documents in order, as [`insert`](Self::insert) does one by one: the recent
+    /// tables take each buffer-full at once, a table at a time, loading slots a few
+    /// insertions ahead (one by one, every insertion waits for its slot's cache miss).
+    pub fn insert_many(&mut self, docs: &[Doc]) -> Result<()> {
+        let mut rest = docs;
+        while !rest.is_empty() {
+            let room = self.config.buffer_docs.saturating_sub(self.buffer.len()).max(1);
+            let (now, later) = rest.split_at(room.min(rest.len()));
+            for &d in now {
+                self.buffer.push(d);
+            }
+            if self.recent_on() {
+                let mut fps = std::mem::take(&mut self.fp_scratch);
+                fps.clear();
+                fps.extend(now.iter().map(|d| d.fp));
+                let mut permuted = std::mem::take(&mut self.permuted_scratch);
+                self.recent.insert_many(&self.config.design, &fps, &mut permuted);
+                self.fp_scratch = fps;
+                self.permuted_scratch = permuted;
+                if self.recent.overflowed() {
+                    self.sync_recent();
+                }
+            }
+            if self.buffer.len() >= self.config.buffer_docs {
+                self.seal_and_tidy()?;
+            }
+            rest = later;
+        }
+        Ok(())
+    }
+
     /// Turns inline merges on or off (see [`IndexConfig::auto_merge`]).
     pub fn set_auto_merge(&mut self, on: bool) {
         self.config.auto_merge = on;
@@ -501,9 +538,9 @@ impl Index {
             self.direct.clear();
             self.direct.extend(0..self.runs.len());
         } else if self.recent.len() > 2 * held + 4096 {
-            self.recent = RecentTables::new(&self.config.design);
             self.covered.clear();
-            let mut fps: Vec<u64> = self.buffer.docs().iter().map(|d| d.fp).collect();
+            let mut fps: Vec<u64> = Vec::with_capacity(held);
+            fps.extend(self.buffer.docs().iter().map(|d| d.fp));
             for (_, b) in &self.frozen {
                 fps.extend(b.docs().iter().map(|d| d.fp));
             }
@@ -512,6 +549,7 @@ impl Index {
                 self.covered.insert(r.id());
                 r.for_each_fp(|fp| fps.push(fp));
             }
+            self.recent.clear_for(fps.len());
             self.recent.insert_many(&self.config.design, &fps, &mut Vec::new());
             if self.recent.overflowed() {
                 self.small.clear();
@@ -919,7 +957,9 @@ impl Index {
         /// Queries whose stages run together.
         const GROUP: usize = 8;
         let tables = self.probed_tables(k)?;
-        outs.clear();
+        // Each answer is cleared before it is filled: the vectors a caller reuses keep
+        // their memory.
+        outs.truncate(fps.len());
         outs.resize_with(fps.len(), Vec::new);
         for (group, outs) in fps.chunks(GROUP).zip(outs.chunks_mut(GROUP)) {
             self.answer(group, k, tables, scratch, outs);

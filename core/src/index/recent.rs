@@ -116,9 +116,7 @@ impl PrefixTable {
     #[must_use]
     fn insert_many(&mut self, values: &[u64]) -> bool {
         const AHEAD: usize = 8;
-        while (self.len + values.len()) * 8 > self.slots.len() * 5 {
-            self.grow();
-        }
+        self.reserve(values.len());
         for (i, &v) in values.iter().enumerate() {
             if let Some(&next) = values.get(i + AHEAD) {
                 self.prefetch(next);
@@ -131,12 +129,50 @@ impl PrefixTable {
     }
 
     fn grow(&mut self) {
-        let bigger = empty_slots(self.slots.len() * 2);
+        self.resize(self.slots.len() * 2);
+    }
+
+    /// The fewest slots (a power of two, at least 16) that keep `n` values at most 5/8
+    /// full.
+    fn slots_for(n: usize) -> usize {
+        (n.saturating_mul(8).div_ceil(5)).next_power_of_two().max(16)
+    }
+
+    /// Makes room for `extra` more values with at most one rehash, into the final size
+    /// (growing by doubling would allocate, fill and rehash every size on the way).
+    fn reserve(&mut self, extra: usize) {
+        let want = Self::slots_for(self.len + extra);
+        if want > self.slots.len() {
+            self.resize(want);
+        }
+    }
+
+    /// Empties the table for about `n` values, into the slots `n` needs: those already
+    /// allocated, filled empty, when they are that many (the rebuilds that follow merges
+    /// then reuse pages already backed instead of faulting in fresh ones, which the kernel
+    /// zeroes before the slots are filled again), new ones otherwise (a table never holds
+    /// more slots than its values need).
+    fn clear_for(&mut self, n: usize) {
+        let want = Self::slots_for(n);
+        if self.slots.len() == want {
+            self.slots.fill(EMPTY);
+        } else {
+            self.slots = empty_slots(want);
+            self.slot_shift = 64 - want.trailing_zeros();
+        }
+        self.len = 0;
+        self.has_max = false;
+    }
+
+    /// Rehashes every value into `n` slots (a power of two, more than now).
+    fn resize(&mut self, n: usize) {
+        debug_assert!(n.is_power_of_two() && n > self.slots.len());
+        let bigger = empty_slots(n);
         let old = std::mem::replace(&mut self.slots, bigger);
-        self.slot_shift -= 1;
+        self.slot_shift = 64 - n.trailing_zeros();
         self.len = self.has_max as usize;
         for v in old.into_iter().filter(|&v| v != EMPTY) {
-            // Twice the slots: every probe sequence is at most as long as before.
+            // More slots: every probe sequence is at most as long as before.
             let fits = self.insert(v);
             debug_assert!(fits);
         }
@@ -203,6 +239,15 @@ impl RecentTables {
         if !fits {
             self.overflow(design);
         }
+    }
+
+    /// Empties the tables (overflowed or not) for about `n` fingerprints, keeping their
+    /// slots where they fit (see [`PrefixTable::clear_for`]).
+    pub(crate) fn clear_for(&mut self, n: usize) {
+        for t in &mut self.tables {
+            t.clear_for(n);
+        }
+        self.overflowed = false;
     }
 
     /// Whether an insertion met a crowded prefix (see the module docs): the tables hold
@@ -335,6 +380,40 @@ mod tests {
                     got.sort_unstable();
                     assert_eq!(got, want, "prefix {prefix_bits} k {k}");
                 }
+            }
+        }
+    }
+
+    /// Emptied for a new count, a table keeps its slots when they are as many as the count
+    /// needs and takes new ones otherwise; either way it holds exactly what is inserted
+    /// after, and one reservation makes room for a whole batch in one step.
+    #[test]
+    fn a_cleared_table_holds_exactly_what_follows() {
+        let mut r = SplitMix64::new(11);
+        let mut t = PrefixTable::new(20);
+        let first: Vec<u64> = (0..5000).map(|_| r.next_u64()).collect();
+        assert!(t.insert_many(&first));
+        // One rehash into the final size: 5000 values at most 5/8 full.
+        assert_eq!(t.slots.len(), 8192);
+        assert_eq!(t.slot_shift, 64 - 13);
+        for (n, kept) in
+            [(4000, true), (3000, true), (1500, false), (100, false), (150, true), (3000, false)]
+        {
+            let before = t.slots.len();
+            t.clear_for(n);
+            assert_eq!(t.slots.len() == before, kept, "clear for {n}");
+            assert_eq!(t.slots.len(), 1 << (64 - t.slot_shift));
+            assert!(t.slots.iter().all(|&v| v == EMPTY) && t.len == 0 && !t.has_max);
+            let mut vals: Vec<u64> = (0..n).map(|_| r.next_u64()).collect();
+            vals.push(EMPTY);
+            assert!(t.insert_many(&vals));
+            vals.sort_unstable();
+            vals.dedup();
+            assert_eq!(t.len, vals.len());
+            for &v in &vals {
+                let mut got = Vec::new();
+                t.probe(v, 0, |x| got.push(x));
+                assert_eq!(got, vec![v]);
             }
         }
     }

@@ -552,6 +552,8 @@ fn all_live(index: &Index) -> Vec<Doc> {
 enum Op {
     Insert(u64),
     Batch(Vec<u64>),
+    /// Documents through [`Index::insert_many`].
+    Many(Vec<u64>),
     DeleteIndex(usize),
     DeleteDoc(usize),
     Flush,
@@ -572,6 +574,7 @@ fn op_strategy() -> impl proptest::strategy::Strategy<Value = Op> {
     prop_oneof![
         4 => fp.clone().prop_map(Op::Insert),
         2 => proptest::collection::vec(fp.clone(), 0..80).prop_map(Op::Batch),
+        2 => proptest::collection::vec(fp.clone(), 0..30).prop_map(Op::Many),
         1 => (0usize..1000).prop_map(Op::DeleteIndex),
         1 => (0usize..1000).prop_map(Op::DeleteDoc),
         1 => Just(Op::Flush),
@@ -610,6 +613,14 @@ proptest::proptest! {
                     }).collect();
                     index.insert_batch(&batch).unwrap();
                     model.docs.extend_from_slice(&batch);
+                }
+                Op::Many(fps) => {
+                    let docs: Vec<Doc> = fps.iter().map(|&fp| {
+                        next_id += 1;
+                        Doc { id: next_id - 1, fp, ts: (next_id % 5) as i64 }
+                    }).collect();
+                    index.insert_many(&docs).unwrap();
+                    model.docs.extend_from_slice(&docs);
                 }
                 Op::DeleteIndex(i) if !model.docs.is_empty() => {
                     let id = model.docs[i % model.docs.len()].id;

@@ -316,14 +316,19 @@ impl Shard {
             // Builds the frozen buffers too: every record before this one is in the runs.
             st.seal_all(seq - 1)?;
         }
+        // Puts go in together up to each removal (a removal may be of a put before it).
+        let mut docs = Vec::with_capacity(puts);
         for op in ops {
             match *op {
-                Op::Put { id, fp, ts, .. } => st.index.insert(Doc { id, fp, ts })?,
+                Op::Put { id, fp, ts, .. } => docs.push(Doc { id, fp, ts }),
                 Op::Remove { id, fp } => {
+                    st.index.insert_many(&docs)?;
+                    docs.clear();
                     st.index.delete_doc(id, fp)?;
                 }
             }
         }
+        st.index.insert_many(&docs)?;
         Ok(())
     }
 }
