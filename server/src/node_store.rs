@@ -43,6 +43,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use neardup_core::Design;
+use neardup_core::index::QueryScratch;
 
 use crate::data_types::{DocInfo, DocOp, TabletHit, TabletOp, gid_partition};
 use crate::error::{Error, Result};
@@ -380,20 +381,23 @@ impl NodeStore {
     ) -> Result<Vec<(Vec<TabletHit>, bool)>> {
         self.design.check_k(k)?;
         let width = self.design.width();
-        // One query of each table for all its probes: one lock and one scratch a table.
+        // One query of each table for all its probes: one lock a table.
         let mut order: Vec<usize> = (0..probes.len()).collect();
         order.sort_by_key(|&i| probes[i].0);
         let mut out: Vec<(Vec<TabletHit>, bool)> = vec![(Vec::new(), false); probes.len()];
+        // One set of buffers for every table's group.
+        let (mut scratch, mut found, mut pqs) = (QueryScratch::default(), Vec::new(), Vec::new());
         for group in order.chunk_by(|&a, &b| probes[a].0 == probes[b].0) {
             let t = probes[group[0]].0;
             let spec = &self.design.tables()[self.table_index(t)?];
             let shift = width - spec.prefix_bits;
             let prefix = |v: u64| v.checked_shr(shift).unwrap_or(0);
-            let pqs: Vec<u64> = group.iter().map(|&i| spec.perm.apply(probes[i].1)).collect();
-            let found = self.table(t)?.query_entries(&pqs, k)?;
-            for ((&i, pq), matches) in group.iter().zip(pqs).zip(found) {
+            pqs.clear();
+            pqs.extend(group.iter().map(|&i| spec.perm.apply(probes[i].1)));
+            self.table(t)?.query_entries(&pqs, k, &mut scratch, &mut found)?;
+            for ((&i, &pq), matches) in group.iter().zip(&pqs).zip(&found) {
                 let mut hits: Vec<TabletHit> = matches
-                    .into_iter()
+                    .iter()
                     .filter(|m| prefix(m.fp) == prefix(pq))
                     .map(|m| TabletHit {
                         gid: m.id,

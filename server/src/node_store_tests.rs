@@ -140,11 +140,13 @@ fn check_tablets(node: &NodeStore, model: &Entries, g: &mut Gen) {
             let tables: Vec<u32> = (0..design.tables().len() as u32).collect();
             let probes: Vec<(u32, u64)> = tables.iter().map(|&t| (t, q)).collect();
             let got = node.probe_tablets(&probes, k, usize::MAX).unwrap();
-            // Several probes of each table in one call, tables out of order: each answer is
-            // its own probe's.
+            // Several probes of each table in one call, tables out of order, one table
+            // with more than the others (the buffers one table's group leaves are reused
+            // by the next): each answer is its own probe's.
             let q2 = g.fp();
-            let mixed: Vec<(u32, u64)> =
+            let mut mixed: Vec<(u32, u64)> =
                 tables.iter().rev().flat_map(|&t| [(t, q2), (t, q)]).collect();
+            mixed.insert(3, (1, q ^ 1));
             let answers = node.probe_tablets(&mixed, k, usize::MAX).unwrap();
             assert_eq!(answers.len(), mixed.len());
             for (&(t, p), (hits, _)) in mixed.iter().zip(&answers) {

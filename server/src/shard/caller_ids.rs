@@ -108,13 +108,20 @@ impl Shard {
         Ok(out)
     }
 
-    /// The raw matches of each query within `k`, by distance, then timestamp, then id.
-    pub fn query_entries(&self, fps: &[u64], k: u32) -> Result<Vec<Vec<Match>>> {
+    /// The raw matches of each query within `k`, by distance, then timestamp, then id, into
+    /// `outs` (one each; the vectors and `scratch` are reused, so a caller answering many
+    /// groups allocates once).
+    pub fn query_entries(
+        &self,
+        fps: &[u64],
+        k: u32,
+        scratch: &mut QueryScratch,
+        outs: &mut Vec<Vec<Match>>,
+    ) -> Result<()> {
         self.check_serving()?;
         let st = self.state.read();
-        let mut out = Vec::new();
-        st.index.query_many_into(fps, k, &mut QueryScratch::default(), &mut out)?;
-        Ok(out)
+        st.index.query_many_into(fps, k, scratch, outs)?;
+        Ok(())
     }
 
     /// Applies document changes with caller-assigned ids (gids) to a shard with names, in
