@@ -1302,6 +1302,7 @@ impl ClusterRouter {
             }
             docs += n.documents;
             s.index_bytes += n.index_bytes;
+            s.document_bytes += n.document_bytes;
             s.buffered += n.buffered;
             s.runs += n.runs;
             s.deleted_pending += n.deleted_pending;

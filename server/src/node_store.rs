@@ -94,6 +94,8 @@ pub struct NodeStoreStats {
     pub documents: u64,
     /// Bytes in memory for the documents: the document table and its (small) index.
     pub document_bytes: u64,
+    /// ... of which the document table (names, timestamps, clusters).
+    pub document_table_bytes: u64,
     /// Every byte above.
     pub memory_bytes: u64,
     /// Bytes the database takes on disk.
@@ -514,7 +516,8 @@ impl NodeStore {
         out.table_bytes = per_table.iter().map(|p| p.1).collect();
         if let Some(s) = docs {
             out.documents = s.documents;
-            out.document_bytes = s.index_bytes + self.docs.doc_bytes() as u64;
+            out.document_table_bytes = self.docs.doc_bytes() as u64;
+            out.document_bytes = s.index_bytes + out.document_table_bytes;
         }
         out.memory_bytes = out.table_bytes.iter().sum::<u64>() + out.document_bytes;
         out.disk_bytes = self.store.disk_bytes().unwrap_or(0);

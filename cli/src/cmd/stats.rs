@@ -26,6 +26,7 @@ pub async fn run(args: StatsArgs) -> Result<(), CliError> {
         "merging": s.merging,
         "checkpoint_pending": s.checkpoint_pending,
         "index_bytes": s.index_bytes,
+        "document_bytes": s.document_bytes,
         "wal_bytes": s.wal_bytes,
         "disk_bytes": s.disk_bytes,
         "version": s.version,

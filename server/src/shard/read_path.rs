@@ -241,6 +241,7 @@ impl Shard {
                 })
                 .collect(),
             index_bytes: mem.total_bytes as u64,
+            document_bytes: if self.config.names { st.docs.heap_bytes() as u64 } else { 0 },
             buffered: s.buffered as u64,
             runs: s.runs as u64,
             deleted_pending: s.deleted_pending as u64,

@@ -128,6 +128,8 @@ pub struct ShardStats {
     pub tables: Vec<TableFootprint>,
     /// Bytes of the index in memory.
     pub index_bytes: u64,
+    /// Bytes of the document table in memory (0 for a shard without names).
+    pub document_bytes: u64,
     /// Documents in the write buffer.
     pub buffered: u64,
     /// Runs in the index.
