@@ -579,28 +579,7 @@ impl Index {
             self.sync_recent();
             return Ok(());
         }
-        // As `insert` one by one, with the recent tables filled a buffer's worth at a time.
-        let mut rest = docs;
-        let mut scratch = Vec::new();
-        while !rest.is_empty() {
-            let room = self.config.buffer_docs.saturating_sub(self.buffer.len()).max(1);
-            let (now, later) = rest.split_at(room.min(rest.len()));
-            for &d in now {
-                self.buffer.push(d);
-            }
-            if self.recent_on() {
-                let fps: Vec<u64> = now.iter().map(|d| d.fp).collect();
-                self.recent.insert_many(&self.config.design, &fps, &mut scratch);
-                if self.recent.overflowed() {
-                    self.sync_recent();
-                }
-            }
-            if self.buffer.len() >= self.config.buffer_docs {
-                self.seal_and_tidy()?;
-            }
-            rest = later;
-        }
-        Ok(())
+        self.insert_many(docs)
     }
 
     /// Turns the write buffer, and any frozen buffer, into runs now (no-op when both are
