@@ -315,9 +315,8 @@ fn cpu_of(pids: &[u32]) -> Option<f64> {
 }
 
 /// Microseconds of CPU per item between two readings of [`cpu_of`].
-fn cpu_per(before: Option<f64>, after: Option<f64>, items: impl TryInto<u64>) -> Option<f64> {
-    let items = items.try_into().unwrap_or(u64::MAX).max(1);
-    Some((after? - before?) * 1e6 / items as f64)
+fn cpu_per(before: Option<f64>, after: Option<f64>, items: u64) -> Option<f64> {
+    Some((after? - before?) * 1e6 / items.max(1) as f64)
 }
 
 /// Phases 1 to 4 through `router`, over the nodes `nodes` (public addresses) run by the
@@ -424,7 +423,10 @@ async fn measure(
         answered += task.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?.len();
     }
     let qps = answered as f64 / t.elapsed().as_secs_f64();
-    out.insert("query_batch_cpu_us".into(), json!(cpu_per(cpu_start, cpu_of(pids), answered)));
+    out.insert(
+        "query_batch_cpu_us".into(),
+        json!(cpu_per(cpu_start, cpu_of(pids), answered as u64)),
+    );
     eprintln!("  QueryBatch {qps:.0} queries/s");
     out.insert("query_batch_queries".into(), json!(answered));
     out.insert("query_batch_qps".into(), json!(qps));

@@ -407,7 +407,9 @@ impl NodeStore {
                         distance: m.distance,
                     })
                     .collect();
-                hits.sort_unstable_by_key(|h| (h.distance, h.gid));
+                // In order already: the index answers by distance, then timestamp (0 for
+                // every entry), then id.
+                debug_assert!(hits.is_sorted_by_key(|h| (h.distance, h.gid)));
                 let truncated = hits.len() > max_matches;
                 hits.truncate(max_matches);
                 out[i] = (hits, truncated);
@@ -516,7 +518,7 @@ impl NodeStore {
         out.table_bytes = per_table.iter().map(|p| p.1).collect();
         if let Some(s) = docs {
             out.documents = s.documents;
-            out.document_table_bytes = self.docs.doc_bytes() as u64;
+            out.document_table_bytes = s.document_bytes;
             out.document_bytes = s.index_bytes + out.document_table_bytes;
         }
         out.memory_bytes = out.table_bytes.iter().sum::<u64>() + out.document_bytes;

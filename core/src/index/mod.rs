@@ -347,9 +347,7 @@ pub struct Index {
     next_run_id: u64,
     merges: u64,
     merged_docs: u64,
-    /// [`insert_many`](Self::insert_many)'s buffers: the fingerprints, and each table's
-    /// permuted values.
-    fp_scratch: Vec<u64>,
+    /// [`insert_many`](Self::insert_many)'s buffer for each table's permuted values.
     permuted_scratch: Vec<u64>,
 }
 
@@ -374,7 +372,6 @@ impl Index {
             next_run_id: 1,
             merges: 0,
             merged_docs: 0,
-            fp_scratch: Vec::new(),
             permuted_scratch: Vec::new(),
         })
     }
@@ -439,22 +436,12 @@ impl Index {
 
     /// Inserts one document.
     pub fn insert(&mut self, doc: Doc) -> Result<()> {
-        self.buffer.push(doc);
-        if self.recent_on() {
-            self.recent.insert(&self.config.design, doc.fp);
-            if self.recent.overflowed() {
-                self.sync_recent();
-            }
-        }
-        if self.buffer.len() >= self.config.buffer_docs {
-            self.seal_and_tidy()?;
-        }
-        Ok(())
+        self.insert_many(std::slice::from_ref(&doc))
     }
 
-    /// Inserts documents in order, as [`insert`](Self::insert) does one by one: the recent
-    /// tables take each buffer-full at once, a table at a time, loading slots a few
-    /// insertions ahead (one by one, every insertion waits for its slot's cache miss).
+    /// Inserts documents in order, as one by one: the recent tables take each buffer-full
+    /// at once, a table at a time, loading slots a few insertions ahead (one by one, every
+    /// insertion waits for its slot's cache miss).
     pub fn insert_many(&mut self, docs: &[Doc]) -> Result<()> {
         let mut rest = docs;
         while !rest.is_empty() {
@@ -464,13 +451,8 @@ impl Index {
                 self.buffer.push(d);
             }
             if self.recent_on() {
-                let mut fps = std::mem::take(&mut self.fp_scratch);
-                fps.clear();
-                fps.extend(now.iter().map(|d| d.fp));
-                let mut permuted = std::mem::take(&mut self.permuted_scratch);
-                self.recent.insert_many(&self.config.design, &fps, &mut permuted);
-                self.fp_scratch = fps;
-                self.permuted_scratch = permuted;
+                let fps = now.iter().map(|d| d.fp);
+                self.recent.insert_many(&self.config.design, fps, &mut self.permuted_scratch);
                 if self.recent.overflowed() {
                     self.sync_recent();
                 }
@@ -526,7 +508,11 @@ impl Index {
                 if self.covered.insert(r.id()) {
                     let mut fps = Vec::with_capacity(r.distinct());
                     r.for_each_fp(|fp| fps.push(fp));
-                    self.recent.insert_many(&self.config.design, &fps, &mut Vec::new());
+                    self.recent.insert_many(
+                        &self.config.design,
+                        fps.iter().copied(),
+                        &mut Vec::new(),
+                    );
                 }
             } else {
                 self.direct.push(i);
@@ -550,7 +536,7 @@ impl Index {
                 r.for_each_fp(|fp| fps.push(fp));
             }
             self.recent.clear_for(fps.len());
-            self.recent.insert_many(&self.config.design, &fps, &mut Vec::new());
+            self.recent.insert_many(&self.config.design, fps.iter().copied(), &mut Vec::new());
             if self.recent.overflowed() {
                 self.small.clear();
                 self.direct.clear();

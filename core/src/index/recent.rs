@@ -92,7 +92,7 @@ impl PrefixTable {
         }
         // At most 5/8 full: probe sequences stay short.
         if (self.len + 1) * 8 > self.slots.len() * 5 {
-            self.grow();
+            self.reserve(1);
         }
         let mask = self.slots.len() - 1;
         let mut i = self.home(v);
@@ -126,10 +126,6 @@ impl PrefixTable {
             }
         }
         true
-    }
-
-    fn grow(&mut self) {
-        self.resize(self.slots.len() * 2);
     }
 
     /// The fewest slots (a power of two, at least 16) that keep `n` values at most 5/8
@@ -226,21 +222,6 @@ impl RecentTables {
         }
     }
 
-    /// Adds a fingerprint to every table (a no-op for one already there).
-    pub(crate) fn insert(&mut self, design: &Design, fp: u64) {
-        if self.overflowed {
-            return;
-        }
-        let fits = self
-            .tables
-            .iter_mut()
-            .zip(design.tables())
-            .all(|(t, spec)| t.insert(spec.perm.apply(fp)));
-        if !fits {
-            self.overflow(design);
-        }
-    }
-
     /// Empties the tables (overflowed or not) for about `n` fingerprints, keeping their
     /// slots where they fit (see [`PrefixTable::clear_for`]).
     pub(crate) fn clear_for(&mut self, n: usize) {
@@ -261,15 +242,20 @@ impl RecentTables {
         self.overflowed = true;
     }
 
-    /// Adds many fingerprints to every table, a table at a time (`scratch` is for the
-    /// permuted values).
-    pub(crate) fn insert_many(&mut self, design: &Design, fps: &[u64], scratch: &mut Vec<u64>) {
+    /// Adds fingerprints to every table, a table at a time (a no-op for one already there;
+    /// `scratch` is for the permuted values).
+    pub(crate) fn insert_many(
+        &mut self,
+        design: &Design,
+        fps: impl Iterator<Item = u64> + Clone,
+        scratch: &mut Vec<u64>,
+    ) {
         if self.overflowed {
             return;
         }
         for (t, spec) in self.tables.iter_mut().zip(design.tables()) {
             scratch.clear();
-            scratch.extend(fps.iter().map(|&fp| spec.perm.apply(fp)));
+            scratch.extend(fps.clone().map(|fp| spec.perm.apply(fp)));
             if !t.insert_many(scratch) {
                 self.overflow(design);
                 return;
@@ -426,16 +412,16 @@ mod tests {
         let mut t = RecentTables::new(&design);
         let mut r = SplitMix64::new(8);
         for _ in 0..100 {
-            t.insert(&design, r.next_u64());
+            t.insert_many(&design, [r.next_u64()].into_iter(), &mut Vec::new());
         }
         assert!(!t.overflowed() && t.len() == 100);
         // Share the top 40 bits: every table's prefix is inside them.
         let crowded: Vec<u64> =
             (0..2 * MAX_PROBE as u64).map(|i| 0x1234_5678_9A00_0000 | i).collect();
-        t.insert_many(&design, &crowded, &mut Vec::new());
+        t.insert_many(&design, crowded.iter().copied(), &mut Vec::new());
         assert!(t.overflowed());
         assert_eq!(t.len(), 0);
-        t.insert(&design, 5);
+        t.insert_many(&design, [5].into_iter(), &mut Vec::new());
         assert_eq!(t.len(), 0);
     }
 }
