@@ -27,6 +27,7 @@ mod join;
 mod latency;
 mod load;
 mod plot;
+mod replica;
 mod service;
 mod workload;
 
@@ -61,6 +62,9 @@ enum Command {
     /// router (latency at fixed rates, QueryBatch throughput, durable inserts, queries while
     /// a node is killed, bytes per document), and one node in the same run.
     Cluster(cluster::ClusterArgs),
+    /// What one replica's writes cost a cluster node against the single node's shard, in
+    /// process: the bound replication puts on the cluster's durable insert rate.
+    Replica(replica::ReplicaArgs),
     /// The cluster map on real processes (3 and 5 nodes on loopback): time to a new leader
     /// after kill -9, to commit a membership change, and until every node sees it.
     ClusterMap(cluster_map::ClusterMapArgs),
@@ -96,6 +100,7 @@ pub fn main() -> i32 {
         Command::Service(args) => service::main(args),
         Command::Disk(args) => disk::run(args),
         Command::Cluster(args) => cluster::main(args),
+        Command::Replica(args) => replica::run(args),
         Command::ClusterMap(args) => cluster_map::main(args),
         Command::Corpus(args) => corpus(args),
         Command::Eval(args) => eval::run(args).map_err(|e| e.to_string()),

@@ -1,0 +1,303 @@
+//! `neardup-bench replica`: what one copy of the data costs a cluster node to write, against
+//! what the single node's shard costs for the same documents, in process.
+//!
+//! A cluster with `R` replicas writes every document's entries and the document itself `R`
+//! times; the nodes share the machine's cores with each other as the single node has them
+//! to itself. So the cluster's durable insert rate can be at most
+//! `single CPU per document / (R x one replica's CPU per document)` of the single node's,
+//! before the network and the router cost anything. This program measures both sides of
+//! that bound, with the service's configuration (`neardup serve`'s defaults and `--set`
+//! values over them, as `neardup-bench cluster` starts its nodes) and without the network:
+//! 1. **single**: a shard with names, `--streams` writers of `--batch` documents a write,
+//!    each acknowledged after group commit (as `neardup-bench disk` loads one);
+//! 2. **replica**: a node's store holding every tablet and every partition, written as a
+//!    node's data API writes one replica of the router's insert: the entries of every table
+//!    (new gids), then the documents, each durable before the next.
+//!
+//! For each: process CPU per document until the last write was acknowledged, and until the
+//! merges, compaction and checkpoint the writes left have settled. The last line of stdout is
+//! one JSON object.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use neardup_cli::config::{Config, ConfigFlags};
+use neardup_server::data_types::{DocInfo, DocOp, TabletOp, make_gid};
+use neardup_server::metrics::ShardMetrics;
+use neardup_server::node_store::{NodeStore, NodeStoreConfig};
+use neardup_server::shard::{NewDocument, Shard};
+use serde_json::{Value, json};
+
+use crate::cpu::process_cpu_seconds;
+use crate::service::{name, tempfile_dir, workload};
+
+/// Options of `neardup-bench replica`.
+#[derive(Debug, clap::Args)]
+pub struct ReplicaArgs {
+    /// Documents written to each side.
+    #[arg(long, default_value_t = 1_000_000)]
+    n: usize,
+    /// Table design.
+    #[arg(long, default_value = "paper-10")]
+    design: String,
+    /// Concurrent writers.
+    #[arg(long, default_value_t = 4)]
+    streams: usize,
+    /// Documents per write.
+    #[arg(long, default_value_t = 2000)]
+    batch: usize,
+    /// Replicas of the cluster the bound is given for.
+    #[arg(long, default_value_t = 2)]
+    replicas: u32,
+    /// Extra `--set key=value` settings over the service's defaults (repeatable).
+    #[arg(long = "set")]
+    set: Vec<String>,
+    /// Seed of the generated fingerprints.
+    #[arg(long, default_value_t = 20070508)]
+    seed: u64,
+}
+
+/// CPU seconds of this process so far.
+fn cpu_now() -> Result<f64, String> {
+    process_cpu_seconds(std::process::id()).ok_or_else(|| "no /proc/self/stat".to_string())
+}
+
+/// What a store reports for settling: (runs, merges, buffered, merging, checkpoint pending).
+type Progress = (u64, u64, u64, bool, bool);
+
+/// Waits until nothing is buffered, merging or pending and nothing has changed for 3 s (or
+/// `limit` passed); the seconds it took.
+fn settle(progress: impl Fn() -> Result<Progress, String>, limit: Duration) -> Result<f64, String> {
+    let t = Instant::now();
+    let mut last = None;
+    let mut steady = 0;
+    while t.elapsed() < limit {
+        let (runs, merges, buffered, merging, pending) = progress()?;
+        let quiet = buffered == 0 && !merging && !pending;
+        if quiet && last == Some((runs, merges)) {
+            steady += 1;
+            if steady >= 6 {
+                break;
+            }
+        } else {
+            steady = 0;
+        }
+        last = Some((runs, merges));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// Runs `write(first, end)` for every batch `[first, end)` of `0..n` from `streams` threads.
+fn load(
+    n: usize,
+    batch: usize,
+    streams: usize,
+    write: impl Fn(usize, usize) -> Result<(), String> + Sync,
+) -> Result<(), String> {
+    let next = AtomicUsize::new(0);
+    let chunks = n.div_ceil(batch.max(1));
+    std::thread::scope(|s| -> Result<(), String> {
+        let workers: Vec<_> = (0..streams.max(1))
+            .map(|_| {
+                s.spawn(|| -> Result<(), String> {
+                    loop {
+                        let c = next.fetch_add(1, Ordering::Relaxed);
+                        if c >= chunks {
+                            return Ok(());
+                        }
+                        write(c * batch, ((c + 1) * batch).min(n))?;
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().map_err(|_| "a writer panicked".to_string())??;
+        }
+        Ok(())
+    })
+}
+
+/// CPU per document until acknowledged and until settled, and the wall time of the load.
+fn measured(
+    n: usize,
+    cpu_start: f64,
+    t: Instant,
+    settle_secs: impl FnOnce() -> Result<f64, String>,
+) -> Result<Value, String> {
+    let acked = cpu_now()?;
+    let load_secs = t.elapsed().as_secs_f64();
+    let settled_secs = settle_secs()?;
+    let settled = cpu_now()?;
+    let per = |c: f64| (c - cpu_start) * 1e6 / n.max(1) as f64;
+    Ok(json!({
+        "documents": n,
+        "load_seconds": load_secs,
+        "docs_per_second": n as f64 / load_secs,
+        "settle_seconds": settled_secs,
+        "cpu_us_per_doc_acked": per(acked),
+        "cpu_us_per_doc_settled": per(settled),
+    }))
+}
+
+fn single(config: &Config, dir: &Path, fps: &[u64], args: &ReplicaArgs) -> Result<Value, String> {
+    let shard = Shard::open(dir, config.shard_config().map_err(|e| e.to_string())?, {
+        ShardMetrics::default()
+    })
+    .map_err(|e| e.to_string())?;
+    shard.recover().map_err(|e| e.to_string())?;
+    let (cpu_start, t) = (cpu_now()?, Instant::now());
+    load(fps.len(), args.batch, args.streams, |first, end| {
+        let docs: Vec<NewDocument> = (first..end)
+            .map(|i| NewDocument {
+                id: name(i),
+                fingerprint: fps[i],
+                timestamp_ms: i as i64,
+                sketch: None,
+            })
+            .collect();
+        let o = shard.write(&docs, &[], false).map_err(|e| e.to_string())?;
+        shard.wait_durable_blocking(o.seq).map_err(|e| e.to_string())
+    })?;
+    let out = measured(fps.len(), cpu_start, t, || {
+        settle(
+            || {
+                let s = shard.stats().map_err(|e| e.to_string())?;
+                Ok((s.runs, s.merges, s.buffered, s.merging, s.checkpoint_pending))
+            },
+            Duration::from_secs(900),
+        )
+    })?;
+    // What was measured must be what was written: every document, once.
+    let held = shard.stats().map_err(|e| e.to_string())?.documents;
+    if held != fps.len() as u64 {
+        return Err(format!("the shard holds {held} documents, {} were written", fps.len()));
+    }
+    shard.shutdown().map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+fn replica(config: &Config, dir: &Path, fps: &[u64], args: &ReplicaArgs) -> Result<Value, String> {
+    let design = config.index_config().map_err(|e| e.to_string())?.design;
+    let shard = config.shard_config().map_err(|e| e.to_string())?;
+    let store_config = NodeStoreConfig {
+        cache_bytes: shard.cache_bytes,
+        min_free_bytes: shard.min_free_bytes,
+        shard,
+    };
+    let store = NodeStore::open(dir, &design, store_config, ShardMetrics::default())
+        .map_err(|e| e.to_string())?;
+    let tables = design.tables().len() as u32;
+    // The gid of document `i`: in partition `i % 16`, as the router's ids are spread.
+    let gid = |i: usize| make_gid(i as u64 + 1, (i % 16) as u32);
+    let (cpu_start, t) = (cpu_now()?, Instant::now());
+    load(fps.len(), args.batch, args.streams, |first, end| {
+        let rt =
+            tokio::runtime::Builder::new_current_thread().build().map_err(|e| e.to_string())?;
+        let ops: Vec<(u32, TabletOp)> = (first..end)
+            .flat_map(|i| (0..tables).map(move |t| (t, TabletOp::Put { gid: gid(i), fp: fps[i] })))
+            .collect();
+        let new = vec![true; ops.len()];
+        let durable = store.append_tablets(ops, &new).map_err(|e| e.to_string())?;
+        rt.block_on(durable.wait()).map_err(|e| e.to_string())?;
+        let docs: Vec<DocOp> = (first..end)
+            .map(|i| {
+                DocOp::Put(DocInfo {
+                    gid: gid(i),
+                    name: name(i),
+                    fp: fps[i],
+                    ts_ms: i as i64,
+                    cluster: gid(i),
+                    sketch: None,
+                })
+            })
+            .collect();
+        let durable = store.append_docs(&docs).map_err(|e| e.to_string())?;
+        rt.block_on(durable.wait()).map_err(|e| e.to_string())
+    })?;
+    let out = measured(fps.len(), cpu_start, t, || {
+        settle(
+            || {
+                let s = store.stats();
+                Ok((s.runs, s.merges, s.buffered, s.merging, s.checkpoint_pending))
+            },
+            Duration::from_secs(900),
+        )
+    })?;
+    let held = store.stats();
+    let n = fps.len() as u64;
+    if held.documents != n
+        || held.entries.len() != tables as usize
+        || held.entries.iter().any(|&e| e != n)
+    {
+        return Err(format!(
+            "the store holds {} documents and {:?} entries a table, {n} of each were written",
+            held.documents, held.entries
+        ));
+    }
+    store.shutdown().map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+/// Runs `neardup-bench replica`.
+pub fn run(args: ReplicaArgs) -> Result<(), String> {
+    let base: PathBuf = tempfile_dir()?;
+    let mut set = vec!["storage.compact_idle_secs=1".to_string()];
+    set.extend(args.set.iter().cloned());
+    let flags = ConfigFlags { design: Some(args.design.clone()), set, ..Default::default() };
+    let config = Config::load(&flags, std::iter::empty()).map_err(|e| e.to_string())?;
+    eprintln!("generating {} documents", args.n);
+    let fps = workload(args.n, 1, args.seed).stored;
+    let result = (|| -> Result<(Value, Value), String> {
+        eprintln!("single: a shard with names, {} writers of {}", args.streams, args.batch);
+        let s = single(&config, &base.join("single"), &fps, &args)?;
+        std::fs::create_dir_all(base.join("replica")).map_err(|e| e.to_string())?;
+        eprintln!(
+            "replica: every tablet and partition of a node's store, {} writers",
+            args.streams
+        );
+        let r = replica(&config, &base.join("replica"), &fps, &args)?;
+        Ok((s, r))
+    })();
+    let _ = std::fs::remove_dir_all(&base);
+    let (s, r) = result?;
+    let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    let rf = f64::from(args.replicas.max(1));
+    let bound = |k: &str| f(&s, k) / (rf * f(&r, k));
+    println!(
+        "neardup-bench replica: {} documents, design {}, {} writers of {} (process CPU, in process, no network)",
+        args.n, args.design, args.streams, args.batch
+    );
+    println!("| figure | single shard | one replica |");
+    println!("|---|---:|---:|");
+    println!(
+        "| durable writes, documents/s | {:.0} | {:.0} |",
+        f(&s, "docs_per_second"),
+        f(&r, "docs_per_second")
+    );
+    for (label, k) in [
+        ("CPU per document until acknowledged, us", "cpu_us_per_doc_acked"),
+        ("... until merges settled, us", "cpu_us_per_doc_settled"),
+    ] {
+        println!("| {label} | {:.2} | {:.2} |", f(&s, k), f(&r, k));
+    }
+    println!(
+        "bound on a {}-replica cluster's durable insert rate on the same cores, before any network: \
+         {:.2}x the single node's (until acknowledged), {:.2}x (until settled)",
+        args.replicas,
+        bound("cpu_us_per_doc_acked"),
+        bound("cpu_us_per_doc_settled")
+    );
+    let out = json!({
+        "n": args.n,
+        "design": args.design,
+        "replicas": args.replicas,
+        "single": s,
+        "replica": r,
+        "insert_rate_bound_acked": bound("cpu_us_per_doc_acked"),
+        "insert_rate_bound_settled": bound("cpu_us_per_doc_settled"),
+    });
+    println!("{out}");
+    Ok(())
+}
