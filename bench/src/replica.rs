@@ -141,6 +141,14 @@ fn measured(
     }))
 }
 
+/// `out` with the bytes per document in memory and on disk once settled.
+fn with_bytes(mut out: Value, n: usize, memory: u64, disk: u64) -> Value {
+    let per = |b: u64| b as f64 / n.max(1) as f64;
+    out["memory_bytes_per_doc"] = json!(per(memory));
+    out["disk_bytes_per_doc"] = json!(per(disk));
+    out
+}
+
 fn single(config: &Config, dir: &Path, fps: &[u64], args: &ReplicaArgs) -> Result<Value, String> {
     let shard = Shard::open(dir, config.shard_config().map_err(|e| e.to_string())?, {
         ShardMetrics::default()
@@ -170,11 +178,32 @@ fn single(config: &Config, dir: &Path, fps: &[u64], args: &ReplicaArgs) -> Resul
         )
     })?;
     // What was measured must be what was written: every document, once.
-    let held = shard.stats().map_err(|e| e.to_string())?.documents;
-    if held != fps.len() as u64 {
-        return Err(format!("the shard holds {held} documents, {} were written", fps.len()));
+    let st = shard.stats().map_err(|e| e.to_string())?;
+    if st.documents != fps.len() as u64 {
+        return Err(format!(
+            "the shard holds {} documents, {} were written",
+            st.documents,
+            fps.len()
+        ));
     }
+    let usage = shard.disk_usage().map_err(|e| e.to_string())?;
     shard.shutdown().map_err(|e| e.to_string())?;
+    let mut out = with_bytes(out, fps.len(), st.index_bytes + st.document_bytes, st.disk_bytes);
+    let per = |b: u64| b as f64 / fps.len().max(1) as f64;
+    out["live_bytes_per_doc"] = json!(
+        usage
+            .spaces
+            .iter()
+            .map(|u| (u.name.to_string(), json!(per(u.key_bytes + u.value_bytes))))
+            .collect::<serde_json::Map<_, _>>()
+    );
+    out["files_bytes_per_doc"] = json!(
+        usage
+            .files
+            .iter()
+            .map(|(k, v)| (k.clone(), json!(per(*v))))
+            .collect::<serde_json::Map<_, _>>()
+    );
     Ok(out)
 }
 
@@ -236,7 +265,26 @@ fn replica(config: &Config, dir: &Path, fps: &[u64], args: &ReplicaArgs) -> Resu
             held.documents, held.entries
         ));
     }
+    // Live keys and values by keyspace, summed over the table shards and for the documents.
+    let mut spaces: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+    let mut files = Vec::new();
+    for (part, usage) in store.disk_usage().map_err(|e| e.to_string())? {
+        let whose = if part == "documents" { "documents" } else { "tables" };
+        for u in usage.spaces {
+            *spaces.entry(format!("{whose}/{}", u.name)).or_default() +=
+                u.key_bytes + u.value_bytes;
+        }
+        files = usage.files;
+    }
     store.shutdown().map_err(|e| e.to_string())?;
+    let mut out = with_bytes(out, fps.len(), held.memory_bytes, held.disk_bytes);
+    let per = |b: u64| b as f64 / n.max(1) as f64;
+    out["live_bytes_per_doc"] = json!(
+        spaces.iter().map(|(k, &v)| (k.clone(), json!(per(v)))).collect::<serde_json::Map<_, _>>()
+    );
+    out["files_bytes_per_doc"] = json!(
+        files.iter().map(|(k, v)| (k.clone(), json!(per(*v)))).collect::<serde_json::Map<_, _>>()
+    );
     Ok(out)
 }
 
@@ -281,6 +329,18 @@ pub fn run(args: ReplicaArgs) -> Result<(), String> {
         ("... until merges settled, us", "cpu_us_per_doc_settled"),
     ] {
         println!("| {label} | {:.2} | {:.2} |", f(&s, k), f(&r, k));
+    }
+    for (label, k) in [
+        ("memory once settled (index and documents), bytes/document", "memory_bytes_per_doc"),
+        ("disk once settled, bytes/document", "disk_bytes_per_doc"),
+    ] {
+        println!("| {label} | {:.1} | {:.1} |", f(&s, k), f(&r, k));
+    }
+    for side in [&s, &r] {
+        eprintln!(
+            "  live keys and values by keyspace, bytes/document: {}; files: {}",
+            side["live_bytes_per_doc"], side["files_bytes_per_doc"]
+        );
     }
     println!(
         "bound on a {}-replica cluster's durable insert rate on the same cores, before any network: \

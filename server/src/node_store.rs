@@ -526,6 +526,21 @@ impl NodeStore {
         out
     }
 
+    /// Where the node's bytes on disk go, by shard (`table 0` .. and `documents`): each
+    /// shard's keyspaces, live keys and values counted by scanning them all (a report, not
+    /// for the request path), and the one database's files. Fails when a shard does not
+    /// serve.
+    pub fn disk_usage(&self) -> Result<Vec<(String, crate::persist::DiskUsage)>> {
+        let last = self.tables.len();
+        self.shards()
+            .enumerate()
+            .map(|(i, s)| {
+                let part = if i == last { "documents".to_string() } else { format!("table {i}") };
+                Ok((part, s.disk_usage()?))
+            })
+            .collect()
+    }
+
     /// Documents held of partition `p` (0 for a partition no gid can name).
     pub fn partition_documents(&self, p: u32) -> u64 {
         u8::try_from(p).map_or(0, |b| self.docs.documents_with_low_byte(b))

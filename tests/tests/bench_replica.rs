@@ -25,6 +25,14 @@ fn the_replica_benchmark_writes_both_sides_and_gives_the_bound() {
                 >= r[side]["cpu_us_per_doc_acked"].as_f64().unwrap()
         );
     }
+    // Both sides' bytes, and where the replica's go: its tables and its documents.
+    for side in ["single", "replica"] {
+        assert!(r[side]["memory_bytes_per_doc"].as_f64().unwrap() > 0.0, "{side}");
+        assert!(r[side]["disk_bytes_per_doc"].as_f64().unwrap() > 0.0, "{side}");
+    }
+    let live = r["replica"]["live_bytes_per_doc"].as_object().expect("keyspaces");
+    assert!(live["tables/run_blocks"].as_f64().unwrap() > 0.0, "{live:?}");
+    assert!(live["documents/docs"].as_f64().unwrap() > 0.0, "{live:?}");
     // The bound is the single side's CPU over two replicas' (NaN or infinite when a side
     // read 0 CPU ticks, which a few thousand documents may: then it is not checked).
     let single = r["single"]["cpu_us_per_doc_acked"].as_f64().unwrap();
