@@ -59,6 +59,11 @@
 //! `concurrent_admissions_of_near_duplicates_never_both_become_originals` catches that.)
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// Maps and sets of gids on a read's path, with a fast hash (gids are not chosen by
+/// clients): std's SipHash was a few percent of a router's CPU under QueryBatch.
+type FastMap<K, V> = hashbrown::HashMap<K, V>;
+type FastSet<T> = hashbrown::HashSet<T>;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -558,9 +563,9 @@ impl ClusterRouter {
     async fn resolve(
         &self,
         ctx: &Ctx,
-        gids: &HashSet<u64>,
+        gids: &FastSet<u64>,
         deadline: Option<Instant>,
-    ) -> DataResult<HashMap<u64, DocInfo>> {
+    ) -> DataResult<FastMap<u64, DocInfo>> {
         let mut by_node: BTreeMap<NodeId, Vec<u64>> = BTreeMap::new();
         let salt = self.spread.fetch_add(1, Ordering::Relaxed);
         let avoid = self.suspects_now();
@@ -592,7 +597,7 @@ impl ClusterRouter {
                 })
             })
             .collect();
-        let mut out = HashMap::new();
+        let mut out = FastMap::default();
         for (_, answers) in self.fan_out(calls).await? {
             for (gid, doc) in answers {
                 if let Some(d) = doc.filter(|d| d.gid == gid) {
@@ -741,8 +746,8 @@ impl ClusterRouter {
         // Documents the probed nodes resolved, and the gids they resolved: a node's
         // resolved partitions speak for the hits of its own answer only (another node's
         // hits in the same partition may be entries it never saw).
-        let mut docs: HashMap<u64, DocInfo> = HashMap::new();
-        let mut resolved: HashSet<u64> = HashSet::new();
+        let mut docs: FastMap<u64, DocInfo> = FastMap::default();
+        let mut resolved: FastSet<u64> = FastSet::default();
         for (_, (answers, found_docs, parts)) in self.fan_out(calls).await? {
             docs.extend(found_docs.into_iter().map(|d| (d.gid, d)));
             for (qi, (found, truncated)) in answers {
@@ -764,7 +769,7 @@ impl ClusterRouter {
             merged.dedup_by_key(|h| h.gid);
         }
         // The rest: a second hop to their partitions.
-        let gids: HashSet<u64> = hits
+        let gids: FastSet<u64> = hits
             .iter()
             .flat_map(|(m, _)| m.iter().map(|h| h.gid))
             .filter(|g| !resolved.contains(g))
@@ -1079,7 +1084,7 @@ impl ClusterRouter {
         let founder = if joined.doc.gid == cluster {
             Some(joined.doc.clone())
         } else {
-            self.resolve(ctx, &HashSet::from([cluster]), deadline).await?.remove(&cluster)
+            self.resolve(ctx, &FastSet::from_iter([cluster]), deadline).await?.remove(&cluster)
         };
         let name = founder
             .filter(|f| f.cluster == cluster && f.name != own)
@@ -1209,7 +1214,7 @@ impl ClusterRouter {
             }
             tokio::time::sleep(pause).await;
             pause *= 2;
-            let gids: HashSet<u64> = rivals.iter().map(|f| f.doc.gid).collect();
+            let gids: FastSet<u64> = rivals.iter().map(|f| f.doc.gid).collect();
             let now = self.resolve(ctx, &gids, deadline).await?;
             rivals.retain(|f| now.get(&f.doc.gid).is_some_and(|d| d.cluster == d.gid));
         }
