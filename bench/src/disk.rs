@@ -154,30 +154,15 @@ fn print_report(label: &str, r: &Value) {
     }
 }
 
-/// Waits until the index is one stored run with nothing buffered, or nothing has changed
-/// for 3 s; the seconds it took.
+/// Waits until the shard's merges, compaction and checkpoint are done; the seconds it took.
 fn settle(shard: &Shard, limit: Duration) -> Result<f64, String> {
-    let t = Instant::now();
-    let mut last = (u64::MAX, u64::MAX);
-    let mut steady = 0;
-    while t.elapsed() < limit {
-        let s = shard.stats().map_err(|e| e.to_string())?;
-        if s.runs <= 1 && s.buffered == 0 && !s.checkpoint_pending {
-            break;
-        }
-        let now = (s.runs, s.merges);
-        if now == last && s.buffered == 0 && !s.merging && !s.checkpoint_pending {
-            steady += 1;
-            if steady >= 6 {
-                break;
-            }
-        } else {
-            steady = 0;
-        }
-        last = now;
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    Ok(t.elapsed().as_secs_f64())
+    crate::in_process::settle(
+        || {
+            let s = shard.stats().map_err(|e| e.to_string())?;
+            Ok((s.runs, s.merges, s.buffered, s.merging, s.checkpoint_pending))
+        },
+        limit,
+    )
 }
 
 fn sketch_of(fp: u64) -> Option<Sketch> {
@@ -219,36 +204,17 @@ pub fn run(args: DiskArgs) -> Result<(), String> {
     // 1. The load.
     eprintln!("loading {} documents: {} writers, {} a write", args.n, args.streams, args.batch);
     let t = Instant::now();
-    let next = AtomicUsize::new(0);
-    let chunks = args.n.div_ceil(args.batch);
-    std::thread::scope(|s| -> Result<(), String> {
-        let workers: Vec<_> = (0..args.streams.max(1))
-            .map(|_| {
-                s.spawn(|| -> Result<(), String> {
-                    loop {
-                        let c = next.fetch_add(1, Ordering::Relaxed);
-                        if c >= chunks {
-                            return Ok(());
-                        }
-                        let docs: Vec<NewDocument> = (c * args.batch
-                            ..((c + 1) * args.batch).min(args.n))
-                            .map(|i| NewDocument {
-                                id: name(i),
-                                fingerprint: fps[i],
-                                timestamp_ms: i as i64,
-                                sketch: if args.sketches { sketch_of(fps[i]) } else { None },
-                            })
-                            .collect();
-                        let o = shard.write(&docs, &[], false).map_err(|e| e.to_string())?;
-                        shard.wait_durable_blocking(o.seq).map_err(|e| e.to_string())?;
-                    }
-                })
+    crate::in_process::load(args.n, args.batch, args.streams, |first, end| {
+        let docs: Vec<NewDocument> = (first..end)
+            .map(|i| NewDocument {
+                id: name(i),
+                fingerprint: fps[i],
+                timestamp_ms: i as i64,
+                sketch: if args.sketches { sketch_of(fps[i]) } else { None },
             })
             .collect();
-        for w in workers {
-            w.join().map_err(|_| "a writer panicked".to_string())??;
-        }
-        Ok(())
+        let o = shard.write(&docs, &[], false).map_err(|e| e.to_string())?;
+        shard.wait_durable_blocking(o.seq).map_err(|e| e.to_string())
     })?;
     let load_secs = t.elapsed().as_secs_f64();
     eprintln!("  {:.0} documents/s durable", args.n as f64 / load_secs);

@@ -22,6 +22,7 @@ mod eval_online;
 mod eval_set_stats;
 mod fingerprint;
 mod h2call;
+mod in_process;
 mod index;
 mod join;
 mod latency;

@@ -19,7 +19,6 @@
 //! one JSON object.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use neardup_cli::config::{Config, ConfigFlags};
@@ -30,6 +29,7 @@ use neardup_server::shard::{NewDocument, Shard};
 use serde_json::{Value, json};
 
 use crate::cpu::process_cpu_seconds;
+use crate::in_process::{load, settle};
 use crate::service::{name, tempfile_dir, workload};
 
 /// Options of `neardup-bench replica`.
@@ -63,62 +63,6 @@ fn cpu_now() -> Result<f64, String> {
     process_cpu_seconds(std::process::id()).ok_or_else(|| "no /proc/self/stat".to_string())
 }
 
-/// What a store reports for settling: (runs, merges, buffered, merging, checkpoint pending).
-type Progress = (u64, u64, u64, bool, bool);
-
-/// Waits until nothing is buffered, merging or pending and nothing has changed for 3 s (or
-/// `limit` passed); the seconds it took.
-fn settle(progress: impl Fn() -> Result<Progress, String>, limit: Duration) -> Result<f64, String> {
-    let t = Instant::now();
-    let mut last = None;
-    let mut steady = 0;
-    while t.elapsed() < limit {
-        let (runs, merges, buffered, merging, pending) = progress()?;
-        let quiet = buffered == 0 && !merging && !pending;
-        if quiet && last == Some((runs, merges)) {
-            steady += 1;
-            if steady >= 6 {
-                break;
-            }
-        } else {
-            steady = 0;
-        }
-        last = Some((runs, merges));
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    Ok(t.elapsed().as_secs_f64())
-}
-
-/// Runs `write(first, end)` for every batch `[first, end)` of `0..n` from `streams` threads.
-fn load(
-    n: usize,
-    batch: usize,
-    streams: usize,
-    write: impl Fn(usize, usize) -> Result<(), String> + Sync,
-) -> Result<(), String> {
-    let next = AtomicUsize::new(0);
-    let chunks = n.div_ceil(batch.max(1));
-    std::thread::scope(|s| -> Result<(), String> {
-        let workers: Vec<_> = (0..streams.max(1))
-            .map(|_| {
-                s.spawn(|| -> Result<(), String> {
-                    loop {
-                        let c = next.fetch_add(1, Ordering::Relaxed);
-                        if c >= chunks {
-                            return Ok(());
-                        }
-                        write(c * batch, ((c + 1) * batch).min(n))?;
-                    }
-                })
-            })
-            .collect();
-        for w in workers {
-            w.join().map_err(|_| "a writer panicked".to_string())??;
-        }
-        Ok(())
-    })
-}
-
 /// CPU per document until acknowledged and until settled, and the wall time of the load.
 fn measured(
     n: usize,
@@ -141,11 +85,25 @@ fn measured(
     }))
 }
 
-/// `out` with the bytes per document in memory and on disk once settled.
-fn with_bytes(mut out: Value, n: usize, memory: u64, disk: u64) -> Value {
-    let per = |b: u64| b as f64 / n.max(1) as f64;
-    out["memory_bytes_per_doc"] = json!(per(memory));
-    out["disk_bytes_per_doc"] = json!(per(disk));
+/// Bytes once settled, as they go into a side's figures.
+struct Bytes {
+    memory: u64,
+    disk: u64,
+    /// Live keys and values by keyspace.
+    spaces: Vec<(String, u64)>,
+    /// The store's files by kind.
+    files: Vec<(String, u64)>,
+}
+
+/// `out` with `bytes` per document of `n`.
+fn with_bytes(mut out: Value, n: usize, bytes: Bytes) -> Value {
+    let per = |b: u64| json!(b as f64 / n.max(1) as f64);
+    let map =
+        |v: Vec<(String, u64)>| Value::Object(v.into_iter().map(|(k, b)| (k, per(b))).collect());
+    out["memory_bytes_per_doc"] = per(bytes.memory);
+    out["disk_bytes_per_doc"] = per(bytes.disk);
+    out["live_bytes_per_doc"] = map(bytes.spaces);
+    out["files_bytes_per_doc"] = map(bytes.files);
     out
 }
 
@@ -188,33 +146,17 @@ fn single(config: &Config, dir: &Path, fps: &[u64], args: &ReplicaArgs) -> Resul
     }
     let usage = shard.disk_usage().map_err(|e| e.to_string())?;
     shard.shutdown().map_err(|e| e.to_string())?;
-    let mut out = with_bytes(out, fps.len(), st.index_bytes + st.document_bytes, st.disk_bytes);
-    let per = |b: u64| b as f64 / fps.len().max(1) as f64;
-    out["live_bytes_per_doc"] = json!(
-        usage
-            .spaces
-            .iter()
-            .map(|u| (u.name.to_string(), json!(per(u.key_bytes + u.value_bytes))))
-            .collect::<serde_json::Map<_, _>>()
-    );
-    out["files_bytes_per_doc"] = json!(
-        usage
-            .files
-            .iter()
-            .map(|(k, v)| (k.clone(), json!(per(*v))))
-            .collect::<serde_json::Map<_, _>>()
-    );
-    Ok(out)
+    let spaces =
+        usage.spaces.iter().map(|u| (u.name.to_string(), u.key_bytes + u.value_bytes)).collect();
+    let memory = st.index_bytes + st.document_bytes;
+    let bytes = Bytes { memory, disk: st.disk_bytes, spaces, files: usage.files };
+    Ok(with_bytes(out, fps.len(), bytes))
 }
 
 fn replica(config: &Config, dir: &Path, fps: &[u64], args: &ReplicaArgs) -> Result<Value, String> {
     let design = config.index_config().map_err(|e| e.to_string())?.design;
     let shard = config.shard_config().map_err(|e| e.to_string())?;
-    let store_config = NodeStoreConfig {
-        cache_bytes: shard.cache_bytes,
-        min_free_bytes: shard.min_free_bytes,
-        shard,
-    };
+    let store_config = NodeStoreConfig::of_shard(shard);
     let store = NodeStore::open(dir, &design, store_config, ShardMetrics::default())
         .map_err(|e| e.to_string())?;
     let tables = design.tables().len() as u32;
@@ -277,15 +219,13 @@ fn replica(config: &Config, dir: &Path, fps: &[u64], args: &ReplicaArgs) -> Resu
         files = usage.files;
     }
     store.shutdown().map_err(|e| e.to_string())?;
-    let mut out = with_bytes(out, fps.len(), held.memory_bytes, held.disk_bytes);
-    let per = |b: u64| b as f64 / n.max(1) as f64;
-    out["live_bytes_per_doc"] = json!(
-        spaces.iter().map(|(k, &v)| (k.clone(), json!(per(v)))).collect::<serde_json::Map<_, _>>()
-    );
-    out["files_bytes_per_doc"] = json!(
-        files.iter().map(|(k, v)| (k.clone(), json!(per(*v)))).collect::<serde_json::Map<_, _>>()
-    );
-    Ok(out)
+    let bytes = Bytes {
+        memory: held.memory_bytes,
+        disk: held.disk_bytes,
+        spaces: spaces.into_iter().collect(),
+        files,
+    };
+    Ok(with_bytes(out, fps.len(), bytes))
 }
 
 /// Runs `neardup-bench replica`.

@@ -72,7 +72,14 @@ pub struct NodeStoreConfig {
 
 impl Default for NodeStoreConfig {
     fn default() -> Self {
-        let shard = ShardConfig::default();
+        NodeStoreConfig::of_shard(ShardConfig::default())
+    }
+}
+
+impl NodeStoreConfig {
+    /// A node's store configured as a single node's shard: `shard`'s page cache and free
+    /// space floor for the whole store, and its maintenance settings for every shard.
+    pub fn of_shard(shard: ShardConfig) -> NodeStoreConfig {
         NodeStoreConfig {
             cache_bytes: shard.cache_bytes,
             min_free_bytes: shard.min_free_bytes,

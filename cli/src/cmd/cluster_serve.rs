@@ -54,11 +54,7 @@ pub async fn run(
         cluster_node::start(&config, address, &mut registry, internal_rt.handle()).await?;
     let design = config.index_config()?.design;
     let shard = config.shard_config()?;
-    let store_config = NodeStoreConfig {
-        cache_bytes: shard.cache_bytes,
-        min_free_bytes: shard.min_free_bytes,
-        shard,
-    };
+    let store_config = NodeStoreConfig::of_shard(shard);
     let dir = config.data.join("node");
     // A node whose data directory is new has missed nothing and holds nothing yet.
     let fresh = !dir.exists();

@@ -1,0 +1,67 @@
+//! What the in-process benchmarks (`disk`, `replica`) share: writers that load batches from
+//! several threads, and waiting for a store's background work to settle.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// What a store reports for settling: (runs, merges, buffered, merging, checkpoint pending).
+pub(crate) type Progress = (u64, u64, u64, bool, bool);
+
+/// Waits until nothing is buffered, merging or pending and either one run is left or
+/// nothing has changed for 3 s (or `limit` passed); the seconds it took.
+pub(crate) fn settle(
+    progress: impl Fn() -> Result<Progress, String>,
+    limit: Duration,
+) -> Result<f64, String> {
+    let t = Instant::now();
+    let mut last = None;
+    let mut steady = 0;
+    while t.elapsed() < limit {
+        let (runs, merges, buffered, merging, pending) = progress()?;
+        let quiet = buffered == 0 && !merging && !pending;
+        if quiet && runs <= 1 {
+            break;
+        }
+        if quiet && last == Some((runs, merges)) {
+            steady += 1;
+            if steady >= 6 {
+                break;
+            }
+        } else {
+            steady = 0;
+        }
+        last = Some((runs, merges));
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    Ok(t.elapsed().as_secs_f64())
+}
+
+/// Runs `write(first, end)` for every batch `[first, end)` of `0..n` from `streams` threads.
+pub(crate) fn load(
+    n: usize,
+    batch: usize,
+    streams: usize,
+    write: impl Fn(usize, usize) -> Result<(), String> + Sync,
+) -> Result<(), String> {
+    let next = AtomicUsize::new(0);
+    let chunks = n.div_ceil(batch.max(1));
+    std::thread::scope(|s| -> Result<(), String> {
+        let workers: Vec<_> = (0..streams.max(1))
+            .map(|_| {
+                s.spawn(|| -> Result<(), String> {
+                    loop {
+                        let c = next.fetch_add(1, Ordering::Relaxed);
+                        if c >= chunks {
+                            return Ok(());
+                        }
+                        write(c * batch, ((c + 1) * batch).min(n))?;
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            w.join().map_err(|_| "a writer panicked".to_string())??;
+        }
+        Ok(())
+    })
+}
