@@ -26,8 +26,9 @@
 //!    10 ms: the time from the kill until writes succeed again (0 when none failed).
 //!
 //! Before the kill it also reads the nodes' logs: the Raft thread's stalls of 250 ms or more
-//! (a sync of the Raft store, or one round of Raft's work) and the nodes the leader marked
-//! down for silence. A node marked down copies its replicas again once back, so figures
+//! (a sync of the Raft store, one round of Raft's work, or a delivery of Raft messages to a
+//! peer), the leaders that stepped down for want of a quorum's answers, and the nodes the
+//! leader marked down for silence. A node marked down copies its replicas again once back, so figures
 //! taken meanwhile measure those copies too.
 //!
 //! Every phase is bounded in count and time. It prints a table; with `--json` the last line
@@ -220,12 +221,15 @@ impl Drop for Proc {
 }
 
 /// What the nodes' logs say of the map's health so far (phases 1 to 4): the Raft thread's
-/// stalls (a store sync, or one round of Raft's work, of 250 ms or more; either delays the
-/// node's heartbeats) and the nodes the leader marked down for silence. A node marked down
+/// stalls (a store sync, one round of Raft's work, or a delivery of messages to a peer, of
+/// 250 ms or more; each delays heartbeats), the leaders that stepped down because a quorum
+/// had not answered within an election timeout (the map takes no change until a new leader
+/// is elected, gid grants included), and the nodes the leader marked down for silence. A node marked down
 /// turns its replicas to filling when back, each copied again: figures taken while that
 /// happens measure the copies too.
 fn log_events(procs: &[Proc]) -> Value {
     let (mut syncs, mut sync_max, mut readies, mut ready_max, mut downs) = (0, 0, 0, 0, 0);
+    let (mut deliveries, mut delivery_max, mut step_downs) = (0, 0, 0);
     for p in procs {
         let text = std::fs::read_to_string(&p.log).unwrap_or_default();
         for line in text.lines() {
@@ -243,6 +247,11 @@ fn log_events(procs: &[Proc]) -> Value {
                 ready_max = ready_max.max(took());
             } else if line.contains("marking a silent node down") {
                 downs += 1;
+            } else if line.contains("Raft messages took long to deliver") {
+                deliveries += 1;
+                delivery_max = delivery_max.max(took());
+            } else if line.contains("stepped down to follower since quorum is not active") {
+                step_downs += 1;
             }
         }
     }
@@ -252,6 +261,9 @@ fn log_events(procs: &[Proc]) -> Value {
         "slow_readies": readies,
         "slowest_ready_ms": ready_max,
         "nodes_marked_down": downs,
+        "slow_deliveries": deliveries,
+        "slowest_delivery_ms": delivery_max,
+        "leader_step_downs": step_downs,
     })
 }
 
@@ -636,11 +648,15 @@ fn print_table(args: &ClusterArgs, r: &Value) {
     let h = &c["raft_health"];
     println!(
         "| Raft stalls of 250 ms or more before the kill: store syncs (slowest, ms); rounds \
-         (slowest, ms); nodes marked down | {} ({}); {} ({}); {} | - |",
+         (slowest, ms); message deliveries (slowest, ms); leader step-downs; nodes marked down \
+         | {} ({}); {} ({}); {} ({}); {}; {} | - |",
         h["slow_store_syncs"],
         h["slowest_store_sync_ms"],
         h["slow_readies"],
         h["slowest_ready_ms"],
+        h["slow_deliveries"],
+        h["slowest_delivery_ms"],
+        h["leader_step_downs"],
         h["nodes_marked_down"]
     );
     let k = &c["kill"];

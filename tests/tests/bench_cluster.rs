@@ -59,6 +59,19 @@ fn the_cluster_benchmark_runs_every_phase_for_three_nodes_and_one() {
         }
     }
     assert_eq!(r["cluster"]["documents_per_node"].as_array().unwrap().len(), 3);
+    // The map's health from the nodes' logs: counts, not nulls (a loaded machine may log
+    // some, so their values are not checked).
+    let h = &r["cluster"]["raft_health"];
+    for k in [
+        "slow_store_syncs",
+        "slow_readies",
+        "slow_deliveries",
+        "slowest_delivery_ms",
+        "leader_step_downs",
+        "nodes_marked_down",
+    ] {
+        assert!(h[k].is_u64(), "{k}: {h}");
+    }
     let kill = &r["cluster"]["kill"];
     assert_eq!(kill["query"]["sent"], 200, "two seconds at 100/s: {kill}");
     assert!(kill["writes_back_after_seconds"].as_f64().unwrap() >= 0.0);
