@@ -37,16 +37,22 @@ pub(crate) fn settle(
 }
 
 /// Runs `write(first, end)` for every batch `[first, end)` of `0..n` from `streams` threads.
+/// A batch or a number of writers of 0 is refused.
 pub(crate) fn load(
     n: usize,
     batch: usize,
     streams: usize,
     write: impl Fn(usize, usize) -> Result<(), String> + Sync,
 ) -> Result<(), String> {
+    if batch == 0 || streams == 0 {
+        return Err(format!(
+            "--batch and --streams must be at least 1 (got {batch} and {streams})"
+        ));
+    }
     let next = AtomicUsize::new(0);
-    let chunks = n.div_ceil(batch.max(1));
+    let chunks = n.div_ceil(batch);
     std::thread::scope(|s| -> Result<(), String> {
-        let workers: Vec<_> = (0..streams.max(1))
+        let workers: Vec<_> = (0..streams)
             .map(|_| {
                 s.spawn(|| -> Result<(), String> {
                     loop {
