@@ -28,8 +28,8 @@
 //! Before the kill it also reads the nodes' logs: the Raft thread's stalls of 250 ms or more
 //! (a sync of the Raft store, one round of Raft's work, or a delivery of Raft messages to a
 //! peer), the leaders that stepped down for want of a quorum's answers, and the nodes the
-//! leader marked down for silence. A node marked down copies its replicas again once back, so figures
-//! taken meanwhile measure those copies too.
+//! leader marked down for silence. A node marked down copies its replicas again once back,
+//! so figures taken meanwhile measure those copies too.
 //!
 //! Every phase is bounded in count and time. It prints a table; with `--json` the last line
 //! of stdout is one JSON object. `--keep` keeps the nodes' data directories and logs.
@@ -43,7 +43,7 @@ use neardup_client::{Client, ClientOptions, Target, doc};
 use neardup_proto::v1::InsertRequest;
 use serde_json::{Value, json};
 
-use crate::cpu::process_cpu_seconds;
+use crate::cpu::{cpu_of, cpu_per};
 use crate::load::{Kind, Load, stall_probe};
 use crate::service::{free_port, load_average, name, settle, tempfile_dir, workload};
 
@@ -224,9 +224,9 @@ impl Drop for Proc {
 /// stalls (a store sync, one round of Raft's work, or a delivery of messages to a peer, of
 /// 250 ms or more; each delays heartbeats), the leaders that stepped down because a quorum
 /// had not answered within an election timeout (the map takes no change until a new leader
-/// is elected, gid grants included), and the nodes the leader marked down for silence. A node marked down
-/// turns its replicas to filling when back, each copied again: figures taken while that
-/// happens measure the copies too.
+/// is elected, gid grants included), and the nodes the leader marked down for silence. A
+/// node marked down turns its replicas to filling when back, each copied again: figures
+/// taken while that happens measure the copies too.
 fn log_events(procs: &[Proc]) -> Value {
     let (mut syncs, mut sync_max, mut readies, mut ready_max, mut downs) = (0, 0, 0, 0, 0);
     let (mut deliveries, mut delivery_max, mut step_downs) = (0, 0, 0);
@@ -319,16 +319,6 @@ async fn placed(internal: &str, nodes: usize, limit: Duration) -> Result<(), Str
 struct Inputs {
     fps: Arc<Vec<u64>>,
     queries: Arc<Vec<u64>>,
-}
-
-/// CPU time used so far by every process of `pids`, in seconds (`None` if one is gone).
-fn cpu_of(pids: &[u32]) -> Option<f64> {
-    pids.iter().map(|&p| process_cpu_seconds(p)).sum()
-}
-
-/// Microseconds of CPU per item between two readings of [`cpu_of`].
-fn cpu_per(before: Option<f64>, after: Option<f64>, items: u64) -> Option<f64> {
-    Some((after? - before?) * 1e6 / items.max(1) as f64)
 }
 
 /// Phases 1 to 4 through `router`, over the nodes `nodes` (public addresses) run by the

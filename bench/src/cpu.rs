@@ -18,6 +18,16 @@ pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
     (ticks > 0).then(|| (utime + stime) as f64 / ticks as f64)
 }
 
+/// CPU time used so far by every process of `pids`, in seconds (`None` if one is gone).
+pub fn cpu_of(pids: &[u32]) -> Option<f64> {
+    pids.iter().map(|&p| process_cpu_seconds(p)).sum()
+}
+
+/// Microseconds of CPU per item between two readings of [`cpu_of`].
+pub fn cpu_per(before: Option<f64>, after: Option<f64>, items: u64) -> Option<f64> {
+    Some((after? - before?) * 1e6 / items.max(1) as f64)
+}
+
 /// CPU time of the calling thread, in seconds (`CLOCK_THREAD_CPUTIME_ID`).
 pub fn thread_cpu_seconds() -> Option<f64> {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };

@@ -26,6 +26,7 @@ use neardup_server::metrics::ShardMetrics;
 use neardup_server::shard::{NewDocument, Shard, Verify};
 use serde_json::{Value, json};
 
+use crate::in_process::settle_shard;
 use crate::service::workload;
 
 /// Options of `neardup-bench disk`.
@@ -154,17 +155,6 @@ fn print_report(label: &str, r: &Value) {
     }
 }
 
-/// Waits until the shard's merges, compaction and checkpoint are done; the seconds it took.
-fn settle(shard: &Shard, limit: Duration) -> Result<f64, String> {
-    crate::in_process::settle(
-        || {
-            let s = shard.stats().map_err(|e| e.to_string())?;
-            Ok((s.runs, s.merges, s.buffered, s.merging, s.checkpoint_pending))
-        },
-        limit,
-    )
-}
-
 fn sketch_of(fp: u64) -> Option<Sketch> {
     Sketch::from_bytes(&crate::load::synthetic_sketch(fp)).ok()
 }
@@ -218,7 +208,7 @@ pub fn run(args: DiskArgs) -> Result<(), String> {
     })?;
     let load_secs = t.elapsed().as_secs_f64();
     eprintln!("  {:.0} documents/s durable", args.n as f64 / load_secs);
-    let settle_secs = settle(&shard, Duration::from_secs(900))?;
+    let settle_secs = settle_shard(&shard, Duration::from_secs(900))?;
     let loaded = report(&shard, !args.no_scan)?;
     print_report("after the load", &loaded);
     out.insert(
@@ -278,7 +268,7 @@ pub fn run(args: DiskArgs) -> Result<(), String> {
         eprintln!("  {:.0} admissions/s", args.admissions as f64 / secs);
         let during = report(&shard, false)?;
         eprintln!("  at the end of the calls: disk {} B", during["disk_bytes"]);
-        let settle_secs = settle(&shard, Duration::from_secs(900))?;
+        let settle_secs = settle_shard(&shard, Duration::from_secs(900))?;
         let after = report(&shard, !args.no_scan)?;
         print_report("after the admissions", &after);
         let grown = after["disk_bytes"].as_f64().unwrap_or(0.0)

@@ -4,6 +4,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use neardup_server::shard::Shard;
+
 /// What a store reports for settling: (runs, merges, buffered, merging, checkpoint pending).
 pub(crate) type Progress = (u64, u64, u64, bool, bool);
 
@@ -70,4 +72,15 @@ pub(crate) fn load(
         }
         Ok(())
     })
+}
+
+/// [`settle`] for a shard: until its merges, compaction and checkpoint are done.
+pub(crate) fn settle_shard(shard: &Shard, limit: Duration) -> Result<f64, String> {
+    settle(
+        || {
+            let s = shard.stats().map_err(|e| e.to_string())?;
+            Ok((s.runs, s.merges, s.buffered, s.merging, s.checkpoint_pending))
+        },
+        limit,
+    )
 }

@@ -28,8 +28,8 @@ use neardup_server::node_store::{NodeStore, NodeStoreConfig};
 use neardup_server::shard::{NewDocument, Shard};
 use serde_json::{Value, json};
 
-use crate::cpu::process_cpu_seconds;
-use crate::in_process::{load, settle};
+use crate::cpu::{cpu_of, cpu_per};
+use crate::in_process::{load, settle, settle_shard};
 use crate::service::{name, tempfile_dir, workload};
 
 /// Options of `neardup-bench replica`.
@@ -60,7 +60,7 @@ pub struct ReplicaArgs {
 
 /// CPU seconds of this process so far.
 fn cpu_now() -> Result<f64, String> {
-    process_cpu_seconds(std::process::id()).ok_or_else(|| "no /proc/self/stat".to_string())
+    cpu_of(&[std::process::id()]).ok_or_else(|| "no /proc/self/stat".to_string())
 }
 
 /// CPU per document until acknowledged and until settled, and the wall time of the load.
@@ -74,7 +74,7 @@ fn measured(
     let load_secs = t.elapsed().as_secs_f64();
     let settled_secs = settle_secs()?;
     let settled = cpu_now()?;
-    let per = |c: f64| (c - cpu_start) * 1e6 / n.max(1) as f64;
+    let per = |c: f64| cpu_per(Some(cpu_start), Some(c), n as u64);
     Ok(json!({
         "documents": n,
         "load_seconds": load_secs,
@@ -108,10 +108,9 @@ fn with_bytes(mut out: Value, n: usize, bytes: Bytes) -> Value {
 }
 
 fn single(config: &Config, dir: &Path, fps: &[u64], args: &ReplicaArgs) -> Result<Value, String> {
-    let shard = Shard::open(dir, config.shard_config().map_err(|e| e.to_string())?, {
-        ShardMetrics::default()
-    })
-    .map_err(|e| e.to_string())?;
+    let shard_config = config.shard_config().map_err(|e| e.to_string())?;
+    let shard =
+        Shard::open(dir, shard_config, ShardMetrics::default()).map_err(|e| e.to_string())?;
     shard.recover().map_err(|e| e.to_string())?;
     let (cpu_start, t) = (cpu_now()?, Instant::now());
     load(fps.len(), args.batch, args.streams, |first, end| {
@@ -126,15 +125,7 @@ fn single(config: &Config, dir: &Path, fps: &[u64], args: &ReplicaArgs) -> Resul
         let o = shard.write(&docs, &[], false).map_err(|e| e.to_string())?;
         shard.wait_durable_blocking(o.seq).map_err(|e| e.to_string())
     })?;
-    let out = measured(fps.len(), cpu_start, t, || {
-        settle(
-            || {
-                let s = shard.stats().map_err(|e| e.to_string())?;
-                Ok((s.runs, s.merges, s.buffered, s.merging, s.checkpoint_pending))
-            },
-            Duration::from_secs(900),
-        )
-    })?;
+    let out = measured(fps.len(), cpu_start, t, || settle_shard(&shard, Duration::from_secs(900)))?;
     // What was measured must be what was written: every document, once.
     let st = shard.stats().map_err(|e| e.to_string())?;
     if st.documents != fps.len() as u64 {
@@ -162,10 +153,14 @@ fn replica(config: &Config, dir: &Path, fps: &[u64], args: &ReplicaArgs) -> Resu
     let tables = design.tables().len() as u32;
     // The gid of document `i`: in partition `i % 16`, as the router's ids are spread.
     let gid = |i: usize| make_gid(i as u64 + 1, (i % 16) as u32);
+    // One runtime for every writer to wait on its writes' syncs (made before the CPU count
+    // starts, not once a write).
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .build()
+        .map_err(|e| e.to_string())?;
     let (cpu_start, t) = (cpu_now()?, Instant::now());
     load(fps.len(), args.batch, args.streams, |first, end| {
-        let rt =
-            tokio::runtime::Builder::new_current_thread().build().map_err(|e| e.to_string())?;
         let ops: Vec<(u32, TabletOp)> = (first..end)
             .flat_map(|i| (0..tables).map(move |t| (t, TabletOp::Put { gid: gid(i), fp: fps[i] })))
             .collect();

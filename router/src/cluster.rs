@@ -59,11 +59,6 @@
 //! `concurrent_admissions_of_near_duplicates_never_both_become_originals` catches that.)
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-
-/// Maps and sets of gids on a read's path, with a fast hash (gids are not chosen by
-/// clients): std's SipHash was a few percent of a router's CPU under QueryBatch.
-type FastMap<K, V> = hashbrown::HashMap<K, V>;
-type FastSet<T> = hashbrown::HashSet<T>;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -84,6 +79,11 @@ use neardup_server::{
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tonic::Status;
+
+/// Maps and sets of gids on a read's path, with a fast hash (gids are not chosen by
+/// clients): std's SipHash was a few percent of a router's CPU under QueryBatch.
+type FastMap<K, V> = hashbrown::HashMap<K, V>;
+type FastSet<T> = hashbrown::HashSet<T>;
 
 #[cfg(test)]
 use crate::node_client::Unreachable;
