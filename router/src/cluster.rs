@@ -748,14 +748,18 @@ impl ClusterRouter {
         // hits in the same partition may be entries it never saw).
         let mut docs: FastMap<u64, DocInfo> = FastMap::default();
         let mut resolved: FastSet<u64> = FastSet::default();
-        for (_, (answers, found_docs, parts)) in self.fan_out(calls).await? {
-            docs.extend(found_docs.into_iter().map(|d| (d.gid, d)));
+        for (node, (answers, found_docs, mut parts)) in self.fan_out(calls).await? {
+            // Only partitions this map has the node serve: a node whose map lags behind
+            // could still take itself for a replica of a partition that moved away.
+            parts.retain(|&p| ctx.map.serving(Unit::Partition(p)).contains(&node));
+            let trusted = |gid: u64| parts.contains(&gid_partition(gid));
+            docs.extend(found_docs.into_iter().filter(|d| trusted(d.gid)).map(|d| (d.gid, d)));
             for (qi, (found, truncated)) in answers {
                 let (q, k) = queries[qi];
                 let (merged, cut) = &mut hits[qi];
                 *cut |= truncated;
                 for h in found {
-                    if parts.contains(&gid_partition(h.gid)) {
+                    if trusted(h.gid) {
                         resolved.insert(h.gid);
                     }
                     if h.distance <= k && h.distance == (h.fp ^ q).count_ones() {

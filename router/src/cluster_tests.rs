@@ -1062,3 +1062,48 @@ async fn a_query_probes_the_local_node_and_at_most_one_other() {
     }
     assert!(remote.get(&2) > Some(&0) && remote.get(&3) > Some(&0), "{remote:?}");
 }
+
+/// A node whose map lags behind still takes itself for a replica of a partition that moved
+/// away (its copy no longer gets that partition's writes): the router trusts a probed node's
+/// resolution only for partitions its own map has the node serve, and asks a serving
+/// replica for the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lagging_node_does_not_resolve_a_partition_that_moved_away() {
+    let c = Cluster::new(0);
+    let name = "moved";
+    let map = c.map_tx.borrow().clone();
+    let p = map.partition_of(name).unwrap();
+    let (x, y) = (map.partition(p).unwrap().nodes[0], map.partition(p).unwrap().nodes[1]);
+    let z = (1..=3).find(|n| *n != x && *n != y).unwrap();
+    // Node x holds every tablet, so a read through it probes it alone.
+    c.map_tx.send_modify(|m| {
+        let mut next = (**m).clone();
+        for t in &mut next.tablets {
+            t.nodes = vec![x, y];
+        }
+        next.epoch += 1;
+        *m = Arc::new(next);
+    });
+    let router = c.router(Some(x));
+    let (old_fp, new_fp) = (0x0f0f_0f0f_0f0f_0f0f_u64, 0xf0f0_f0f0_f0f0_f0f0_u64);
+    let w = WriteRequest { documents: vec![doc(name, old_fp, 1)], ..Default::default() };
+    router.write(w, None).await.unwrap();
+    // Node x stops following the map; the partition moves from x to z.
+    let (_frozen_tx, frozen) = watch::channel(c.map_tx.borrow().clone());
+    *MemNode::lock(&c.nodes[&x].serves) = Some((x, frozen));
+    c.map_tx.send_modify(|m| {
+        let mut next = (**m).clone();
+        next.partitions[p as usize].nodes = vec![y, z];
+        next.epoch += 1;
+        *m = Arc::new(next);
+    });
+    // The replacement reaches the partition's writers y and z; x keeps the old document.
+    let w = WriteRequest { documents: vec![doc(name, new_fp, 2)], ..Default::default() };
+    assert_eq!(router.write(w, None).await.unwrap().replaced, 1);
+    let stale = c.nodes[&x].doc_lookup(0, vec![name.into()], None).await.unwrap();
+    assert_eq!(stale[0].as_ref().map(|d| d.fp), Some(old_fp));
+    let r = router.probe(probe_req(vec![new_fp], 0, 10), None).await.unwrap();
+    let got: Vec<(&str, u64)> =
+        r.results[0].matches.iter().map(|m| (m.id.as_str(), m.fingerprint)).collect();
+    assert_eq!(got, vec![(name, new_fp)]);
+}

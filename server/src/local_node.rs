@@ -482,8 +482,13 @@ impl NodeApi for LocalNode {
             if !resolve {
                 return Ok(ProbeAnswer { results, ..Default::default() });
             }
-            let (gids, resolved) =
-                hits_to_resolve(&results, |p| map.serving(Unit::Partition(p)).contains(&id));
+            // Only under a map at least as new as the sender's: a map this node has not
+            // caught up from may still list it on a partition that moved away since, whose
+            // copy here no longer takes writes.
+            let current = map.epoch >= epoch;
+            let (gids, resolved) = hits_to_resolve(&results, |p| {
+                current && map.serving(Unit::Partition(p)).contains(&id)
+            });
             let docs = store.resolve(&gids)?.into_iter().flatten().collect();
             Ok(ProbeAnswer { results, docs, resolved })
         };
@@ -813,7 +818,8 @@ mod tests {
     }
 
     /// A resolving probe returns the documents of its hits in partitions the node serves,
-    /// says which partitions those were, and leaves the others to the router.
+    /// says which partitions those were, and leaves the others to the router; under a map
+    /// older than the sender's it resolves none.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_probe_resolves_the_hits_of_partitions_the_node_serves() {
         let f = fixture(false);
@@ -844,8 +850,14 @@ mod tests {
         filling.partitions[1].nodes = vec![2];
         filling.partitions[1].filling = vec![1];
         f.map.send_replace(Arc::new(filling));
-        let got = n.tablet_probe(2, probes, 3, 100, true, None).await.unwrap();
+        let got = n.tablet_probe(2, probes.clone(), 3, 100, true, None).await.unwrap();
         assert_eq!((got.docs, got.resolved), (vec![da], vec![0]));
+        // A sender whose map is newer than this node's (after a short wait): the probes are
+        // answered, but no partition is resolved, since one may have moved away since.
+        let soon = Some(Instant::now() + Duration::from_millis(50));
+        let got = n.tablet_probe(3, probes, 3, 100, true, soon).await.unwrap();
+        assert_eq!(got.results, plain.results);
+        assert!(got.docs.is_empty() && got.resolved.is_empty(), "{got:?}");
     }
 
     /// A copier's scan needs this node's map at the copier's epoch; and writes are refused
