@@ -69,6 +69,12 @@ pub struct Pending {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReadStart(u64);
 
+impl fmt::Display for ReadStart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "read from tick {}", self.0)
+    }
+}
+
 /// What one answer got wrong.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Violation {
@@ -112,6 +118,19 @@ pub enum Violation {
     },
     /// A CheckAndInsert answer that contradicts itself.
     Admission(String),
+}
+
+impl Violation {
+    /// The id the violation is about, when it names one.
+    pub fn id(&self) -> Option<&str> {
+        match self {
+            Violation::Missing { id, .. }
+            | Violation::Extra { id, .. }
+            | Violation::WrongDistance { id, .. }
+            | Violation::DuplicateId(id) => Some(id),
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Display for Violation {
@@ -249,6 +268,28 @@ impl Model {
     pub fn uncertain(&self) -> Vec<String> {
         let now = self.clock + 1;
         self.ids.keys().filter(|id| self.possible(id, now, now).len() > 1).cloned().collect()
+    }
+
+    /// The writes sent for `id`, oldest first, with their ticks and outcomes, and the
+    /// clock now: what a report of a violation about `id` needs.
+    pub fn history(&self, id: &str) -> String {
+        let writes: Vec<String> = self
+            .ids
+            .get(id)
+            .map(|h| {
+                h.iter()
+                    .map(|w| {
+                        let value = match w.value {
+                            Some(v) => format!("put {:#018x}@{}", v.fp, v.ts_ms),
+                            None => "delete".to_string(),
+                        };
+                        let end = w.end.map_or("-".to_string(), |e| e.to_string());
+                        format!("{value} [{}, {end}] {:?}", w.begin, w.outcome)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        format!("writes of {id}: {}; clock now {}", writes.join(", "), self.clock)
     }
 
     /// Ids ever written.

@@ -10,8 +10,10 @@
 //!   `python_client_through_each_of_three_nodes`: a cluster of 3 (bootstrap and 2 joins,
 //!   every tablet and partition on 2 nodes), called through any node.
 //!
-//! Kills and partitions per test: `NEARDUP_TORTURE_FAULTS` (default 6). Every loop is
-//! bounded in count and time; nothing asserts on time.
+//! Kills and partitions per test: `NEARDUP_TORTURE_FAULTS` (default 6). A violation names
+//! the id's writes and the read's start (ticks of the model's clock);
+//! `NEARDUP_TORTURE_KEEP=DIR` keeps a failed test's node logs and data under DIR. Every loop
+//! is bounded in count and time; nothing asserts on time.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -205,7 +207,7 @@ async fn client_task(addrs: Vec<String>, shared: Arc<Shared>, task: usize) {
                             &result,
                         );
                         checked(&shared, c.map(|_| ()), || {
-                            format!("query {q:#x} (limit {limit}) through {via}")
+                            format!("query {q:#x} (limit {limit}, {start}) through {via}")
                         });
                         true
                     }
@@ -240,7 +242,7 @@ async fn client_task(addrs: Vec<String>, shared: Arc<Shared>, task: usize) {
                         for (q, r) in qs.iter().zip(&results) {
                             let c = shared.model.lock().unwrap().check_query(start, *q, K, 100, r);
                             checked(&shared, c.map(|_| ()), || {
-                                format!("QueryBatch query {q:#x} through {via}")
+                                format!("QueryBatch query {q:#x} ({start}) through {via}")
                             });
                         }
                         true
@@ -285,7 +287,7 @@ async fn client_task(addrs: Vec<String>, shared: Arc<Shared>, task: usize) {
                             shared.violation(format!("admission of {id} not stored: {r:?}"));
                         }
                         checked(&shared, c.map(|_| ()), || {
-                            format!("admission of {id} ({fp:#x}) through {via}")
+                            format!("admission of {id} ({fp:#x}, {start}) through {via}")
                         });
                         record(&shared, true, 1)
                     }
@@ -323,7 +325,9 @@ fn checked(
 ) {
     shared.checked.fetch_add(1, Ordering::Relaxed);
     if let Err(v) = r {
-        shared.violation(format!("{}: {v}", what()));
+        // The id's writes, so that a report says what the answer should have seen.
+        let history = v.id().map(|id| shared.model.lock().unwrap().history(id));
+        shared.violation(format!("{}: {v}; {}", what(), history.unwrap_or_default()));
     }
 }
 
@@ -424,6 +428,17 @@ fn log_excerpts(dir: &Path) -> String {
 }
 
 /// Fails with the violations, if any (with the nodes' log excerpts from `dir`).
+/// With `NEARDUP_TORTURE_KEEP=DIR`, a failed run's node logs and data are copied under DIR
+/// (the test's own directory goes with it).
+fn keep_logs(dir: &Path) {
+    let Some(to) = std::env::var_os("NEARDUP_TORTURE_KEEP") else { return };
+    let to = Path::new(&to).join(dir.file_name().unwrap_or_default());
+    match std::process::Command::new("cp").arg("-r").arg(dir).arg(&to).status() {
+        Ok(s) if s.success() => eprintln!("logs and data kept in {}", to.display()),
+        r => eprintln!("could not keep {} in {}: {r:?}", dir.display(), to.display()),
+    }
+}
+
 fn verdict(shared: &Shared, dir: &Path) {
     let report = shared.report();
     eprintln!("{report}");
@@ -436,6 +451,7 @@ fn verdict(shared: &Shared, dir: &Path) {
     eprintln!("violations by kind: {}", kinds.join(", "));
     if !v.is_empty() {
         eprintln!("{}", log_excerpts(dir));
+        keep_logs(dir);
     }
     assert!(
         v.is_empty(),
