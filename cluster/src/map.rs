@@ -672,6 +672,11 @@ impl ClusterMap {
         self.units().filter(|&u| self.replicas_of(u).1.contains(&node)).collect()
     }
 
+    /// Whether `node` holds a filling replica of `unit` (see [`filling_on`](Self::filling_on)).
+    pub fn is_filling_on(&self, unit: Unit, node: NodeId) -> bool {
+        self.replicas_of(unit).1.contains(&node)
+    }
+
     /// Whether `node` holds a replica of `unit` in the map (serving, leaving or filling). A
     /// node drops its copy of a unit once this is false: the map took the replica away.
     pub fn holds(&self, unit: Unit, node: NodeId) -> bool {

@@ -243,6 +243,7 @@ impl ClusterNode {
             addrs: HashMap::new(),
             waiters: Vec::new(),
             answers: Vec::new(),
+            submit_answers: Vec::new(),
             status: status.clone(),
             map_tx,
             ready_tx,
@@ -426,6 +427,8 @@ struct Runner {
     addrs: HashMap<NodeId, String>,
     waiters: Vec<Waiter>,
     answers: Vec<(Reply, Result<Applied, ClusterError>)>,
+    /// Answers to submitted commands applied in this drain, sent after the publication too.
+    submit_answers: Vec<(SubmitReply, Result<(Applied, Option<Range<u64>>), ClusterError>)>,
     status: Arc<Mutex<ClusterStatus>>,
     map_tx: watch::Sender<Arc<ClusterMap>>,
     ready_tx: Arc<watch::Sender<bool>>,
@@ -710,6 +713,9 @@ impl Runner {
         for (reply, r) in self.answers.drain(..) {
             let _ = reply.send(r);
         }
+        for (reply, r) in self.submit_answers.drain(..) {
+            let _ = reply.send(r);
+        }
         Ok(())
     }
 
@@ -744,7 +750,9 @@ impl Runner {
                     Ok(epoch) => Ok((Applied { epoch: *epoch, index: a.index }, a.granted.clone())),
                     Err(e) => Err(ClusterError::from(e.clone())),
                 };
-                let _ = s.reply.send(r);
+                // After the publication (see `drain`): a filler told its replica is ready
+                // must not read a map that still lists it filling.
+                self.submit_answers.push((s.reply, r));
             }
             let mut i = 0;
             while i < self.waiters.len() {

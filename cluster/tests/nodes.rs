@@ -347,6 +347,9 @@ async fn grants_contact_and_liveness() {
         for u in m.units() {
             if m.writers(u).contains(&n.id()) && !m.serving(u).contains(&n.id()) {
                 n.replica_ready(u).await.unwrap();
+                // Answered after the map it speaks of is published: a filler that reads
+                // its map now never sees the replica filling still (and fills it again).
+                assert!(n.watch_map().borrow().serving(u).contains(&n.id()), "{u:?}");
             }
         }
     }

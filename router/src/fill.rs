@@ -43,6 +43,12 @@ pub async fn run(
             if *stop.borrow() {
                 return;
             }
+            // The map as it is now: a unit reported ready, or taken away, since the list was
+            // made is not filled again.
+            let map = map_rx.borrow().clone();
+            if !map.is_up(me) || !map.is_filling_on(unit, me) {
+                continue;
+            }
             let started = Instant::now();
             match fill_one(&local, &map, unit, me, &nodes).await {
                 Ok(()) => match cluster.replica_ready(unit).await {

@@ -305,6 +305,15 @@ impl LocalNode {
     /// `(gid, fp)` entries for a tablet, documents for a partition), as the module docs say.
     /// The caller then reports the replica ready.
     pub async fn reconcile(&self, unit: Unit, source: Source) -> DataResult<()> {
+        // Only a filling replica: one that serves records none of the writes it takes, so
+        // its copy would lose those that arrived after the source's scan.
+        let now = self.map.borrow().clone();
+        if !now.is_filling_on(unit, self.id) || !now.is_up(self.id) {
+            return Err(moved(
+                &now,
+                format!("node {} holds no filling replica of {unit:?} to reconcile", self.id),
+            ));
+        }
         let store = self.store.clone();
         match (unit, source) {
             (Unit::Tablet { table, start }, Source::Entries(theirs)) => {
@@ -956,6 +965,30 @@ mod tests {
         n.tablet_write(3, put_in_0(g(3), 0xC), true, None).await.unwrap();
         n.reconcile(unit, Source::Entries(vec![(g(2), 0xB)])).await.unwrap();
         assert_eq!(held(n), vec![(g(2), 0xB), (g(3), 0xC)]);
+    }
+
+    /// A reconcile is refused once the replica serves (a filler that read a map from before
+    /// its own "ready"): a serving replica records none of its writes, so the source's older
+    /// copy would remove those that arrived after its scan.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_serving_replica_is_not_reconciled() {
+        let f = fixture(false);
+        let n = &f.node;
+        let g = |i: u64| make_gid(i, 0);
+        let unit = Unit::Tablet { table: 0, start: 0 };
+        n.tablet_write(1, put_in_0(g(1), 0xA), true, None).await.unwrap();
+        n.tablet_write(1, put_in_0(g(2), 0xB), true, None).await.unwrap();
+        // A copy scanned before b was written.
+        let e = n.reconcile(unit, Source::Entries(vec![(g(1), 0xA)])).await.unwrap_err();
+        assert!(matches!(e, DataError::EpochMoved { .. }), "{e:?}");
+        assert_eq!(held(n), vec![(g(1), 0xA), (g(2), 0xB)]);
+        // Nor while the node is marked down.
+        let mut down = map(true, 2);
+        let node = down.nodes.get_mut(&1).unwrap();
+        (node.state, node.down_epoch) = (NodeState::Down, 2);
+        f.map.send_replace(Arc::new(stamped(down, 2)));
+        assert!(n.reconcile(unit, Source::Entries(vec![])).await.is_err());
+        assert_eq!(held(n), vec![(g(1), 0xA), (g(2), 0xB)]);
     }
 
     /// Puts of new gids skip the lookup only on a serving replica under the sender's own
