@@ -61,7 +61,10 @@ pub struct ClusterStatus {
 type Reply = oneshot::Sender<Result<Applied, ClusterError>>;
 
 /// A submitted command's outcome: where it applied, and the ids a grant granted.
-type SubmitReply = oneshot::Sender<Result<(Applied, Option<Range<u64>>), ClusterError>>;
+type SubmitResult = Result<(Applied, Option<Range<u64>>), ClusterError>;
+
+/// Where a submitted command's outcome goes.
+type SubmitReply = oneshot::Sender<SubmitResult>;
 
 enum Input {
     Message(Message, String),
@@ -428,7 +431,7 @@ struct Runner {
     waiters: Vec<Waiter>,
     answers: Vec<(Reply, Result<Applied, ClusterError>)>,
     /// Answers to submitted commands applied in this drain, sent after the publication too.
-    submit_answers: Vec<(SubmitReply, Result<(Applied, Option<Range<u64>>), ClusterError>)>,
+    submit_answers: Vec<(SubmitReply, SubmitResult)>,
     status: Arc<Mutex<ClusterStatus>>,
     map_tx: watch::Sender<Arc<ClusterMap>>,
     ready_tx: Arc<watch::Sender<bool>>,
