@@ -14,12 +14,14 @@
 //! `neardup serve --print-config` prints the configuration in force and exits.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use neardup_core::codec::TableOptions;
 use neardup_core::{Design, IndexConfig};
 use neardup_router::{Limits, VerifyDefaults};
 use neardup_server::ShardConfig;
+use neardup_server::access::{Access, AccessConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::error::CliError;
@@ -48,6 +50,21 @@ pub struct Config {
     pub router: RouterSection,
     /// Cluster mode of `serve` (see `docs/cluster.md`).
     pub cluster: ClusterSection,
+    /// Tokens with roles (see `docs/security.md`).
+    pub auth: AuthSection,
+}
+
+/// `[auth]`: who may call what, on the public API and the admin API.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthSection {
+    /// The tokens file (each token's SHA-256 with a role and a name); empty: no token is
+    /// checked.
+    pub tokens_file: String,
+    /// Health checks need a token too.
+    pub close_health: bool,
+    /// Reflection needs a token too.
+    pub close_reflection: bool,
 }
 
 /// `[index]`.
@@ -125,6 +142,9 @@ pub struct ClusterSection {
     pub bootstrap: bool,
     /// Join the cluster through this member's internal address (HOST:PORT); empty: none.
     pub join: String,
+    /// A file holding an admin token, sent with the join when the cluster checks tokens;
+    /// empty: none.
+    pub join_token_file: String,
     /// Raft tick, milliseconds.
     pub tick_ms: u64,
     /// Ticks without a heartbeat before a follower calls an election.
@@ -154,6 +174,7 @@ impl Default for ClusterSection {
             advertise_internal: String::new(),
             bootstrap: false,
             join: String::new(),
+            join_token_file: String::new(),
             tick_ms: 100,
             election_ticks: 10,
             heartbeat_ticks: 2,
@@ -180,6 +201,7 @@ impl Default for Config {
             verify: VerifyDefaults::default(),
             router: RouterSection::default(),
             cluster: ClusterSection::default(),
+            auth: AuthSection::default(),
         }
     }
 }
@@ -445,6 +467,29 @@ impl Config {
             min_free_bytes: s.min_free_mb << 20,
             ..ShardConfig::default()
         })
+    }
+
+    /// The token check of the public and admin APIs, with its file watched for changes
+    /// (every 2 s, and on SIGHUP); `None` when `auth.tokens_file` is empty. Needs a tokio
+    /// runtime.
+    pub fn access(&self) -> Result<Option<Arc<Access>>, CliError> {
+        if self.auth.tokens_file.is_empty() {
+            return Ok(None);
+        }
+        let access = Access::new(AccessConfig {
+            tokens_file: PathBuf::from(&self.auth.tokens_file),
+            close_health: self.auth.close_health,
+            close_reflection: self.auth.close_reflection,
+        })
+        .map_err(CliError::Config)?;
+        tracing::info!(
+            file = %self.auth.tokens_file,
+            tokens = access.tokens(),
+            "API tokens checked"
+        );
+        // Detached: it watches as long as the process runs.
+        drop(access.watch(Duration::from_secs(2)));
+        Ok(Some(access))
     }
 
     /// The configuration as TOML.

@@ -113,7 +113,7 @@ impl CliError {
             ClientError::Status(s) => {
                 CliError::Server { code: s.code(), message: s.message().to_string() }
             }
-            e @ ClientError::EmptyText => CliError::Usage(e.to_string()),
+            e @ (ClientError::EmptyText | ClientError::Token(_)) => CliError::Usage(e.to_string()),
         }
     }
 }

@@ -7,7 +7,8 @@
 //! - `insert`, `query`, `check`, `delete`, `stats`, `fingerprint`: client calls, printing
 //!   JSON lines;
 //! - `cluster`: the admin API of a cluster node (status, add, remove, transfer-leader);
-//! - `dedup`: corpus dedup, offline (the `neardup-dedup` library).
+//! - `dedup`: corpus dedup, offline (the `neardup-dedup` library);
+//! - `token`: API tokens for a server's tokens file.
 //!
 //! Benchmarks and the quality evaluation are measurement programs: they are subcommands of
 //! `neardup-bench`, so this binary links no load generator and no plotting.
@@ -66,6 +67,8 @@ pub enum Command {
     Cluster(cmd::cluster::ClusterArgs),
     /// Every document's duplicate cluster and original, for a whole corpus (offline).
     Dedup(neardup_dedup::DedupArgs),
+    /// Make API tokens for a server's tokens file.
+    Token(cmd::token::TokenArgs),
 }
 
 /// Runs the command line; returns the process exit code.
@@ -74,6 +77,7 @@ pub fn main() -> i32 {
     // The offline command needs no async runtime: it uses every core through rayon.
     let result = match cli.command {
         Command::Dedup(a) => neardup_dedup::run_dedup(a).map(|_| ()).map_err(CliError::from),
+        Command::Token(a) => cmd::token::run(a),
         command => run_online(command),
     };
     match result {
@@ -104,7 +108,7 @@ fn run_online(command: Command) -> Result<(), CliError> {
             Command::Stats(a) => cmd::stats::run(a).await,
             Command::Fingerprint(a) => cmd::fingerprint::run(a).await,
             Command::Cluster(a) => cmd::cluster::run(a).await,
-            Command::Dedup(_) => unreachable!("handled without a runtime"),
+            Command::Dedup(_) | Command::Token(_) => unreachable!("handled without a runtime"),
         }
     });
     // Background threads (merges, syncs) must not keep a finished process alive.

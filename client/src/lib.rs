@@ -43,6 +43,9 @@ pub use neardup_proto::v1::{
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::codegen::InterceptedService;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status};
 
@@ -63,6 +66,9 @@ pub enum ClientError {
     /// A text has no words to fingerprint or sketch.
     #[error("the text has no words or characters to fingerprint")]
     EmptyText,
+    /// The token cannot be sent in a header (it names no character of the token).
+    #[error("the token is not usable: {0}")]
+    Token(&'static str),
 }
 
 impl ClientError {
@@ -70,7 +76,7 @@ impl ClientError {
     pub fn code(&self) -> Option<Code> {
         match self {
             ClientError::Status(s) => Some(s.code()),
-            ClientError::Address { .. } | ClientError::EmptyText => None,
+            ClientError::Address { .. } | ClientError::EmptyText | ClientError::Token(_) => None,
         }
     }
 }
@@ -181,7 +187,63 @@ pub struct ClientOptions {
     pub max_backoff: Duration,
     /// Largest message sent or received.
     pub max_message_bytes: usize,
+    /// The API token sent with every call (`authorization: Bearer`), when the server
+    /// checks tokens.
+    pub token: Option<Token>,
 }
+
+/// An API token. Its `Debug` shows no character of it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(String);
+
+impl Token {
+    /// The token `secret` (surrounding whitespace, a file's newline, is left out).
+    pub fn new(secret: &str) -> Token {
+        Token(secret.trim().to_string())
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(..)")
+    }
+}
+
+/// Puts the client's token on every call, those of [`Client::raw`] too.
+#[derive(Debug, Clone, Default)]
+pub struct Auth {
+    header: Option<MetadataValue<Ascii>>,
+}
+
+impl Auth {
+    /// Sends `token`, if any.
+    pub fn new(token: Option<&Token>) -> Result<Auth> {
+        let header = match token {
+            None => None,
+            Some(t) if t.0.is_empty() => return Err(ClientError::Token("it is empty")),
+            Some(t) => {
+                let mut v: MetadataValue<Ascii> = format!("Bearer {}", t.0)
+                    .parse()
+                    .map_err(|_| ClientError::Token("it holds characters a header cannot"))?;
+                v.set_sensitive(true);
+                Some(v)
+            }
+        };
+        Ok(Auth { header })
+    }
+}
+
+impl Interceptor for Auth {
+    fn call(&mut self, mut r: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(h) = &self.header {
+            r.metadata_mut().insert("authorization", h.clone());
+        }
+        Ok(r)
+    }
+}
+
+/// The generated client on a client's connection, with its token.
+pub type Rpc = NeardupClient<InterceptedService<Channel, Auth>>;
 
 impl Default for ClientOptions {
     fn default() -> Self {
@@ -191,6 +253,7 @@ impl Default for ClientOptions {
             backoff: Duration::from_millis(50),
             max_backoff: Duration::from_secs(2),
             max_message_bytes: 64 << 20,
+            token: None,
         }
     }
 }
@@ -198,7 +261,7 @@ impl Default for ClientOptions {
 /// A connection to a neardup server. Clones share the connection.
 #[derive(Debug, Clone)]
 pub struct Client {
-    rpc: NeardupClient<Channel>,
+    rpc: Rpc,
     options: ClientOptions,
     /// Calls sent again after UNAVAILABLE, by this client and its clones.
     retried: Arc<AtomicU64>,
@@ -222,7 +285,8 @@ impl Client {
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(30))
             .connect_lazy();
-        let rpc = NeardupClient::new(channel)
+        let auth = Auth::new(options.token.as_ref())?;
+        let rpc = NeardupClient::with_interceptor(channel, auth)
             .max_decoding_message_size(options.max_message_bytes)
             .max_encoding_message_size(options.max_message_bytes);
         Ok(Client { rpc, options, retried: Arc::default() })
@@ -230,7 +294,7 @@ impl Client {
 
     /// The generated client on the same connection, for calls this library does not wrap
     /// (no retries, no default deadline).
-    pub fn raw(&self) -> NeardupClient<Channel> {
+    pub fn raw(&self) -> Rpc {
         self.rpc.clone()
     }
 
@@ -261,7 +325,7 @@ impl Client {
     /// of attempts.
     async fn retry<T, F, Fut>(&self, mut call: F) -> Result<T>
     where
-        F: FnMut(NeardupClient<Channel>) -> Fut,
+        F: FnMut(Rpc) -> Fut,
         Fut: std::future::Future<Output = Result<T, Status>>,
     {
         let mut wait = self.options.backoff;

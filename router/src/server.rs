@@ -9,8 +9,10 @@
 //! [`Limits::http2`](crate::Limits::http2): the router is the only one enforcing deadlines.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use neardup_proto::v1::neardup_server::NeardupServer;
+use neardup_server::access::Access;
 use neardup_server::transport::GrpcServices;
 use tokio::net::TcpListener;
 use tonic_health::ServingStatus;
@@ -26,11 +28,13 @@ pub async fn set_health(reporter: &HealthReporter, status: ServingStatus) {
 }
 
 /// Serves `router` on `listener` until `shutdown` completes, then stops taking new
-/// requests and returns once those in flight are answered. `reporter` is the health
-/// service's handle; it follows the shard's health until shutdown begins.
+/// requests and returns once those in flight are answered. Health follows the shard's
+/// health until shutdown begins. With `access`, every request's token is checked first
+/// (see [`neardup_server::access`]).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
+    access: Option<Arc<Access>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (reporter, health) = tonic_health::server::health_reporter();
@@ -73,7 +77,8 @@ pub async fn serve(
         )
         .with(health)
         .with(reflection_v1)
-        .with(reflection_v1alpha);
+        .with(reflection_v1alpha)
+        .with_access(access);
     let result = neardup_server::transport::serve_http2(listener, services, http2, shutdown).await;
     follow.abort();
     result

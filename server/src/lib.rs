@@ -30,6 +30,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod access;
 pub mod cluster_rpc;
 pub mod commit;
 pub mod data_api;

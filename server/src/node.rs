@@ -19,6 +19,7 @@ use neardup_proto::internal::shard_server::ShardServer;
 use tokio::net::TcpListener;
 use tonic_health::ServingStatus;
 
+use crate::access::Access;
 use crate::cluster_rpc::{AdminService, RaftRpc};
 use crate::data_api::{DataService, NodeApi};
 use crate::node_store::NodeStore;
@@ -52,7 +53,9 @@ pub async fn serve(
 /// As [`serve`], for a node of a cluster: the `Data` service answers over `data` (the
 /// node's [`NodeStore`] under its map), Raft messages go to `cluster`, and the admin API is
 /// served beside them. Health is SERVING once the store serves and the node has applied the
-/// committed map. Does not stop `cluster` or the store.
+/// committed map. With `access`, the admin API needs an admin token (see
+/// [`crate::access`]). Does not stop `cluster` or the store.
+#[allow(clippy::too_many_arguments)]
 pub async fn serve_cluster(
     listener: TcpListener,
     store: Arc<NodeStore>,
@@ -60,6 +63,7 @@ pub async fn serve_cluster(
     cluster: ClusterNode,
     max_message_bytes: usize,
     http2: Http2Limits,
+    access: Option<Arc<Access>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (reporter, health) = tonic_health::server::health_reporter();
@@ -74,7 +78,8 @@ pub async fn serve_cluster(
             RaftServer::new(RaftRpc::new(cluster.clone()))
                 .max_decoding_message_size(max_message_bytes),
         )
-        .with(AdminServer::new(AdminService::new(cluster)));
+        .with(AdminServer::new(AdminService::new(cluster)))
+        .with_access(access);
     let result = serve_http2(listener, services, http2, shutdown).await;
     follow.abort();
     result

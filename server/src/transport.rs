@@ -33,6 +33,8 @@ use tonic::codegen::http;
 use tonic::codegen::{BoxFuture, Service};
 use tonic::server::NamedService;
 
+use crate::access::Access;
+
 /// The caller's timeout from its `grpc-timeout` header (`100m`, `5S`...), if it sent a valid
 /// one: the one reading of it for every service of the project.
 pub fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
@@ -84,6 +86,8 @@ type Handler = Box<dyn Fn(http::Request<Body>) -> GrpcFuture + Send + Sync>;
 pub struct GrpcServices {
     /// `(/package.Service/, handler)`.
     services: Arc<Vec<(String, Handler)>>,
+    /// The token check of every request, when the port has one.
+    access: Option<Arc<Access>>,
 }
 
 impl GrpcServices {
@@ -110,9 +114,21 @@ impl GrpcServices {
         self
     }
 
+    /// Checks every request's token with `access` before its service sees it (see
+    /// [`crate::access`]).
+    pub fn with_access(mut self, access: Option<Arc<Access>>) -> GrpcServices {
+        self.access = access;
+        self
+    }
+
     /// The future answering `req`.
     fn dispatch(&self, req: http::Request<Body>) -> GrpcFuture {
         let path = req.uri().path();
+        if let Some(access) = &self.access
+            && let Err(refusal) = access.check(path, req.headers())
+        {
+            return Box::pin(std::future::ready(Ok(refused(refusal.status()))));
+        }
         match self.services.iter().find(|(prefix, _)| path.starts_with(prefix.as_str())) {
             Some((_, handler)) => handler(req),
             None => Box::pin(std::future::ready(Ok(unimplemented()))),
@@ -122,7 +138,12 @@ impl GrpcServices {
 
 /// The answer to a path no service serves: UNIMPLEMENTED, in headers alone.
 fn unimplemented() -> http::Response<Body> {
-    let (parts, ()) = tonic::Status::unimplemented("").into_http::<()>().into_parts();
+    refused(tonic::Status::unimplemented(""))
+}
+
+/// An answer of `status` alone, in headers.
+fn refused(status: tonic::Status) -> http::Response<Body> {
+    let (parts, ()) = status.into_http::<()>().into_parts();
     http::Response::from_parts(parts, Body::empty())
 }
 

@@ -1,7 +1,6 @@
 //! Every kind of bad input gets its documented status code and changes nothing.
 
-use neardup_client::{doc, text_doc};
-use neardup_proto::v1::neardup_client::NeardupClient;
+use neardup_client::{Rpc, doc, text_doc};
 use neardup_proto::v1::{
     CheckAndInsertRequest, DeleteRequest, Document, FingerprintRequest, InsertRequest,
     QueryBatchRequest, QueryRequest, QueryTarget, query_target,
@@ -9,7 +8,6 @@ use neardup_proto::v1::{
 use neardup_tests::Node;
 use prost::Message;
 use tonic::Code;
-use tonic::transport::Channel;
 
 fn code<T>(r: Result<tonic::Response<T>, tonic::Status>) -> Code {
     match r {
@@ -133,7 +131,7 @@ async fn bad_requests_get_their_codes_and_change_nothing() {
     let c = node.client().await;
     c.insert(vec![doc("https://ok/1", 7, 1), doc("https://ok/2", 7 ^ 0b11, 2)]).await.unwrap();
     let before = state(&c).await;
-    let mut rpc: NeardupClient<Channel> = c.raw();
+    let mut rpc: Rpc = c.raw();
     let d = |id: &str| doc(id, 1, 1);
     let none =
         Document { id: "https://x".into(), content: None, timestamp_ms: 0, ..Default::default() };

@@ -7,16 +7,17 @@
 
 use std::time::Duration;
 
-use neardup_client::ClientError;
+use neardup_client::{Auth, ClientError, Token};
 use neardup_proto::admin::admin_client::AdminClient;
 use neardup_proto::admin::{
     AddNodeRequest, ChangeResponse, Design, Node, NodeState, Partition, RemoveNodeRequest, Role,
     StatusRequest, StatusResponse, Tablet, TabletState, TransferLeaderRequest,
 };
 use serde_json::{Value, json};
+use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
 
-use crate::cmd::common::{self, hex};
+use crate::cmd::common::{self, TokenArgs, hex};
 use crate::error::CliError;
 
 /// Options of `neardup cluster`.
@@ -36,7 +37,20 @@ pub struct AdminAddr {
     /// Deadline of the call, in milliseconds.
     #[arg(long, default_value_t = 10_000)]
     pub timeout_ms: u64,
+    /// An admin token, when the cluster checks tokens.
+    #[command(flatten)]
+    pub token: TokenArgs,
 }
+
+impl AdminAddr {
+    /// A client of the admin API this names.
+    fn client(&self) -> Result<Admin, CliError> {
+        admin_client(&self.addr, Duration::from_millis(self.timeout_ms), self.token.token()?)
+    }
+}
+
+/// A client of the admin API, with its token.
+pub type Admin = AdminClient<InterceptedService<Channel, Auth>>;
 
 /// The `cluster` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -85,32 +99,37 @@ pub fn admin_uri(addr: &str) -> String {
     if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") }
 }
 
-/// A client of the admin API at `addr`, connecting on first use (a refused connection is the
-/// first call's error).
-pub fn admin_client(addr: &str, timeout: Duration) -> Result<AdminClient<Channel>, CliError> {
+/// A client of the admin API at `addr`, sending `token` with every call, connecting on first
+/// use (a refused connection is the first call's error).
+pub fn admin_client(
+    addr: &str,
+    timeout: Duration,
+    token: Option<Token>,
+) -> Result<Admin, CliError> {
     let endpoint = tonic::transport::Endpoint::from_shared(admin_uri(addr))
         .map_err(|e| CliError::Connect { server: addr.to_string(), reason: e.to_string() })?
         .connect_timeout(timeout.min(Duration::from_secs(5)))
         .timeout(timeout);
-    Ok(AdminClient::new(endpoint.connect_lazy()))
+    let auth = Auth::new(token.as_ref()).map_err(|e| CliError::Config(e.to_string()))?;
+    Ok(AdminClient::with_interceptor(endpoint.connect_lazy(), auth))
 }
 
 /// Runs `neardup cluster`.
 pub async fn run(args: ClusterArgs) -> Result<(), CliError> {
     let value = match args.command {
         ClusterCommand::Status { admin } => {
-            let mut c = admin_client(&admin.addr, Duration::from_millis(admin.timeout_ms))?;
+            let mut c = admin.client()?;
             let r = c.status(StatusRequest {}).await.map_err(|s| failed(&admin, s))?;
             status_json(&r.into_inner())
         }
         ClusterCommand::Add { admin, node_id, public, internal } => {
-            let mut c = admin_client(&admin.addr, Duration::from_millis(admin.timeout_ms))?;
+            let mut c = admin.client()?;
             let req = AddNodeRequest { node_id, public_addr: public, internal_addr: internal };
             let r = c.add_node(req).await.map_err(|s| failed(&admin, s))?;
             change_json(&r.into_inner())
         }
         ClusterCommand::Remove { node, admin } => {
-            let mut c = admin_client(&admin.addr, Duration::from_millis(admin.timeout_ms))?;
+            let mut c = admin.client()?;
             let r = c
                 .remove_node(RemoveNodeRequest { node_id: node })
                 .await
@@ -118,7 +137,7 @@ pub async fn run(args: ClusterArgs) -> Result<(), CliError> {
             change_json(&r.into_inner())
         }
         ClusterCommand::TransferLeader { node, admin } => {
-            let mut c = admin_client(&admin.addr, Duration::from_millis(admin.timeout_ms))?;
+            let mut c = admin.client()?;
             let r = c
                 .transfer_leader(TransferLeaderRequest { node_id: node })
                 .await

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use neardup_client::Token;
 use neardup_cluster::map::{DesignInfo, Layout};
 use neardup_cluster::{ClusterConfig, ClusterMetrics, ClusterNode, NodeId};
 use neardup_proto::admin::AddNodeRequest;
@@ -37,6 +38,8 @@ pub struct ClusterRole {
     transport: GrpcTransport,
     /// The member to join through, and what to ask it.
     join: Option<(String, AddNodeRequest)>,
+    /// The admin token sent with the join.
+    join_token: Option<Token>,
 }
 
 /// Where a node keeps its Raft state.
@@ -155,7 +158,18 @@ pub async fn start(
         let req = AddNodeRequest { node_id: id, public_addr, internal_addr };
         (c.join.clone(), req)
     });
-    Ok((ClusterRole { node, transport, join }, listener))
+    let join_token = if c.join_token_file.is_empty() {
+        None
+    } else {
+        let text =
+            std::fs::read_to_string(&c.join_token_file).map_err(|source| CliError::File {
+                action: "read the join token file",
+                path: c.join_token_file.clone(),
+                source,
+            })?;
+        Some(Token::new(&text))
+    };
+    Ok((ClusterRole { node, transport, join, join_token }, listener))
 }
 
 impl ClusterRole {
@@ -165,7 +179,7 @@ impl ClusterRole {
         let Some((via, req)) = &self.join else { return Ok(()) };
         let mut wait = Duration::from_millis(250);
         for attempt in 1..=JOIN_ATTEMPTS {
-            let mut client = admin_client(via, Duration::from_secs(10))?;
+            let mut client = admin_client(via, Duration::from_secs(10), self.join_token.clone())?;
             match client.add_node(req.clone()).await {
                 Ok(r) => {
                     let r = r.into_inner();

@@ -12,6 +12,7 @@ use std::time::Duration;
 use neardup_cluster::ClusterNode;
 use neardup_router::cluster::{ClusterRouter, GrpcNodes, IdSource};
 use neardup_router::{Router, RpcMetrics};
+use neardup_server::access::Access;
 use neardup_server::cluster_rpc::cluster_status;
 use neardup_server::local_node::LocalNode;
 use neardup_server::node_store::{NodeStore, NodeStoreConfig};
@@ -47,6 +48,7 @@ pub async fn run(
     shard_metrics: ShardMetrics,
     rpc_metrics: RpcMetrics,
     mut registry: Registry,
+    access: Option<Arc<Access>>,
 ) -> Result<(), CliError> {
     let internal_rt = internal_runtime()?;
     // The cluster's state is opened first: a wrong node id stops the start here.
@@ -110,14 +112,24 @@ pub async fn run(
         source,
     })?;
     let (held, raft, limits) = (store.clone(), node.clone(), config.limits.clone());
+    let admin_access = access.clone();
     let stopping = stop_signal(stopped.clone());
     // The listener becomes a tokio one on the runtime that serves it.
     let internal = internal_rt.spawn(async move {
         internal_listener.set_nonblocking(true)?;
         let listener = TcpListener::from_std(internal_listener)?;
         let (max, http2) = (limits.max_message_bytes, limits.http2());
-        neardup_server::node::serve_cluster(listener, held, local_api, raft, max, http2, stopping)
-            .await
+        neardup_server::node::serve_cluster(
+            listener,
+            held,
+            local_api,
+            raft,
+            max,
+            http2,
+            admin_access,
+            stopping,
+        )
+        .await
     });
     if fresh {
         local.allow_reads();
@@ -132,7 +144,8 @@ pub async fn run(
     if joined.is_err() {
         stop.send_replace(true);
     }
-    let served = neardup_router::server::serve(listener, router, stop_signal(stopped)).await;
+    let served =
+        neardup_router::server::serve(listener, router, access, stop_signal(stopped)).await;
     match internal.await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::error!(error = %e, "the internal listener failed"),

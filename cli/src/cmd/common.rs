@@ -1,7 +1,7 @@
 //! What the client commands share: the server address, the connection, fingerprint
 //! parsing and JSON output.
 
-use neardup_client::{Client, ClientError, ClientOptions, Match, QueryResult};
+use neardup_client::{Client, ClientError, ClientOptions, Match, QueryResult, Token};
 use serde_json::{Value, json};
 
 use crate::error::CliError;
@@ -15,6 +15,37 @@ pub struct ServerArgs {
     /// Deadline of each call, in milliseconds.
     #[arg(long, default_value_t = 30_000)]
     pub timeout_ms: u64,
+    /// The API token, when the server checks tokens.
+    #[command(flatten)]
+    pub token: TokenArgs,
+}
+
+/// The API token sent with every call: from a flag, the environment or a file.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TokenArgs {
+    /// The API token (prefer NEARDUP_TOKEN or --token-file: a flag shows in the process
+    /// list).
+    #[arg(long, env = "NEARDUP_TOKEN", hide_env_values = true, conflicts_with = "token_file")]
+    pub token: Option<String>,
+    /// A file holding the API token.
+    #[arg(long, env = "NEARDUP_TOKEN_FILE")]
+    pub token_file: Option<std::path::PathBuf>,
+}
+
+impl TokenArgs {
+    /// The token given, if any.
+    pub fn token(&self) -> Result<Option<Token>, CliError> {
+        if let Some(t) = &self.token {
+            return Ok(Some(Token::new(t)));
+        }
+        let Some(path) = &self.token_file else { return Ok(None) };
+        let text = std::fs::read_to_string(path).map_err(|source| CliError::File {
+            action: "read the token file",
+            path: path.display().to_string(),
+            source,
+        })?;
+        Ok(Some(Token::new(&text)))
+    }
 }
 
 impl ServerArgs {
@@ -22,6 +53,7 @@ impl ServerArgs {
     pub async fn client(&self) -> Result<Client, CliError> {
         let options = ClientOptions {
             timeout: std::time::Duration::from_millis(self.timeout_ms),
+            token: self.token.token()?,
             ..ClientOptions::default()
         };
         Client::connect_with(&self.server, options).await.map_err(|e| self.error(e))

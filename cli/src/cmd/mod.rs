@@ -13,3 +13,4 @@ pub mod router;
 pub mod serve;
 pub mod shard;
 pub mod stats;
+pub mod token;

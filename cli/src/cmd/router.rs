@@ -28,6 +28,7 @@ pub async fn run(args: RouterArgs) -> Result<(), CliError> {
     if !ops::start_role(args.flags.print_config, &config) {
         return Ok(());
     }
+    let access = config.access()?;
     let listener = ops::bind(&config.listen, "gRPC").await?;
     let max_k = config.index_config()?.design.max_k();
     // Only an address that does not parse fails here: the connection is made lazily.
@@ -45,7 +46,7 @@ pub async fn run(args: RouterArgs) -> Result<(), CliError> {
         metrics,
     );
     tracing::info!(address = %config.listen, shard = %config.router.shard, "router serving");
-    neardup_router::server::serve(listener, router, ops::shutdown_signal())
+    neardup_router::server::serve(listener, router, access, ops::shutdown_signal())
         .await
         .map_err(|e| CliError::Serve(e.to_string()))
 }

@@ -52,6 +52,8 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
     if !ops::start_role(args.flags.print_config, &config) {
         return Ok(());
     }
+    // A tokens file that does not read stops the start here.
+    let access = config.access()?;
     let listener = ops::bind(&config.listen, "gRPC").await?;
     let address = listener.local_addr().map_err(|source| CliError::Listen {
         what: "gRPC",
@@ -64,8 +66,16 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
     shard_metrics.register(&mut registry);
     rpc_metrics.register(&mut registry);
     if cluster_node::cluster_mode(&config) {
-        return cluster_serve::run(config, listener, address, shard_metrics, rpc_metrics, registry)
-            .await;
+        return cluster_serve::run(
+            config,
+            listener,
+            address,
+            shard_metrics,
+            rpc_metrics,
+            registry,
+            access,
+        )
+        .await;
     }
     let shard = open_and_recover(&config, shard_metrics.clone())?;
     ops::serve_metrics(&config.metrics_listen, registry).await?;
@@ -89,7 +99,8 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
         ops::shutdown_signal().await;
         stop.send_replace(true);
     });
-    let served = neardup_router::server::serve(listener, router, stop_signal(stopped)).await;
+    let served =
+        neardup_router::server::serve(listener, router, access, stop_signal(stopped)).await;
     let down = shut_down(shard).await;
     served.map_err(|e| CliError::Serve(e.to_string()))?;
     down
