@@ -22,6 +22,7 @@ use neardup_core::{Design, IndexConfig};
 use neardup_router::{Limits, VerifyDefaults};
 use neardup_server::ShardConfig;
 use neardup_server::access::{Access, AccessConfig};
+use neardup_server::tls::{Tls, TlsFiles};
 use serde::{Deserialize, Serialize};
 
 use crate::error::CliError;
@@ -52,6 +53,18 @@ pub struct Config {
     pub cluster: ClusterSection,
     /// Tokens with roles (see `docs/security.md`).
     pub auth: AuthSection,
+    /// TLS on the public API (see `docs/security.md`).
+    pub tls: TlsSection,
+}
+
+/// `[tls]`: TLS on the public API.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct TlsSection {
+    /// The server's certificate chain (PEM); empty, with `key_file`: plaintext.
+    pub cert_file: String,
+    /// Its private key (PEM).
+    pub key_file: String,
 }
 
 /// `[auth]`: who may call what, on the public API and the admin API.
@@ -202,6 +215,7 @@ impl Default for Config {
             router: RouterSection::default(),
             cluster: ClusterSection::default(),
             auth: AuthSection::default(),
+            tls: TlsSection::default(),
         }
     }
 }
@@ -490,6 +504,30 @@ impl Config {
         // Detached: it watches as long as the process runs.
         drop(access.watch(Duration::from_secs(2)));
         Ok(Some(access))
+    }
+
+    /// TLS on the public API, its files watched for changes (every 2 s, and on SIGHUP);
+    /// `None` when `tls.cert_file` and `tls.key_file` are empty. Needs a tokio runtime.
+    pub fn tls(&self) -> Result<Option<Arc<Tls>>, CliError> {
+        let t = &self.tls;
+        match (t.cert_file.is_empty(), t.key_file.is_empty()) {
+            (true, true) => return Ok(None),
+            (false, false) => {}
+            _ => {
+                return Err(CliError::Config(
+                    "tls.cert_file and tls.key_file go together: give both or neither".into(),
+                ));
+            }
+        }
+        let files = TlsFiles {
+            cert_file: PathBuf::from(&t.cert_file),
+            key_file: PathBuf::from(&t.key_file),
+        };
+        let tls = Tls::new(files).map_err(CliError::Config)?;
+        tracing::info!(cert = %t.cert_file, "TLS on the public API");
+        // Detached: it watches as long as the process runs.
+        drop(tls.watch(Duration::from_secs(2)));
+        Ok(Some(tls))
     }
 
     /// The configuration as TOML.

@@ -8,7 +8,8 @@
 //!   JSON lines;
 //! - `cluster`: the admin API of a cluster node (status, add, remove, transfer-leader);
 //! - `dedup`: corpus dedup, offline (the `neardup-dedup` library);
-//! - `token`: API tokens for a server's tokens file.
+//! - `token`: API tokens for a server's tokens file;
+//! - `cert`: a certificate authority and certificates for TLS.
 //!
 //! Benchmarks and the quality evaluation are measurement programs: they are subcommands of
 //! `neardup-bench`, so this binary links no load generator and no plotting.
@@ -69,6 +70,8 @@ pub enum Command {
     Dedup(neardup_dedup::DedupArgs),
     /// Make API tokens for a server's tokens file.
     Token(cmd::token::TokenArgs),
+    /// Make a certificate authority and certificates it signs (tests, small deployments).
+    Cert(cmd::cert::CertArgs),
 }
 
 /// Runs the command line; returns the process exit code.
@@ -78,6 +81,7 @@ pub fn main() -> i32 {
     let result = match cli.command {
         Command::Dedup(a) => neardup_dedup::run_dedup(a).map(|_| ()).map_err(CliError::from),
         Command::Token(a) => cmd::token::run(a),
+        Command::Cert(a) => cmd::cert::run(a),
         command => run_online(command),
     };
     match result {
@@ -108,7 +112,9 @@ fn run_online(command: Command) -> Result<(), CliError> {
             Command::Stats(a) => cmd::stats::run(a).await,
             Command::Fingerprint(a) => cmd::fingerprint::run(a).await,
             Command::Cluster(a) => cmd::cluster::run(a).await,
-            Command::Dedup(_) | Command::Token(_) => unreachable!("handled without a runtime"),
+            Command::Dedup(_) | Command::Token(_) | Command::Cert(_) => {
+                unreachable!("handled without a runtime")
+            }
         }
     });
     // Background threads (merges, syncs) must not keep a finished process alive.

@@ -46,7 +46,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::codegen::InterceptedService;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Request, Status};
 
 /// Errors of the client.
@@ -190,6 +190,19 @@ pub struct ClientOptions {
     /// The API token sent with every call (`authorization: Bearer`), when the server
     /// checks tokens.
     pub token: Option<Token>,
+    /// TLS: the certificate authority to trust (PEM), and the name to check the server's
+    /// certificate against (default: the address's host). The address may then be given as
+    /// `https://HOST:PORT` or `HOST:PORT`.
+    pub tls: Option<ClientTls>,
+}
+
+/// How a client checks a TLS server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientTls {
+    /// The certificate authority that signed the server's certificate, PEM.
+    pub ca_pem: Vec<u8>,
+    /// The name the server's certificate must hold; `None`: the address's host.
+    pub domain: Option<String>,
 }
 
 /// An API token. Its `Debug` shows no character of it.
@@ -254,6 +267,7 @@ impl Default for ClientOptions {
             max_backoff: Duration::from_secs(2),
             max_message_bytes: 64 << 20,
             token: None,
+            tls: None,
         }
     }
 }
@@ -276,15 +290,27 @@ impl Client {
     /// Connects with `options`. The connection is made lazily and re-made when it breaks,
     /// so this succeeds even if the server is not up yet.
     pub async fn connect_with(address: &str, options: ClientOptions) -> Result<Client> {
-        let uri =
-            if address.contains("://") { address.to_string() } else { format!("http://{address}") };
+        let scheme = if options.tls.is_some() { "https" } else { "http" };
+        let uri = if address.contains("://") {
+            address.to_string()
+        } else {
+            format!("{scheme}://{address}")
+        };
         let bad = |reason: String| ClientError::Address { address: address.into(), reason };
-        let channel = Endpoint::from_shared(uri)
+        let mut endpoint = Endpoint::from_shared(uri)
             .map_err(|e| bad(e.to_string()))?
             .connect_timeout(Duration::from_secs(5))
             .tcp_nodelay(true)
-            .http2_keep_alive_interval(Duration::from_secs(30))
-            .connect_lazy();
+            .http2_keep_alive_interval(Duration::from_secs(30));
+        if let Some(tls) = &options.tls {
+            let mut config =
+                ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
+            if let Some(d) = &tls.domain {
+                config = config.domain_name(d.clone());
+            }
+            endpoint = endpoint.tls_config(config).map_err(|e| bad(e.to_string()))?;
+        }
+        let channel = endpoint.connect_lazy();
         let auth = Auth::new(options.token.as_ref())?;
         let rpc = NeardupClient::with_interceptor(channel, auth)
             .max_decoding_message_size(options.max_message_bytes)

@@ -19,7 +19,7 @@
 //! use neardup_router::{Limits, Router, RpcMetrics};
 //! let router = Router::new(shard, 3, Limits::default(), RpcMetrics::default());
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:50051").await.unwrap();
-//! neardup_router::server::serve(listener, router, None, std::future::pending()).await.unwrap();
+//! neardup_router::server::serve(listener, router, None, None, std::future::pending()).await.unwrap();
 //! # }
 //! ```
 #![deny(missing_docs)]

@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use neardup_proto::v1::neardup_server::NeardupServer;
 use neardup_server::access::Access;
+use neardup_server::tls::Tls;
 use neardup_server::transport::GrpcServices;
 use tokio::net::TcpListener;
 use tonic_health::ServingStatus;
@@ -30,11 +31,13 @@ pub async fn set_health(reporter: &HealthReporter, status: ServingStatus) {
 /// Serves `router` on `listener` until `shutdown` completes, then stops taking new
 /// requests and returns once those in flight are answered. Health follows the shard's
 /// health until shutdown begins. With `access`, every request's token is checked first
-/// (see [`neardup_server::access`]).
+/// (see [`neardup_server::access`]); with `tls`, connections are TLS
+/// ([`neardup_server::tls`]).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     access: Option<Arc<Access>>,
+    tls: Option<Arc<Tls>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (reporter, health) = tonic_health::server::health_reporter();
@@ -79,7 +82,8 @@ pub async fn serve(
         .with(reflection_v1)
         .with(reflection_v1alpha)
         .with_access(access);
-    let result = neardup_server::transport::serve_http2(listener, services, http2, shutdown).await;
+    let result =
+        neardup_server::transport::serve_http2(listener, services, http2, tls, shutdown).await;
     follow.abort();
     result
 }

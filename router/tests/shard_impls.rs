@@ -26,7 +26,13 @@ async fn start_router(shard: Arc<dyn ShardApi>) -> NeardupClient<Channel> {
     let router = Router::new(shard, 3, Limits::default(), RpcMetrics::default());
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(neardup_router::server::serve(listener, router, None, std::future::pending()));
+    tokio::spawn(neardup_router::server::serve(
+        listener,
+        router,
+        None,
+        None,
+        std::future::pending(),
+    ));
     NeardupClient::connect(format!("http://{addr}")).await.unwrap()
 }
 

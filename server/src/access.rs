@@ -21,12 +21,12 @@
 //! UNAUTHENTICATED; a token whose role does not allow the method, PERMISSION_DENIED. No
 //! answer, log line or metric names the token. The file is read again on SIGHUP and when it
 //! changes ([`Access::watch`]); a file that no longer reads keeps the tokens in force and
-//! says why in the log.
+//! says why in the log ("did not read").
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use parking_lot::RwLock;
 use serde::Deserialize;
@@ -202,20 +202,13 @@ impl Refusal {
 pub struct Access {
     config: AccessConfig,
     tokens: RwLock<Arc<Tokens>>,
-    /// The file's modification time when last read.
-    loaded: RwLock<Option<SystemTime>>,
 }
 
 impl Access {
     /// Reads the tokens file; an error if it does not read or parse.
     pub fn new(config: AccessConfig) -> Result<Arc<Access>, String> {
-        let modified = modified(&config.tokens_file);
         let tokens = Tokens::load(&config.tokens_file)?;
-        Ok(Arc::new(Access {
-            config,
-            tokens: RwLock::new(Arc::new(tokens)),
-            loaded: RwLock::new(modified),
-        }))
+        Ok(Arc::new(Access { config, tokens: RwLock::new(Arc::new(tokens)) }))
     }
 
     /// The configuration.
@@ -257,56 +250,21 @@ impl Access {
 
     /// Reads the tokens file again. On an error the tokens in force stay.
     pub fn reload(&self) -> Result<usize, String> {
-        let modified = modified(&self.config.tokens_file);
         let tokens = Tokens::load(&self.config.tokens_file)?;
         let n = tokens.len();
         *self.tokens.write() = Arc::new(tokens);
-        *self.loaded.write() = modified;
         Ok(n)
     }
 
-    /// Reloads the tokens file on SIGHUP and whenever its modification time changes
-    /// (looked at every `every`), until the returned task is aborted.
+    /// Reads the tokens file again on SIGHUP and whenever it changes (looked at every
+    /// `every`), until the returned task is aborted.
     pub fn watch(self: &Arc<Self>, every: Duration) -> tokio::task::JoinHandle<()> {
         let access = self.clone();
-        tokio::spawn(async move {
-            let mut hup =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                let signalled = tokio::select! {
-                    _ = tick.tick() => false,
-                    Some(()) = async {
-                        match hup.as_mut() {
-                            Some(h) => h.recv().await,
-                            None => std::future::pending().await,
-                        }
-                    } => true,
-                };
-                let changed = modified(&access.config.tokens_file) != *access.loaded.read();
-                if !(signalled || changed) {
-                    continue;
-                }
-                match access.reload() {
-                    Ok(n) => tracing::info!(
-                        file = %access.config.tokens_file.display(),
-                        tokens = n,
-                        "tokens file read again"
-                    ),
-                    Err(e) => {
-                        // Not again for this version of the file.
-                        *access.loaded.write() = modified(&access.config.tokens_file);
-                        tracing::warn!(error = %e, "the tokens file did not read; the tokens in force stay")
-                    }
-                }
-            }
+        let file = self.config.tokens_file.clone();
+        crate::reload::watch_files("the tokens file", vec![file], every, move || {
+            access.reload().map(|n| format!("{n} tokens"))
         })
     }
-}
-
-fn modified(path: &Path) -> Option<SystemTime> {
-    std::fs::metadata(path).and_then(|m| m.modified()).ok()
 }
 
 #[cfg(test)]

@@ -45,10 +45,12 @@ pub mod node;
 pub mod node_store;
 pub mod persist;
 pub mod record;
+pub mod reload;
 pub mod service;
 pub mod shard;
 pub mod slots;
 pub mod storage;
+pub mod tls;
 pub mod transport;
 pub mod wal;
 

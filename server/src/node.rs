@@ -45,7 +45,7 @@ pub async fn serve(
         .max_encoding_message_size(max_message_bytes);
     let services =
         GrpcServices::new().with(health).with(shard_service).with(RaftServer::new(RaftService));
-    let result = serve_http2(listener, services, http2, shutdown).await;
+    let result = serve_http2(listener, services, http2, None, shutdown).await;
     follow.abort();
     result
 }
@@ -80,7 +80,7 @@ pub async fn serve_cluster(
         )
         .with(AdminServer::new(AdminService::new(cluster)))
         .with_access(access);
-    let result = serve_http2(listener, services, http2, shutdown).await;
+    let result = serve_http2(listener, services, http2, None, shutdown).await;
     follow.abort();
     result
 }

@@ -34,6 +34,10 @@ use tonic::codegen::{BoxFuture, Service};
 use tonic::server::NamedService;
 
 use crate::access::Access;
+use crate::tls::Tls;
+
+/// Longest a TLS handshake may take before the connection is closed.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The caller's timeout from its `grpc-timeout` header (`100m`, `5S`...), if it sent a valid
 /// one: the one reading of it for every service of the project.
@@ -157,13 +161,16 @@ impl hyper::service::Service<http::Request<Incoming>> for GrpcServices {
     }
 }
 
-/// Serves the gRPC `services` on `listener` over HTTP/2 (prior knowledge) with TCP_NODELAY
-/// and `limits` until `shutdown` completes, then stops accepting and returns once the
-/// requests in flight are answered.
+/// Serves the gRPC `services` on `listener` over HTTP/2 (prior knowledge, or negotiated by
+/// ALPN under `tls`) with TCP_NODELAY and `limits` until `shutdown` completes, then stops
+/// accepting and returns once the requests in flight are answered. With `tls`, a connection
+/// whose handshake fails (plaintext, an untrusted client) or takes over
+/// [`TLS_HANDSHAKE_TIMEOUT`] is closed.
 pub async fn serve_http2(
     listener: TcpListener,
     services: GrpcServices,
     limits: Http2Limits,
+    tls: Option<Arc<Tls>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let service = services;
@@ -193,9 +200,32 @@ pub async fn serve_http2(
             () = &mut shutdown => break,
         };
         let _ = tcp.set_nodelay(true);
-        let connection =
-            graceful.watch(builder.serve_connection(TokioIo::new(tcp), service.clone()));
+        let Some(tls) = &tls else {
+            let connection =
+                graceful.watch(builder.serve_connection(TokioIo::new(tcp), service.clone()));
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    tracing::debug!(error = %e, "connection ended with an error");
+                }
+            });
+            continue;
+        };
+        let (acceptor, builder, service) = (tls.acceptor(), builder.clone(), service.clone());
+        let watcher = graceful.watcher();
         tokio::spawn(async move {
+            let stream =
+                match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!("TLS handshake timed out");
+                        return;
+                    }
+                };
+            let connection = watcher.watch(builder.serve_connection(TokioIo::new(stream), service));
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }

@@ -16,6 +16,7 @@ use neardup_server::access::Access;
 use neardup_server::cluster_rpc::cluster_status;
 use neardup_server::local_node::LocalNode;
 use neardup_server::node_store::{NodeStore, NodeStoreConfig};
+use neardup_server::tls::Tls;
 use neardup_server::{NodeApi, ShardMetrics};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
@@ -41,6 +42,7 @@ impl IdSource for GrantedIds {
 }
 
 /// Runs a cluster node until a shutdown signal.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     config: Config,
     listener: TcpListener,
@@ -49,6 +51,7 @@ pub async fn run(
     rpc_metrics: RpcMetrics,
     mut registry: Registry,
     access: Option<Arc<Access>>,
+    tls: Option<Arc<Tls>>,
 ) -> Result<(), CliError> {
     let internal_rt = internal_runtime()?;
     // The cluster's state is opened first: a wrong node id stops the start here.
@@ -145,7 +148,7 @@ pub async fn run(
         stop.send_replace(true);
     }
     let served =
-        neardup_router::server::serve(listener, router, access, stop_signal(stopped)).await;
+        neardup_router::server::serve(listener, router, access, tls, stop_signal(stopped)).await;
     match internal.await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::error!(error = %e, "the internal listener failed"),

@@ -1,7 +1,7 @@
 //! What the client commands share: the server address, the connection, fingerprint
 //! parsing and JSON output.
 
-use neardup_client::{Client, ClientError, ClientOptions, Match, QueryResult, Token};
+use neardup_client::{Client, ClientError, ClientOptions, ClientTls, Match, QueryResult, Token};
 use serde_json::{Value, json};
 
 use crate::error::CliError;
@@ -18,6 +18,13 @@ pub struct ServerArgs {
     /// The API token, when the server checks tokens.
     #[command(flatten)]
     pub token: TokenArgs,
+    /// TLS: the certificate authority that signed the server's certificate (PEM); the
+    /// server is then reached over TLS.
+    #[arg(long, env = "NEARDUP_TLS_CA")]
+    pub tls_ca: Option<std::path::PathBuf>,
+    /// TLS: the name the server's certificate must hold [default: the address's host].
+    #[arg(long, requires = "tls_ca")]
+    pub tls_domain: Option<String>,
 }
 
 /// The API token sent with every call: from a flag, the environment or a file.
@@ -54,9 +61,21 @@ impl ServerArgs {
         let options = ClientOptions {
             timeout: std::time::Duration::from_millis(self.timeout_ms),
             token: self.token.token()?,
+            tls: self.tls()?,
             ..ClientOptions::default()
         };
         Client::connect_with(&self.server, options).await.map_err(|e| self.error(e))
+    }
+
+    /// The TLS settings asked, if any.
+    fn tls(&self) -> Result<Option<ClientTls>, CliError> {
+        let Some(path) = &self.tls_ca else { return Ok(None) };
+        let ca_pem = std::fs::read(path).map_err(|source| CliError::File {
+            action: "read the TLS CA file",
+            path: path.display().to_string(),
+            source,
+        })?;
+        Ok(Some(ClientTls { ca_pem, domain: self.tls_domain.clone() }))
     }
 
     /// A failed call to this server, as the command's error.

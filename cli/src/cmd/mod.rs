@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod cert;
 pub mod check;
 pub mod cluster;
 pub mod cluster_node;

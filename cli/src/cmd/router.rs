@@ -29,6 +29,7 @@ pub async fn run(args: RouterArgs) -> Result<(), CliError> {
         return Ok(());
     }
     let access = config.access()?;
+    let tls = config.tls()?;
     let listener = ops::bind(&config.listen, "gRPC").await?;
     let max_k = config.index_config()?.design.max_k();
     // Only an address that does not parse fails here: the connection is made lazily.
@@ -46,7 +47,7 @@ pub async fn run(args: RouterArgs) -> Result<(), CliError> {
         metrics,
     );
     tracing::info!(address = %config.listen, shard = %config.router.shard, "router serving");
-    neardup_router::server::serve(listener, router, access, ops::shutdown_signal())
+    neardup_router::server::serve(listener, router, access, tls, ops::shutdown_signal())
         .await
         .map_err(|e| CliError::Serve(e.to_string()))
 }

@@ -54,6 +54,7 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
     }
     // A tokens file that does not read stops the start here.
     let access = config.access()?;
+    let tls = config.tls()?;
     let listener = ops::bind(&config.listen, "gRPC").await?;
     let address = listener.local_addr().map_err(|source| CliError::Listen {
         what: "gRPC",
@@ -74,6 +75,7 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
             rpc_metrics,
             registry,
             access,
+            tls,
         )
         .await;
     }
@@ -100,7 +102,7 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
         stop.send_replace(true);
     });
     let served =
-        neardup_router::server::serve(listener, router, access, stop_signal(stopped)).await;
+        neardup_router::server::serve(listener, router, access, tls, stop_signal(stopped)).await;
     let down = shut_down(shard).await;
     served.map_err(|e| CliError::Serve(e.to_string()))?;
     down
