@@ -26,24 +26,15 @@ use neardup_server::metrics::ShardMetrics;
 use neardup_server::shard::{NewDocument, Shard, Verify};
 use serde_json::{Value, json};
 
-use crate::in_process::settle_shard;
+use crate::in_process::{LoadArgs, settle_shard};
 use crate::service::workload;
 
 /// Options of `neardup-bench disk`.
 #[derive(Debug, clap::Args)]
 pub struct DiskArgs {
-    /// Documents loaded.
-    #[arg(long, default_value_t = 1_000_000)]
-    n: usize,
-    /// Table design.
-    #[arg(long, default_value = "paper-10")]
-    design: String,
-    /// Concurrent writers of the load.
-    #[arg(long, default_value_t = 4)]
-    streams: usize,
-    /// Documents per write of the load.
-    #[arg(long, default_value_t = 2000)]
-    batch: usize,
+    /// Documents loaded, the design, and the writers of the load.
+    #[command(flatten)]
+    load: LoadArgs,
     /// Store every document with a (synthetic) sketch.
     #[arg(long)]
     sketches: bool,
@@ -174,16 +165,16 @@ pub fn run(args: DiskArgs) -> Result<(), String> {
     };
     let mut set = vec!["storage.compact_idle_secs=1".to_string()];
     set.extend(args.set.iter().cloned());
-    let flags = ConfigFlags { design: Some(args.design.clone()), set, ..Default::default() };
+    let flags = ConfigFlags { design: Some(args.load.design.clone()), set, ..Default::default() };
     let config = Config::load(&flags, std::iter::empty()).map_err(|e| e.to_string())?;
     let shard_config = config.shard_config().map_err(|e| e.to_string())?;
-    eprintln!("generating {} documents", args.n);
-    let w = workload(args.n, args.admissions.max(1), args.seed);
+    eprintln!("generating {} documents", args.load.n);
+    let w = workload(args.load.n, args.admissions.max(1), args.seed);
     let fps = Arc::new(w.stored);
     let queries = Arc::new(w.queries);
     let mut out = serde_json::Map::new();
-    out.insert("n".into(), json!(args.n));
-    out.insert("design".into(), json!(args.design));
+    out.insert("n".into(), json!(args.load.n));
+    out.insert("design".into(), json!(args.load.design));
     out.insert("block_bytes".into(), json!(config.index.block_bytes));
     out.insert("sketches".into(), json!(args.sketches));
 
@@ -192,9 +183,12 @@ pub fn run(args: DiskArgs) -> Result<(), String> {
     shard.recover().map_err(|e| e.to_string())?;
 
     // 1. The load.
-    eprintln!("loading {} documents: {} writers, {} a write", args.n, args.streams, args.batch);
+    eprintln!(
+        "loading {} documents: {} writers, {} a write",
+        args.load.n, args.load.streams, args.load.batch
+    );
     let t = Instant::now();
-    crate::in_process::load(args.n, args.batch, args.streams, |first, end| {
+    crate::in_process::load(args.load.n, args.load.batch, args.load.streams, |first, end| {
         let docs: Vec<NewDocument> = (first..end)
             .map(|i| NewDocument {
                 id: name(i),
@@ -207,7 +201,7 @@ pub fn run(args: DiskArgs) -> Result<(), String> {
         shard.wait_durable_blocking(o.seq).map_err(|e| e.to_string())
     })?;
     let load_secs = t.elapsed().as_secs_f64();
-    eprintln!("  {:.0} documents/s durable", args.n as f64 / load_secs);
+    eprintln!("  {:.0} documents/s durable", args.load.n as f64 / load_secs);
     let settle_secs = settle_shard(&shard, Duration::from_secs(900))?;
     let loaded = report(&shard, !args.no_scan)?;
     print_report("after the load", &loaded);
@@ -248,7 +242,7 @@ pub fn run(args: DiskArgs) -> Result<(), String> {
                             let doc = NewDocument {
                                 id: format!("https://bench.example/admitted/{i}"),
                                 fingerprint: q,
-                                timestamp_ms: (args.n + i) as i64,
+                                timestamp_ms: (args.load.n + i) as i64,
                                 sketch: sketch_of(q),
                             };
                             let (_, seq) = shard

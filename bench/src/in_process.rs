@@ -1,10 +1,28 @@
-//! What the in-process benchmarks (`disk`, `replica`) share: writers that load batches from
-//! several threads, and waiting for a store's background work to settle.
+//! What the in-process benchmarks (`disk`, `replica`) share: their load's options, writers
+//! that load batches from several threads, and waiting for a store's background work to
+//! settle.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use neardup_server::shard::Shard;
+
+/// What an in-process load writes, as both in-process benches take it.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LoadArgs {
+    /// Documents written.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub n: usize,
+    /// Table design.
+    #[arg(long, default_value = "paper-10")]
+    pub design: String,
+    /// Concurrent writers.
+    #[arg(long, default_value_t = 4)]
+    pub streams: usize,
+    /// Documents per write.
+    #[arg(long, default_value_t = 2000)]
+    pub batch: usize,
+}
 
 /// What a store reports for settling: (runs, merges, buffered, merging, checkpoint pending).
 pub(crate) type Progress = (u64, u64, u64, bool, bool);

@@ -29,24 +29,15 @@ use neardup_server::shard::{NewDocument, Shard};
 use serde_json::{Value, json};
 
 use crate::cpu::{cpu_of, cpu_per};
-use crate::in_process::{load, settle, settle_shard};
+use crate::in_process::{LoadArgs, load, settle, settle_shard};
 use crate::service::{name, tempfile_dir, workload};
 
 /// Options of `neardup-bench replica`.
 #[derive(Debug, clap::Args)]
 pub struct ReplicaArgs {
-    /// Documents written to each side.
-    #[arg(long, default_value_t = 1_000_000)]
-    n: usize,
-    /// Table design.
-    #[arg(long, default_value = "paper-10")]
-    design: String,
-    /// Concurrent writers.
-    #[arg(long, default_value_t = 4)]
-    streams: usize,
-    /// Documents per write.
-    #[arg(long, default_value_t = 2000)]
-    batch: usize,
+    /// Documents written to each side, the design, and the writers.
+    #[command(flatten)]
+    load: LoadArgs,
     /// Replicas of the cluster the bound is given for.
     #[arg(long, default_value_t = 2)]
     replicas: u32,
@@ -113,7 +104,7 @@ fn single(config: &Config, dir: &Path, fps: &[u64], args: &ReplicaArgs) -> Resul
         Shard::open(dir, shard_config, ShardMetrics::default()).map_err(|e| e.to_string())?;
     shard.recover().map_err(|e| e.to_string())?;
     let (cpu_start, t) = (cpu_now()?, Instant::now());
-    load(fps.len(), args.batch, args.streams, |first, end| {
+    load(fps.len(), args.load.batch, args.load.streams, |first, end| {
         let docs: Vec<NewDocument> = (first..end)
             .map(|i| NewDocument {
                 id: name(i),
@@ -160,7 +151,7 @@ fn replica(config: &Config, dir: &Path, fps: &[u64], args: &ReplicaArgs) -> Resu
         .build()
         .map_err(|e| e.to_string())?;
     let (cpu_start, t) = (cpu_now()?, Instant::now());
-    load(fps.len(), args.batch, args.streams, |first, end| {
+    load(fps.len(), args.load.batch, args.load.streams, |first, end| {
         let ops: Vec<(u32, TabletOp)> = (first..end)
             .flat_map(|i| (0..tables).map(move |t| (t, TabletOp::Put { gid: gid(i), fp: fps[i] })))
             .collect();
@@ -228,17 +219,20 @@ pub fn run(args: ReplicaArgs) -> Result<(), String> {
     let base: PathBuf = tempfile_dir()?;
     let mut set = vec!["storage.compact_idle_secs=1".to_string()];
     set.extend(args.set.iter().cloned());
-    let flags = ConfigFlags { design: Some(args.design.clone()), set, ..Default::default() };
+    let flags = ConfigFlags { design: Some(args.load.design.clone()), set, ..Default::default() };
     let config = Config::load(&flags, std::iter::empty()).map_err(|e| e.to_string())?;
-    eprintln!("generating {} documents", args.n);
-    let fps = workload(args.n, 1, args.seed).stored;
+    eprintln!("generating {} documents", args.load.n);
+    let fps = workload(args.load.n, 1, args.seed).stored;
     let result = (|| -> Result<(Value, Value), String> {
-        eprintln!("single: a shard with names, {} writers of {}", args.streams, args.batch);
+        eprintln!(
+            "single: a shard with names, {} writers of {}",
+            args.load.streams, args.load.batch
+        );
         let s = single(&config, &base.join("single"), &fps, &args)?;
         std::fs::create_dir_all(base.join("replica")).map_err(|e| e.to_string())?;
         eprintln!(
             "replica: every tablet and partition of a node's store, {} writers",
-            args.streams
+            args.load.streams
         );
         let r = replica(&config, &base.join("replica"), &fps, &args)?;
         Ok((s, r))
@@ -250,7 +244,7 @@ pub fn run(args: ReplicaArgs) -> Result<(), String> {
     let bound = |k: &str| f(&s, k) / (rf * f(&r, k));
     println!(
         "neardup-bench replica: {} documents, design {}, {} writers of {} (process CPU, in process, no network)",
-        args.n, args.design, args.streams, args.batch
+        args.load.n, args.load.design, args.load.streams, args.load.batch
     );
     println!("| figure | single shard | one replica |");
     println!("|---|---:|---:|");
@@ -285,8 +279,8 @@ pub fn run(args: ReplicaArgs) -> Result<(), String> {
         bound("cpu_us_per_doc_settled")
     );
     let out = json!({
-        "n": args.n,
-        "design": args.design,
+        "n": args.load.n,
+        "design": args.load.design,
         "replicas": args.replicas,
         "single": s,
         "replica": r,

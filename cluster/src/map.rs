@@ -669,7 +669,7 @@ impl ClusterMap {
     /// The units `node` holds a filling replica of: it copies them from a serving replica
     /// (while taking their writes), then reports each with `ReplicaReady`.
     pub fn filling_on(&self, node: NodeId) -> Vec<Unit> {
-        self.units().filter(|&u| self.replicas_of(u).1.contains(&node)).collect()
+        self.units().filter(|&u| self.is_filling_on(u, node)).collect()
     }
 
     /// Whether `node` holds a filling replica of `unit` (see [`filling_on`](Self::filling_on)).

@@ -82,10 +82,11 @@ struct TokensFile {
     token: Vec<Entry>,
 }
 
-/// The tokens in force: by the SHA-256 of the token, its role and name.
+/// The tokens in force: by the SHA-256 of the token, its role (names are for the file's
+/// readers and its errors).
 #[derive(Debug, Default)]
 pub struct Tokens {
-    by_hash: HashMap<[u8; 32], (Role, String)>,
+    by_hash: HashMap<[u8; 32], Role>,
 }
 
 impl Tokens {
@@ -97,7 +98,7 @@ impl Tokens {
             let hash = parse_hex32(&e.sha256).ok_or_else(|| {
                 format!("token {} ({:?}): sha256 is not 64 hexadecimal digits", i + 1, e.name)
             })?;
-            if by_hash.insert(hash, (e.role, e.name.clone())).is_some() {
+            if by_hash.insert(hash, e.role).is_some() {
                 return Err(format!("token {} ({:?}) is listed twice", i + 1, e.name));
             }
         }
@@ -121,9 +122,9 @@ impl Tokens {
         self.by_hash.is_empty()
     }
 
-    /// The role and name of `token`, if listed.
-    fn find(&self, token: &str) -> Option<&(Role, String)> {
-        self.by_hash.get(&sha256(token.as_bytes()))
+    /// The role of `token`, if listed.
+    fn find(&self, token: &str) -> Option<Role> {
+        self.by_hash.get(&sha256(token.as_bytes())).copied()
     }
 }
 
@@ -201,19 +202,14 @@ impl Refusal {
 #[derive(Debug)]
 pub struct Access {
     config: AccessConfig,
-    tokens: RwLock<Arc<Tokens>>,
+    tokens: RwLock<Tokens>,
 }
 
 impl Access {
     /// Reads the tokens file; an error if it does not read or parse.
     pub fn new(config: AccessConfig) -> Result<Arc<Access>, String> {
         let tokens = Tokens::load(&config.tokens_file)?;
-        Ok(Arc::new(Access { config, tokens: RwLock::new(Arc::new(tokens)) }))
-    }
-
-    /// The configuration.
-    pub fn config(&self) -> &AccessConfig {
-        &self.config
+        Ok(Arc::new(Access { config, tokens: RwLock::new(tokens) }))
     }
 
     /// Tokens in force.
@@ -238,8 +234,7 @@ impl Access {
             .ok_or(Refusal::Unauthenticated(
                 "the authorization header is not \"Bearer <token>\"",
             ))?;
-        let tokens = self.tokens.read().clone();
-        let Some(&(has, _)) = tokens.find(token) else {
+        let Some(has) = self.tokens.read().find(token) else {
             return Err(Refusal::Unauthenticated("the token is not valid"));
         };
         if has < needs {
@@ -252,7 +247,7 @@ impl Access {
     pub fn reload(&self) -> Result<usize, String> {
         let tokens = Tokens::load(&self.config.tokens_file)?;
         let n = tokens.len();
-        *self.tokens.write() = Arc::new(tokens);
+        *self.tokens.write() = tokens;
         Ok(n)
     }
 

@@ -14,9 +14,6 @@ pub fn watch_files(
     every: Duration,
     reload: impl Fn() -> Result<String, String> + Send + 'static,
 ) -> tokio::task::JoinHandle<()> {
-    let stamp = move |files: &[PathBuf]| -> Vec<Option<SystemTime>> {
-        files.iter().map(|f| std::fs::metadata(f).and_then(|m| m.modified()).ok()).collect()
-    };
     tokio::spawn(async move {
         let mut seen = stamp(&files);
         let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
@@ -43,4 +40,9 @@ pub fn watch_files(
             }
         }
     })
+}
+
+/// The modification times of `files` (`None` for one that cannot be read).
+fn stamp(files: &[PathBuf]) -> Vec<Option<SystemTime>> {
+    files.iter().map(|f| std::fs::metadata(f).and_then(|m| m.modified()).ok()).collect()
 }

@@ -26,7 +26,7 @@ use std::time::Duration;
 use hyper::body::Incoming;
 use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::net::TcpListener;
 use tonic::body::Body;
 use tonic::codegen::http;
@@ -200,40 +200,36 @@ pub async fn serve_http2(
             () = &mut shutdown => break,
         };
         let _ = tcp.set_nodelay(true);
-        let Some(tls) = &tls else {
-            let connection =
-                graceful.watch(builder.serve_connection(TokioIo::new(tcp), service.clone()));
-            tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    tracing::debug!(error = %e, "connection ended with an error");
-                }
-            });
-            continue;
-        };
-        let (acceptor, builder, service) = (tls.acceptor(), builder.clone(), service.clone());
-        let watcher = graceful.watcher();
+        let (watcher, builder, service) = (graceful.watcher(), builder.clone(), service.clone());
+        let acceptor = tls.as_ref().map(|t| t.acceptor());
         tokio::spawn(async move {
-            let stream =
-                match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                    Ok(Ok(s)) => s,
-                    Ok(Err(e)) => {
-                        tracing::debug!(error = %e, "TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::debug!("TLS handshake timed out");
-                        return;
-                    }
-                };
-            let connection = watcher.watch(builder.serve_connection(TokioIo::new(stream), service));
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "connection ended with an error");
+            let Some(acceptor) = acceptor else {
+                return serve_connection(&builder, tcp, service, watcher).await;
+            };
+            match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(stream)) => serve_connection(&builder, stream, service, watcher).await,
+                Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                Err(_) => tracing::debug!("TLS handshake timed out"),
             }
         });
     }
     drop(listener);
     graceful.shutdown().await;
     Ok(())
+}
+
+/// Serves one accepted connection until it ends, or shutdown ends it.
+async fn serve_connection<IO>(
+    builder: &http2::Builder<TokioExecutor>,
+    io: IO,
+    service: GrpcServices,
+    watcher: Watcher,
+) where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    if let Err(e) = watcher.watch(builder.serve_connection(TokioIo::new(io), service)).await {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
 }
 
 #[cfg(test)]

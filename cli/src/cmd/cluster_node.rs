@@ -24,6 +24,7 @@ use tokio::net::TcpListener;
 use tonic::Code;
 
 use crate::cmd::cluster::admin_client;
+use crate::cmd::common::read_token_file;
 use crate::config::Config;
 use crate::error::CliError;
 use crate::ops;
@@ -158,17 +159,9 @@ pub async fn start(
         let req = AddNodeRequest { node_id: id, public_addr, internal_addr };
         (c.join.clone(), req)
     });
-    let join_token = if c.join_token_file.is_empty() {
-        None
-    } else {
-        let text =
-            std::fs::read_to_string(&c.join_token_file).map_err(|source| CliError::File {
-                action: "read the join token file",
-                path: c.join_token_file.clone(),
-                source,
-            })?;
-        Some(Token::new(&text))
-    };
+    let join_token = (!c.join_token_file.is_empty())
+        .then(|| read_token_file(Path::new(&c.join_token_file)))
+        .transpose()?;
     Ok((ClusterRole { node, transport, join, join_token }, listener))
 }
 

@@ -12,11 +12,9 @@ use std::time::Duration;
 use neardup_cluster::ClusterNode;
 use neardup_router::cluster::{ClusterRouter, GrpcNodes, IdSource};
 use neardup_router::{Router, RpcMetrics};
-use neardup_server::access::Access;
 use neardup_server::cluster_rpc::cluster_status;
 use neardup_server::local_node::LocalNode;
 use neardup_server::node_store::{NodeStore, NodeStoreConfig};
-use neardup_server::tls::Tls;
 use neardup_server::{NodeApi, ShardMetrics};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
@@ -42,7 +40,6 @@ impl IdSource for GrantedIds {
 }
 
 /// Runs a cluster node until a shutdown signal.
-#[allow(clippy::too_many_arguments)]
 pub async fn run(
     config: Config,
     listener: TcpListener,
@@ -50,9 +47,9 @@ pub async fn run(
     shard_metrics: ShardMetrics,
     rpc_metrics: RpcMetrics,
     mut registry: Registry,
-    access: Option<Arc<Access>>,
-    tls: Option<Arc<Tls>>,
 ) -> Result<(), CliError> {
+    // Files that do not read stop the start here.
+    let (access, tls) = (config.access()?, config.tls()?);
     let internal_rt = internal_runtime()?;
     // The cluster's state is opened first: a wrong node id stops the start here.
     let (cluster, internal_listener) =

@@ -3,6 +3,7 @@
 
 use neardup_client::{Client, ClientError, ClientOptions, ClientTls, Match, QueryResult, Token};
 use serde_json::{Value, json};
+use std::path::Path;
 
 use crate::error::CliError;
 
@@ -45,14 +46,23 @@ impl TokenArgs {
         if let Some(t) = &self.token {
             return Ok(Some(Token::new(t)));
         }
-        let Some(path) = &self.token_file else { return Ok(None) };
-        let text = std::fs::read_to_string(path).map_err(|source| CliError::File {
-            action: "read the token file",
-            path: path.display().to_string(),
-            source,
-        })?;
-        Ok(Some(Token::new(&text)))
+        self.token_file.as_deref().map(read_token_file).transpose()
     }
+}
+
+/// The token held in the file at `path` (a trailing newline is left out).
+pub fn read_token_file(path: &Path) -> Result<Token, CliError> {
+    let text = read_file(path, "read the token file")?;
+    Ok(Token::new(&String::from_utf8_lossy(&text)))
+}
+
+/// The bytes of the file at `path`; the error says what it was read for.
+pub fn read_file(path: &Path, action: &'static str) -> Result<Vec<u8>, CliError> {
+    std::fs::read(path).map_err(|source| CliError::File {
+        action,
+        path: path.display().to_string(),
+        source,
+    })
 }
 
 impl ServerArgs {
@@ -70,11 +80,7 @@ impl ServerArgs {
     /// The TLS settings asked, if any.
     fn tls(&self) -> Result<Option<ClientTls>, CliError> {
         let Some(path) = &self.tls_ca else { return Ok(None) };
-        let ca_pem = std::fs::read(path).map_err(|source| CliError::File {
-            action: "read the TLS CA file",
-            path: path.display().to_string(),
-            source,
-        })?;
+        let ca_pem = read_file(path, "read the TLS CA file")?;
         Ok(Some(ClientTls { ca_pem, domain: self.tls_domain.clone() }))
     }
 

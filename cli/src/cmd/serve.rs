@@ -52,9 +52,6 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
     if !ops::start_role(args.flags.print_config, &config) {
         return Ok(());
     }
-    // A tokens file that does not read stops the start here.
-    let access = config.access()?;
-    let tls = config.tls()?;
     let listener = ops::bind(&config.listen, "gRPC").await?;
     let address = listener.local_addr().map_err(|source| CliError::Listen {
         what: "gRPC",
@@ -67,18 +64,11 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
     shard_metrics.register(&mut registry);
     rpc_metrics.register(&mut registry);
     if cluster_node::cluster_mode(&config) {
-        return cluster_serve::run(
-            config,
-            listener,
-            address,
-            shard_metrics,
-            rpc_metrics,
-            registry,
-            access,
-            tls,
-        )
-        .await;
+        return cluster_serve::run(config, listener, address, shard_metrics, rpc_metrics, registry)
+            .await;
     }
+    // Files that do not read stop the start here.
+    let (access, tls) = (config.access()?, config.tls()?);
     let shard = open_and_recover(&config, shard_metrics.clone())?;
     ops::serve_metrics(&config.metrics_listen, registry).await?;
     let health = neardup_router::shard::health_of(&shard);
