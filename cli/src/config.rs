@@ -22,7 +22,7 @@ use neardup_core::{Design, IndexConfig};
 use neardup_router::{Limits, VerifyDefaults};
 use neardup_server::ShardConfig;
 use neardup_server::access::{Access, AccessConfig};
-use neardup_server::tls::{Tls, TlsFiles};
+use neardup_server::tls::{ClusterTls, ClusterTlsFiles, Tls, TlsFiles};
 use serde::{Deserialize, Serialize};
 
 use crate::error::CliError;
@@ -176,6 +176,19 @@ pub struct ClusterSection {
     pub partitions: u32,
     /// The leader marks a node down after this long without hearing from it, milliseconds.
     pub failure_timeout_ms: u64,
+    /// The cluster CA's certificate (PEM): with `tls_cert_file` and `tls_key_file`, the
+    /// internal port takes only connections presenting a certificate it signed, and this node
+    /// calls its peers with its own (mutual TLS). Empty: plaintext.
+    pub tls_ca_file: String,
+    /// This node's certificate (PEM), signed by the cluster CA and naming the node (URI SAN
+    /// `urn:neardup:node:ID`, as `neardup cert issue --node-id` makes).
+    pub tls_cert_file: String,
+    /// Its key (PEM).
+    pub tls_key_file: String,
+    /// Allow listening beyond loopback without TLS (public port without `[tls]`, internal
+    /// port without `tls_*`): anyone who reaches the ports can then read every document,
+    /// write, and join or remove nodes.
+    pub insecure: bool,
 }
 
 impl Default for ClusterSection {
@@ -197,6 +210,10 @@ impl Default for ClusterSection {
             split_bits: 2,
             partitions: 16,
             failure_timeout_ms: 2000,
+            tls_ca_file: String::new(),
+            tls_cert_file: String::new(),
+            tls_key_file: String::new(),
+            insecure: false,
         }
     }
 }
@@ -257,6 +274,14 @@ impl Default for RouterSection {
     }
 }
 
+/// Whether the listen address `addr` (`HOST:PORT`) is on loopback only.
+fn loopback(addr: &str) -> bool {
+    match addr.parse::<std::net::SocketAddr>() {
+        Ok(a) => a.ip().is_loopback(),
+        Err(_) => addr.rsplit_once(':').is_some_and(|(host, _)| host == "localhost"),
+    }
+}
+
 /// Flags that override the file and the environment.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ConfigFlags {
@@ -300,6 +325,11 @@ pub struct ClusterFlags {
     /// Join a cluster through a member's internal address, HOST:PORT.
     #[arg(long, value_name = "HOST:PORT")]
     pub join: Option<String>,
+    /// Let a cluster node listen beyond loopback without TLS. Anyone who can reach its
+    /// ports can then read every document, write and delete, and join or remove nodes;
+    /// tokens travel in the clear. For a trusted private network only.
+    #[arg(long)]
+    pub insecure: bool,
 }
 
 fn scalar(raw: &str) -> toml::Value {
@@ -409,6 +439,9 @@ impl Config {
         if let Some(j) = &flags.join {
             c.join = j.clone();
         }
+        if flags.insecure {
+            c.insecure = true;
+        }
         self.check().map_err(CliError::Config)?;
         Ok(self)
     }
@@ -434,6 +467,12 @@ impl Config {
         }
         if c.max_voters == 0 {
             return Err("[cluster] max_voters = 0: expected at least 1".into());
+        }
+        let given = [&c.tls_ca_file, &c.tls_cert_file, &c.tls_key_file].map(|f| !f.is_empty());
+        if given.iter().any(|&g| g) && !given.iter().all(|&g| g) {
+            return Err("[cluster] tls_ca_file, tls_cert_file and tls_key_file go together: give \
+                        all three or none"
+                .into());
         }
         self.verify.validate().map_err(|e| format!("[verify]: {e}"))?;
         Ok(())
@@ -522,12 +561,60 @@ impl Config {
         let files = TlsFiles {
             cert_file: PathBuf::from(&t.cert_file),
             key_file: PathBuf::from(&t.key_file),
+            client_ca_file: None,
         };
         let tls = Tls::new(files).map_err(CliError::Config)?;
         tracing::info!(cert = %t.cert_file, "TLS on the public API");
         // Detached: it watches as long as the process runs.
         drop(tls.watch(Duration::from_secs(2)));
         Ok(Some(tls))
+    }
+
+    /// Mutual TLS between the nodes of the cluster, its files watched for changes (every 2 s,
+    /// and on SIGHUP); `None` when `cluster.tls_*` are empty. Needs a tokio runtime.
+    pub fn cluster_tls(&self) -> Result<Option<Arc<ClusterTls>>, CliError> {
+        let c = &self.cluster;
+        if c.tls_ca_file.is_empty() {
+            return Ok(None);
+        }
+        let tls = ClusterTls::new(ClusterTlsFiles {
+            ca_file: PathBuf::from(&c.tls_ca_file),
+            cert_file: PathBuf::from(&c.tls_cert_file),
+            key_file: PathBuf::from(&c.tls_key_file),
+        })
+        .map_err(CliError::Config)?;
+        tracing::info!(cert = %c.tls_cert_file, ca = %c.tls_ca_file, "mutual TLS between nodes");
+        drop(tls.watch(Duration::from_secs(2)));
+        Ok(Some(tls))
+    }
+
+    /// Refuses a cluster node that would listen beyond loopback without TLS (the public
+    /// port without `[tls]`, the internal one without `cluster.tls_*`), unless
+    /// `cluster.insecure` is set. Checked on the configured addresses, before binding.
+    pub fn check_exposure(&self) -> Result<(), CliError> {
+        if self.cluster.insecure {
+            return Ok(());
+        }
+        let public_tls = !self.tls.cert_file.is_empty();
+        let internal_tls = !self.cluster.tls_ca_file.is_empty();
+        let ports = [
+            (&self.listen, public_tls, "the public API", "[tls] cert_file and key_file"),
+            (
+                &self.cluster.internal_listen,
+                internal_tls,
+                "the internal API",
+                "[cluster] tls_ca_file, tls_cert_file and tls_key_file",
+            ),
+        ];
+        for (addr, tls, what, keys) in ports {
+            if !tls && !loopback(addr) {
+                return Err(CliError::Config(format!(
+                    "a cluster node listening on {addr} ({what}) beyond loopback needs TLS: set \
+                     {keys} (see docs/security.md), or accept plaintext with --insecure"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The configuration as TOML.
@@ -539,6 +626,33 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cluster_node_beyond_loopback_needs_tls_or_insecure() {
+        assert!(loopback("127.0.0.1:1") && loopback("[::1]:1") && loopback("localhost:1"));
+        assert!(!loopback("0.0.0.0:1") && !loopback("10.0.0.2:1") && !loopback("node1:1"));
+        let mut c = Config::default();
+        c.check_exposure().unwrap();
+        c.listen = "0.0.0.0:50051".into();
+        let e = c.check_exposure().unwrap_err().to_string();
+        assert!(e.contains("public API") && e.contains("--insecure"), "{e}");
+        c.tls.cert_file = "s.pem".into();
+        c.tls.key_file = "s.key".into();
+        c.check_exposure().unwrap();
+        c.cluster.internal_listen = "node1:50061".into();
+        let e = c.check_exposure().unwrap_err().to_string();
+        assert!(e.contains("internal API") && e.contains("tls_ca_file"), "{e}");
+        c.cluster.tls_ca_file = "ca.pem".into();
+        c.check_exposure().unwrap();
+        c.cluster.tls_ca_file.clear();
+        c.cluster.insecure = true;
+        c.check_exposure().unwrap();
+        // Half the cluster's TLS keys is refused.
+        let half =
+            ConfigFlags { set: vec!["cluster.tls_ca_file=ca.pem".into()], ..Default::default() };
+        let e = Config::load(&half, std::iter::empty()).unwrap_err().to_string();
+        assert!(e.contains("go together"), "{e}");
+    }
 
     #[test]
     fn layers_override_in_order() {

@@ -161,6 +161,10 @@ pub struct ClusterMap {
     /// until every filling replica of the unit is ready (see [`crate::placement`]).
     #[serde(default)]
     pub leaving: BTreeSet<(Unit, NodeId)>,
+    /// Ids of the nodes removed (or evicted) from the cluster: never members again, and
+    /// refused by the other nodes even when they hold a valid certificate.
+    #[serde(default)]
+    pub removed: BTreeSet<NodeId>,
 }
 
 /// How a new cluster lays out its data (the [`Command::Bootstrap`] parameters).
@@ -290,6 +294,11 @@ pub enum Command {
         /// The node whose replica is ready.
         node: NodeId,
     },
+}
+
+/// Why node `id` cannot be added again.
+pub fn removed_message(id: NodeId) -> String {
+    format!("node {id} was removed from the cluster; a node coming back joins under a new id")
 }
 
 /// Why a command was refused or a map could not be read.
@@ -434,6 +443,9 @@ impl ClusterMap {
             Command::AddNode { id, public_addr, internal_addr } => {
                 self.bootstrapped()?;
                 check_node(*id, internal_addr)?;
+                if self.removed.contains(id) {
+                    return Err(MapError::Refused(removed_message(*id)));
+                }
                 if let Some(existing) = self.nodes.get(id) {
                     return Err(MapError::IdInUse {
                         id: *id,
@@ -611,6 +623,7 @@ impl ClusterMap {
     /// Removes node `id` from the members and from every unit, then places again.
     fn remove_member(&mut self, id: NodeId) {
         self.nodes.remove(&id);
+        self.removed.insert(id);
         for tablet in &mut self.tablets {
             tablet.nodes.retain(|&n| n != id);
             tablet.filling.retain(|&n| n != id);
@@ -621,6 +634,11 @@ impl ClusterMap {
         }
         self.leaving.retain(|&(_, n)| n != id);
         placement::rebalance(self);
+    }
+
+    /// Whether node `id` was removed from the cluster (it may not come back under that id).
+    pub fn is_removed(&self, id: NodeId) -> bool {
+        self.removed.contains(&id)
     }
 
     /// Whether `cmd` would apply (without applying it).
@@ -920,6 +938,13 @@ mod tests {
         map.apply(&Command::RemoveNode { id: 1 }).unwrap();
         assert!(map.tablets.iter().all(|t| t.nodes == vec![2]));
         assert!(matches!(map.apply(&Command::RemoveNode { id: 2 }), Err(MapError::Refused(_))));
+        assert_eq!(map.epoch, 5 + 56);
+        // A removed node never comes back under its id.
+        assert!(map.is_removed(1) && !map.is_removed(2));
+        match map.apply(&add(1)) {
+            Err(MapError::Refused(why)) => assert!(why.contains("was removed"), "{why}"),
+            other => panic!("{other:?}"),
+        }
         assert_eq!(map.epoch, 5 + 56);
         let bytes = map.encode();
         assert_eq!(ClusterMap::decode(&bytes).unwrap(), map);

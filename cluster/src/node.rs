@@ -297,8 +297,27 @@ impl ClusterNode {
     /// An incoming message from a peer (`from_addr`: its internal address, learned for
     /// replies). Returns at once; InvalidArgument when the bytes are not a Raft message.
     pub fn step(&self, message: &[u8], from_addr: &str) -> Result<(), ClusterError> {
+        self.step_as(message, None, from_addr)
+    }
+
+    /// As [`ClusterNode::step`], for a sender known to be node `sender` (from its
+    /// certificate): a message claiming to come from another node is refused.
+    pub fn step_as(
+        &self,
+        message: &[u8],
+        sender: Option<NodeId>,
+        from_addr: &str,
+    ) -> Result<(), ClusterError> {
         let msg = Message::parse_from_bytes(message)
             .map_err(|e| ClusterError::InvalidArgument(format!("not a Raft message: {e}")))?;
+        if let Some(sender) = sender
+            && msg.from != sender
+        {
+            return Err(ClusterError::InvalidArgument(format!(
+                "a Raft message from node {} sent by node {sender}",
+                msg.from
+            )));
+        }
         self.shared.tx.send(Input::Message(msg, from_addr.to_string())).map_err(|_| stopped())
     }
 
@@ -643,6 +662,9 @@ impl Runner {
             return Err(ClusterError::InvalidArgument(format!(
                 "node {id} needs an internal address"
             )));
+        }
+        if self.replica.map().is_removed(id) {
+            return Err(ClusterError::InvalidArgument(crate::map::removed_message(id)));
         }
         if let Some(n) = self.replica.map().nodes.get(&id) {
             return if n.internal_addr == internal_addr {

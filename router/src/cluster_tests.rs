@@ -727,7 +727,7 @@ async fn the_data_service_round_trips_over_grpc() {
     let moved = Arc::new(AtomicU64::new(0));
     let mem = MemNode::new(design.clone(), moved.clone());
     let (addr, server) = serve(mem.clone()).await;
-    let node = GrpcNode::connect(&addr, 4 << 20).unwrap();
+    let node = GrpcNode::connect(&addr, 4 << 20, None).unwrap();
     let d =
         DocInfo { gid: 256 + 3, name: "a".into(), fp: 99, ts_ms: 5, cluster: 259, sketch: None };
     node.tablet_write(1, vec![(0, TabletOp::Put { gid: d.gid, fp: 99 })], false, None)
@@ -794,7 +794,7 @@ async fn the_public_service_runs_over_three_nodes_on_grpc() {
         servers.push(h);
     }
     let (tx, rx) = watch::channel(Arc::new(map_of(&addrs, 2, 16)));
-    let nodes = GrpcNodes::new(rx.clone(), 4 << 20);
+    let nodes = GrpcNodes::new(rx.clone(), 4 << 20, None);
     let cluster =
         ClusterRouter::new(rx, nodes.resolver(None), Arc::new(Counter(AtomicU64::new(1))), None);
     let router = crate::Router::new(

@@ -16,6 +16,7 @@ use neardup_proto::internal::{
 use neardup_server::data_api::{
     doc_from_wire, doc_op_to_wire, docs_from_wire, probe_results_from_wire, tablet_op_to_wire,
 };
+use neardup_server::tls::{ClusterTls, peer_endpoint};
 use neardup_server::{
     DataError, DataResult, DocInfo, DocOp, NodeApi, NodeStats, ProbeAnswer, TabletOp,
 };
@@ -25,21 +26,27 @@ use tonic::{Request, Status};
 
 use crate::cluster::NodeResolver;
 
-/// A node's client, with the address it was made for.
-type CachedNode = (String, Arc<dyn NodeApi>);
+/// A node's client, with the address and TLS generation it was made for.
+type CachedNode = (String, u64, Arc<dyn NodeApi>);
 
 /// Reaches nodes over gRPC `Data`, by the internal address the map gives them: one lazily
-/// connected channel per node, cached while its address stays the same.
+/// connected channel per node, cached while its address (and the TLS files) stay the same.
 pub struct GrpcNodes {
     map: watch::Receiver<Arc<ClusterMap>>,
     cache: Mutex<HashMap<NodeId, CachedNode>>,
     max_message_bytes: usize,
+    tls: Option<Arc<ClusterTls>>,
 }
 
 impl GrpcNodes {
-    /// Nodes as `map` lists them; `max_message_bytes` bounds messages both ways.
-    pub fn new(map: watch::Receiver<Arc<ClusterMap>>, max_message_bytes: usize) -> Arc<Self> {
-        Arc::new(GrpcNodes { map, cache: Mutex::new(HashMap::new()), max_message_bytes })
+    /// Nodes as `map` lists them, over mutual TLS with `tls`; `max_message_bytes` bounds
+    /// messages both ways.
+    pub fn new(
+        map: watch::Receiver<Arc<ClusterMap>>,
+        max_message_bytes: usize,
+        tls: Option<Arc<ClusterTls>>,
+    ) -> Arc<Self> {
+        Arc::new(GrpcNodes { map, cache: Mutex::new(HashMap::new()), max_message_bytes, tls })
     }
 
     /// The node `id`: a client of its address, or one that answers UNAVAILABLE when the
@@ -49,17 +56,20 @@ impl GrpcNodes {
         let Some(addr) = addr else {
             return Arc::new(Unreachable(format!("node {id} is not in the cluster map")));
         };
+        let generation = self.tls.as_ref().map_or(0, |t| t.generation());
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((a, api)) = cache.get(&id)
+        if let Some((a, g, api)) = cache.get(&id)
             && *a == addr
+            && *g == generation
         {
             return api.clone();
         }
-        let api: Arc<dyn NodeApi> = match GrpcNode::connect(&addr, self.max_message_bytes) {
-            Ok(n) => Arc::new(n),
-            Err(e) => Arc::new(Unreachable(format!("node {id}: {e}"))),
-        };
-        cache.insert(id, (addr, api.clone()));
+        let api: Arc<dyn NodeApi> =
+            match GrpcNode::connect(&addr, self.max_message_bytes, self.tls.as_deref()) {
+                Ok(n) => Arc::new(n),
+                Err(e) => Arc::new(Unreachable(format!("node {id}: {e}"))),
+            };
+        cache.insert(id, (addr, generation, api.clone()));
         api
     }
 
@@ -153,11 +163,15 @@ fn status_error(s: Status) -> DataError {
 }
 
 impl GrpcNode {
-    /// A client of the node at `addr` (`HOST:PORT` or `http://HOST:PORT`), connected lazily.
-    pub fn connect(addr: &str, max_message_bytes: usize) -> Result<GrpcNode, DataError> {
-        let uri = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
-        let channel = tonic::transport::Endpoint::from_shared(uri)
-            .map_err(|e| DataError::InvalidArgument(format!("bad node address {addr}: {e}")))?
+    /// A client of the node at `addr` (`HOST:PORT` or `http://HOST:PORT`), connected lazily,
+    /// over mutual TLS with `tls`.
+    pub fn connect(
+        addr: &str,
+        max_message_bytes: usize,
+        tls: Option<&ClusterTls>,
+    ) -> Result<GrpcNode, DataError> {
+        let channel = peer_endpoint(addr, tls)
+            .map_err(|e| DataError::InvalidArgument(format!("node address {addr}: {e}")))?
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(20))

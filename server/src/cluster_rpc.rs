@@ -39,6 +39,8 @@ use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tonic::{Code, Request, Response, Status};
 
+use crate::tls::{ClusterTls, PeerCert};
+
 /// Messages queued for one peer before new ones are dropped.
 pub const PEER_QUEUE: usize = 1024;
 
@@ -83,15 +85,14 @@ fn with_epoch(mut status: Status, epoch: u64) -> Status {
     status
 }
 
-/// `HOST:PORT` (or a URI) as a URI.
-fn uri(addr: &str) -> String {
-    if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") }
-}
-
-/// A lazily connected channel to `addr`, or why the address is not usable.
-fn channel(addr: &str, timeout: Duration) -> Result<tonic::transport::Channel, String> {
-    let endpoint = tonic::transport::Endpoint::from_shared(uri(addr))
-        .map_err(|e| format!("bad address {addr:?}: {e}"))?
+/// A lazily connected channel to the internal port at `addr` (mutual TLS under `tls`), or
+/// why the address is not usable.
+fn channel(
+    addr: &str,
+    timeout: Duration,
+    tls: Option<&ClusterTls>,
+) -> Result<tonic::transport::Channel, String> {
+    let endpoint = crate::tls::peer_endpoint(addr, tls)?
         .connect_timeout(timeout)
         .timeout(timeout)
         .tcp_nodelay(true);
@@ -107,6 +108,7 @@ pub struct GrpcTransport {
 struct TransportInner {
     from_id: NodeId,
     from_addr: String,
+    tls: Option<Arc<ClusterTls>>,
     runtime: tokio::runtime::Handle,
     peers: Mutex<HashMap<NodeId, Peer>>,
     dropped: AtomicU64,
@@ -114,18 +116,21 @@ struct TransportInner {
 
 struct Peer {
     addr: String,
+    /// The TLS generation its channel was made under.
+    generation: u64,
     queue: mpsc::Sender<Vec<u8>>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl GrpcTransport {
-    /// A transport sending as node `from_id` reachable at `from_addr`; its tasks run on the
-    /// current tokio runtime (call it inside one).
-    pub fn new(from_id: NodeId, from_addr: String) -> GrpcTransport {
+    /// A transport sending as node `from_id` reachable at `from_addr`, over mutual TLS with
+    /// `tls`; its tasks run on the current tokio runtime (call it inside one).
+    pub fn new(from_id: NodeId, from_addr: String, tls: Option<Arc<ClusterTls>>) -> GrpcTransport {
         GrpcTransport {
             inner: Arc::new(TransportInner {
                 from_id,
                 from_addr,
+                tls,
                 runtime: tokio::runtime::Handle::current(),
                 peers: Mutex::new(HashMap::new()),
                 dropped: AtomicU64::new(0),
@@ -149,15 +154,23 @@ impl GrpcTransport {
         let (queue, rx) = mpsc::channel(PEER_QUEUE);
         let inner = self.inner.clone();
         let addr_owned = addr.to_string();
+        let generation = self.generation();
         let task = self.inner.runtime.spawn(drain(inner, to, addr_owned, rx));
-        Peer { addr: addr.to_string(), queue, task }
+        Peer { addr: addr.to_string(), generation, queue, task }
+    }
+
+    fn generation(&self) -> u64 {
+        self.inner.tls.as_ref().map_or(0, |t| t.generation())
     }
 }
 
 impl Transport for GrpcTransport {
     fn send(&self, to: NodeId, to_addr: &str, message: Vec<u8>) {
+        let generation = self.generation();
         let mut peers = self.inner.peers.lock();
-        let stale = peers.get(&to).is_none_or(|p| p.addr != to_addr || p.queue.is_closed());
+        let stale = peers
+            .get(&to)
+            .is_none_or(|p| p.addr != to_addr || p.queue.is_closed() || p.generation != generation);
         if stale {
             if let Some(old) = peers.remove(&to) {
                 old.task.abort();
@@ -180,7 +193,7 @@ async fn drain(
     addr: String,
     mut rx: mpsc::Receiver<Vec<u8>>,
 ) {
-    let mut client = match channel(&addr, SEND_TIMEOUT) {
+    let mut client = match channel(&addr, SEND_TIMEOUT, inner.tls.as_deref()) {
         Ok(c) => RaftClient::new(c).max_decoding_message_size(64 << 20),
         Err(e) => {
             tracing::warn!(peer = to, error = %e, "cannot send Raft messages to this peer");
@@ -265,6 +278,22 @@ async fn drain(
     }
 }
 
+/// The node the caller's certificate names, under mutual TLS.
+fn peer_node<T>(request: &Request<T>) -> Option<NodeId> {
+    request.extensions().get::<Arc<PeerCert>>().and_then(|p| p.node)
+}
+
+/// Under mutual TLS, a node speaks for itself only: the `from_id` of its messages, and the
+/// `from` of each Raft message inside, is the node its certificate names.
+fn check_sender(peer: Option<NodeId>, from_id: NodeId) -> Result<(), Status> {
+    match peer {
+        Some(id) if id != from_id => Err(Status::permission_denied(format!(
+            "the certificate of node {id} cannot send as node {from_id}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// The internal `Raft` service of a cluster node.
 #[derive(Clone)]
 pub struct RaftRpc {
@@ -278,10 +307,15 @@ impl RaftRpc {
     }
 
     /// Hands `messages` to the node in order; the first refused ends the call.
-    fn deliver(&self, messages: &[Vec<u8>], from_addr: &str) -> Result<Response<RaftAck>, Status> {
+    fn deliver(
+        &self,
+        messages: &[Vec<u8>],
+        sender: Option<NodeId>,
+        from_addr: &str,
+    ) -> Result<Response<RaftAck>, Status> {
         for message in messages {
             self.node
-                .step(message, from_addr)
+                .step_as(message, sender, from_addr)
                 .map_err(|e| cluster_status(&e, self.node.status().epoch))?;
         }
         Ok(Response::new(RaftAck {}))
@@ -291,13 +325,17 @@ impl RaftRpc {
 #[tonic::async_trait]
 impl Raft for RaftRpc {
     async fn step(&self, request: Request<RaftMessage>) -> Result<Response<RaftAck>, Status> {
-        let RaftMessage { message, from_id: _, from_addr } = request.into_inner();
-        self.deliver(&[message], &from_addr)
+        let peer = peer_node(&request);
+        let RaftMessage { message, from_id, from_addr } = request.into_inner();
+        check_sender(peer, from_id)?;
+        self.deliver(&[message], peer, &from_addr)
     }
 
     async fn step_batch(&self, request: Request<RaftBatch>) -> Result<Response<RaftAck>, Status> {
-        let RaftBatch { messages, from_id: _, from_addr } = request.into_inner();
-        self.deliver(&messages, &from_addr)
+        let peer = peer_node(&request);
+        let RaftBatch { messages, from_id, from_addr } = request.into_inner();
+        check_sender(peer, from_id)?;
+        self.deliver(&messages, peer, &from_addr)
     }
 }
 
@@ -305,12 +343,14 @@ impl Raft for RaftRpc {
 #[derive(Clone)]
 pub struct AdminService {
     node: ClusterNode,
+    tls: Option<Arc<ClusterTls>>,
 }
 
 impl AdminService {
-    /// The service over `node`.
-    pub fn new(node: ClusterNode) -> AdminService {
-        AdminService { node }
+    /// The service over `node`; changes are forwarded to the leader over mutual TLS with
+    /// `tls`.
+    pub fn new(node: ClusterNode, tls: Option<Arc<ClusterTls>>) -> AdminService {
+        AdminService { node, tls }
     }
 
     fn epoch(&self) -> u64 {
@@ -333,6 +373,7 @@ impl AdminService {
     {
         let forwarded = request.metadata().contains_key(FORWARDED_METADATA);
         let deadline = deadline_of(&request);
+        let authorization = request.metadata().get("authorization").cloned();
         let body = request.into_inner();
         let outcome = tokio::time::timeout(deadline, local(self.node.clone(), body.clone())).await;
         let e = match outcome {
@@ -355,12 +396,16 @@ impl AdminService {
         if forwarded || *leader == self.node.status().node_id {
             return Err(cluster_status(&e, self.epoch()));
         }
-        let client = match channel(addr, deadline) {
+        let client = match channel(addr, deadline, self.tls.as_deref()) {
             Ok(c) => AdminClient::new(c),
             Err(why) => return Err(with_epoch(Status::unavailable(why), self.epoch())),
         };
         let mut req = Request::new(body);
         req.set_timeout(deadline);
+        // The leader checks the caller's token as this node did.
+        if let Some(token) = authorization {
+            req.metadata_mut().insert("authorization", token);
+        }
         req.metadata_mut()
             .insert(FORWARDED_METADATA, tonic::metadata::MetadataValue::from_static("1"));
         match forward(client, req).await {
@@ -409,6 +454,18 @@ impl Admin for AdminService {
                 Status::invalid_argument(
                     "AddNode needs a node id (not 0), a public and an internal address",
                 ),
+                self.epoch(),
+            ));
+        }
+        // A node's certificate adds that node only (an operator's, naming none, adds any).
+        if let Some(peer) = peer_node(&request)
+            && peer != *node_id
+            && !request.metadata().contains_key(FORWARDED_METADATA)
+        {
+            return Err(with_epoch(
+                Status::permission_denied(format!(
+                    "the certificate of node {peer} cannot add node {node_id}"
+                )),
                 self.epoch(),
             ));
         }
@@ -462,6 +519,7 @@ pub fn status_response(node: &ClusterNode) -> StatusResponse {
         split_bits,
         next_gid_seq: _,
         leaving: _,
+        removed,
     } = &*s.map;
     let leader_addr =
         s.leader.and_then(|l| nodes.get(&l)).map(|n| n.internal_addr.clone()).unwrap_or_default();
@@ -529,6 +587,7 @@ pub fn status_response(node: &ClusterNode) -> StatusResponse {
             .collect(),
         replicas: *replicas,
         split_bits: *split_bits,
+        removed: removed.iter().copied().collect(),
     }
 }
 
@@ -628,7 +687,7 @@ mod tests {
     async fn a_backlog_goes_in_one_call_in_order() {
         let peer = SlowPeer { batches: true, ..Default::default() };
         let addr = serve_peer(peer.clone()).await;
-        let t = GrpcTransport::new(1, "127.0.0.1:1".into());
+        let t = GrpcTransport::new(1, "127.0.0.1:1".into(), None);
         send_and_wait(&t, &peer, &addr, 200, 200).await;
         let got = peer.numbers();
         assert_eq!(got, (0..200).collect::<Vec<_>>());
@@ -645,7 +704,7 @@ mod tests {
     async fn an_older_peer_gets_one_message_a_call() {
         let peer = SlowPeer { batches: false, ..Default::default() };
         let addr = serve_peer(peer.clone()).await;
-        let t = GrpcTransport::new(1, "127.0.0.1:1".into());
+        let t = GrpcTransport::new(1, "127.0.0.1:1".into(), None);
         send_numbered(&t, &addr, 0..30);
         settle(&t, &peer, 30).await;
         let dropped = t.dropped();
@@ -666,7 +725,7 @@ mod tests {
     async fn a_failed_call_counts_every_message_it_did_not_send() {
         let peer = SlowPeer { batches: false, refuse: Some(110), ..Default::default() };
         let addr = serve_peer(peer.clone()).await;
-        let t = GrpcTransport::new(1, "127.0.0.1:1".into());
+        let t = GrpcTransport::new(1, "127.0.0.1:1".into(), None);
         // The first backlog finds out that the peer takes one message a call.
         send_numbered(&t, &addr, 0..30);
         settle(&t, &peer, 30).await;

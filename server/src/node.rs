@@ -11,7 +11,8 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use neardup_cluster::ClusterNode;
+use neardup_cluster::map::ClusterMap;
+use neardup_cluster::{ClusterNode, NodeId};
 use neardup_proto::admin::admin_server::AdminServer;
 use neardup_proto::internal::data_server::DataServer;
 use neardup_proto::internal::raft_server::RaftServer;
@@ -25,7 +26,8 @@ use crate::data_api::{DataService, NodeApi};
 use crate::node_store::NodeStore;
 use crate::service::{RaftService, ShardService};
 use crate::shard::{Shard, Status};
-use crate::transport::{GrpcServices, Http2Limits, serve_http2};
+use crate::tls::{ClusterTls, PeerCert};
+use crate::transport::{GrpcServices, Http2Limits, PeerCheck, serve_http2};
 
 /// Serves `shard` on `listener` until `shutdown` completes; returns once requests in
 /// flight are answered. Does not stop the shard: call [`Shard::shutdown`] after.
@@ -54,7 +56,8 @@ pub async fn serve(
 /// node's [`NodeStore`] under its map), Raft messages go to `cluster`, and the admin API is
 /// served beside them. Health is SERVING once the store serves and the node has applied the
 /// committed map. With `access`, the admin API needs an admin token (see
-/// [`crate::access`]). Does not stop `cluster` or the store.
+/// [`crate::access`]). With `tls`, connections are mutual TLS and callers are checked by
+/// their certificate (see [`member_check`]). Does not stop `cluster` or the store.
 #[allow(clippy::too_many_arguments)]
 pub async fn serve_cluster(
     listener: TcpListener,
@@ -64,10 +67,12 @@ pub async fn serve_cluster(
     max_message_bytes: usize,
     http2: Http2Limits,
     access: Option<Arc<Access>>,
+    tls: Option<Arc<ClusterTls>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let (reporter, health) = tonic_health::server::health_reporter();
     let follow = follow_health(reporter, store.watch_status(), cluster.watch_ready());
+    let peer_check = tls.as_ref().map(|_| member_check(cluster.id(), cluster.watch_map()));
     let data = DataServer::new(DataService::new(data))
         .max_decoding_message_size(max_message_bytes)
         .max_encoding_message_size(max_message_bytes);
@@ -78,11 +83,59 @@ pub async fn serve_cluster(
             RaftServer::new(RaftRpc::new(cluster.clone()))
                 .max_decoding_message_size(max_message_bytes),
         )
-        .with(AdminServer::new(AdminService::new(cluster)))
-        .with_access(access);
-    let result = serve_http2(listener, services, http2, None, shutdown).await;
+        .with(AdminServer::new(AdminService::new(cluster, tls.clone())))
+        .with_access(access)
+        .with_peer_check(peer_check);
+    let result = serve_http2(listener, services, http2, tls.map(|t| t.server()), shutdown).await;
     follow.abort();
     result
+}
+
+/// The check of who calls a cluster node's internal port under mutual TLS (the handshake
+/// already verified the certificate against the cluster CA):
+/// - health: anyone;
+/// - the admin API: any certificate of the CA (an operator's, or a node's joining); the
+///   token and the request are checked after, and a node's certificate may not belong to a
+///   removed node;
+/// - Raft and the data service: only certificates naming a node. A member of this node's map
+///   passes; a removed node is PERMISSION_DENIED; another node is UNAVAILABLE (this node's
+///   map may lag behind its joining), except while this node has not joined yet itself (its
+///   first map comes through Raft, from the leader).
+pub fn member_check(me: NodeId, map: tokio::sync::watch::Receiver<Arc<ClusterMap>>) -> PeerCheck {
+    Arc::new(move |path: &str, peer: Option<&PeerCert>| {
+        if path.starts_with("/grpc.health.v1.") {
+            return Ok(());
+        }
+        let Some(peer) = peer else {
+            return Err(tonic::Status::unauthenticated("a client certificate is required"));
+        };
+        let map = map.borrow();
+        if let Some(id) = peer.node
+            && map.is_removed(id)
+        {
+            return Err(tonic::Status::permission_denied(format!(
+                "node {id} was removed from the cluster (certificate {:?})",
+                peer.name
+            )));
+        }
+        if !path.starts_with("/neardup.internal.") {
+            return Ok(());
+        }
+        let Some(id) = peer.node else {
+            return Err(tonic::Status::permission_denied(format!(
+                "certificate {:?} names no node: Raft and the data service are for the \
+                 cluster's nodes",
+                peer.name
+            )));
+        };
+        if map.nodes.contains_key(&id) || !map.nodes.contains_key(&me) {
+            return Ok(());
+        }
+        Err(tonic::Status::unavailable(format!(
+            "node {id} is not a member of the cluster as this node knows it (epoch {})",
+            map.epoch
+        )))
+    })
 }
 
 /// Keeps the health of `""` and the shard service at SERVING while `status` is serving and

@@ -34,7 +34,12 @@ use tonic::codegen::{BoxFuture, Service};
 use tonic::server::NamedService;
 
 use crate::access::Access;
-use crate::tls::Tls;
+use crate::tls::{PeerCert, Tls};
+
+/// A port's check of who calls, for ports under mutual TLS: the request's path and the
+/// caller's certificate (`None`: the connection presented none), before any token check.
+pub type PeerCheck =
+    Arc<dyn Fn(&str, Option<&PeerCert>) -> Result<(), tonic::Status> + Send + Sync>;
 
 /// Longest a TLS handshake may take before the connection is closed.
 pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -92,6 +97,11 @@ pub struct GrpcServices {
     services: Arc<Vec<(String, Handler)>>,
     /// The token check of every request, when the port has one.
     access: Option<Arc<Access>>,
+    /// The check of the caller's certificate, when the port has one.
+    peer_check: Option<PeerCheck>,
+    /// The caller's certificate: set per connection, and passed to the services in each
+    /// request's extensions.
+    peer: Option<Arc<PeerCert>>,
 }
 
 impl GrpcServices {
@@ -125,8 +135,27 @@ impl GrpcServices {
         self
     }
 
+    /// Checks every request's caller certificate with `check` first (see [`PeerCheck`]).
+    pub fn with_peer_check(mut self, check: Option<PeerCheck>) -> GrpcServices {
+        self.peer_check = check;
+        self
+    }
+
+    /// The services of one connection, whose peer presented `peer`.
+    fn for_peer(&self, peer: Option<PeerCert>) -> GrpcServices {
+        GrpcServices { peer: peer.map(Arc::new), ..self.clone() }
+    }
+
     /// The future answering `req`.
-    fn dispatch(&self, req: http::Request<Body>) -> GrpcFuture {
+    fn dispatch(&self, mut req: http::Request<Body>) -> GrpcFuture {
+        if let Some(check) = &self.peer_check
+            && let Err(status) = check(req.uri().path(), self.peer.as_deref())
+        {
+            return Box::pin(std::future::ready(Ok(refused(status))));
+        }
+        if let Some(peer) = &self.peer {
+            req.extensions_mut().insert(peer.clone());
+        }
         let path = req.uri().path();
         if let Some(access) = &self.access
             && let Err(refusal) = access.check(path, req.headers())
@@ -207,7 +236,10 @@ pub async fn serve_http2(
                 return serve_connection(&builder, tcp, service, watcher).await;
             };
             match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(stream)) => serve_connection(&builder, stream, service, watcher).await,
+                Ok(Ok(stream)) => {
+                    let service = service.for_peer(PeerCert::of_connection(stream.get_ref().1));
+                    serve_connection(&builder, stream, service, watcher).await
+                }
                 Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
                 Err(_) => tracing::debug!("TLS handshake timed out"),
             }

@@ -100,6 +100,11 @@ impl Member {
             .args(["--node-id", &self.id.to_string()])
             .args(FAST_RAFT)
             .args(extra);
+        if self.netns.is_some() {
+            // Namespace addresses are beyond loopback: these tests are about partitions and
+            // node loss, so their nodes take plaintext explicitly (TLS is tested in tls.rs).
+            cmd.arg("--insecure");
+        }
         self.child = Some(crate::spawn_server(&mut cmd, &self.log));
     }
 

@@ -4,7 +4,9 @@
 //! - `neardup cert ca --out DIR`: `DIR/ca.pem` and `DIR/ca.key`;
 //! - `neardup cert issue --ca DIR --name NAME --host HOST... --out DIR`: `DIR/NAME.pem` and
 //!   `DIR/NAME.key`, valid for each HOST (a DNS name or an IP address), for servers and
-//!   clients alike.
+//!   clients alike. With `--node-id ID` it names cluster node ID (a URI SAN
+//!   `urn:neardup:node:ID`), as a node's certificate for mutual TLS between nodes must;
+//!   without, it is an operator's or a public server's.
 //!
 //! Keys are written with mode 0600. Each command prints one JSON object naming its files.
 
@@ -12,9 +14,11 @@ use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use neardup_server::tls::node_uri;
+use rcgen::string::Ia5String;
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
+    KeyUsagePurpose, SanType,
 };
 use serde_json::json;
 
@@ -51,6 +55,9 @@ pub enum CertCommand {
         /// A DNS name or IP address it is valid for; repeat for more.
         #[arg(long = "host", required = true)]
         hosts: Vec<String>,
+        /// The cluster node it belongs to (a node's certificate for the internal port).
+        #[arg(long)]
+        node_id: Option<u64>,
         /// The directory to write to (made if missing; existing files are not replaced).
         #[arg(long)]
         out: PathBuf,
@@ -65,7 +72,7 @@ pub fn run(args: CertArgs) -> Result<(), CliError> {
             let cert = ca_params(&name)?.self_signed(&key).map_err(failed)?;
             write_pair(&out, "ca", &cert.pem(), &key.serialize_pem())?
         }
-        CertCommand::Issue { ca, name, hosts, out } => {
+        CertCommand::Issue { ca, name, hosts, node_id, out } => {
             if name.is_empty() || name.contains(['/', '\0']) || name == "ca" {
                 return Err(CliError::Config(format!("{name:?} cannot name a certificate file")));
             }
@@ -84,6 +91,13 @@ pub fn run(args: CertArgs) -> Result<(), CliError> {
             let mut params = CertificateParams::new(hosts)
                 .map_err(|e| CliError::Config(format!("--host: {e}")))?;
             params.distinguished_name.push(DnType::CommonName, name.clone());
+            if let Some(id) = node_id {
+                if id == 0 {
+                    return Err(CliError::Config("--node-id 0: node ids start at 1".into()));
+                }
+                let uri = Ia5String::try_from(node_uri(id)).map_err(failed)?;
+                params.subject_alt_names.push(SanType::URI(uri));
+            }
             params.key_usages =
                 vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
             params.extended_key_usages =

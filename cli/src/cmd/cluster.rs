@@ -5,6 +5,7 @@
 //! - `add`, `remove NODE`, `transfer-leader NODE`: a change, sent to any member (a member
 //!   that is not the leader forwards it); prints the epoch it was applied at.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use neardup_client::{Auth, ClientError, Token};
@@ -13,6 +14,7 @@ use neardup_proto::admin::{
     AddNodeRequest, ChangeResponse, Design, Node, NodeState, Partition, RemoveNodeRequest, Role,
     StatusRequest, StatusResponse, Tablet, TabletState, TransferLeaderRequest,
 };
+use neardup_server::tls::{ClusterTls, ClusterTlsFiles, peer_endpoint};
 use serde_json::{Value, json};
 use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
@@ -40,12 +42,34 @@ pub struct AdminAddr {
     /// An admin token, when the cluster checks tokens.
     #[command(flatten)]
     pub token: TokenArgs,
+    /// Mutual TLS: the cluster CA's certificate (PEM), when the nodes' internal ports take
+    /// TLS; with --tls-cert and --tls-key, a certificate it signed.
+    #[arg(long, env = "NEARDUP_CLUSTER_TLS_CA", requires_all = ["tls_cert", "tls_key"])]
+    pub tls_ca: Option<PathBuf>,
+    /// Mutual TLS: this client's certificate (PEM), signed by the cluster CA.
+    #[arg(long, env = "NEARDUP_CLUSTER_TLS_CERT", requires = "tls_ca")]
+    pub tls_cert: Option<PathBuf>,
+    /// Mutual TLS: its key (PEM).
+    #[arg(long, env = "NEARDUP_CLUSTER_TLS_KEY", requires = "tls_ca")]
+    pub tls_key: Option<PathBuf>,
 }
 
 impl AdminAddr {
     /// A client of the admin API this names.
     fn client(&self) -> Result<Admin, CliError> {
-        admin_client(&self.addr, Duration::from_millis(self.timeout_ms), self.token.token()?)
+        let tls = match (&self.tls_ca, &self.tls_cert, &self.tls_key) {
+            (Some(ca), Some(cert), Some(key)) => Some(
+                ClusterTls::new(ClusterTlsFiles {
+                    ca_file: ca.clone(),
+                    cert_file: cert.clone(),
+                    key_file: key.clone(),
+                })
+                .map_err(CliError::Config)?,
+            ),
+            _ => None,
+        };
+        let timeout = Duration::from_millis(self.timeout_ms);
+        admin_client(&self.addr, timeout, self.token.token()?, tls.as_deref())
     }
 }
 
@@ -94,20 +118,16 @@ pub enum ClusterCommand {
     },
 }
 
-/// `HOST:PORT` or a URI, as a URI.
-pub fn admin_uri(addr: &str) -> String {
-    if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") }
-}
-
-/// A client of the admin API at `addr`, sending `token` with every call, connecting on first
-/// use (a refused connection is the first call's error).
+/// A client of the admin API at `addr`, sending `token` with every call, over mutual TLS
+/// with `tls`, connecting on first use (a refused connection is the first call's error).
 pub fn admin_client(
     addr: &str,
     timeout: Duration,
     token: Option<Token>,
+    tls: Option<&ClusterTls>,
 ) -> Result<Admin, CliError> {
-    let endpoint = tonic::transport::Endpoint::from_shared(admin_uri(addr))
-        .map_err(|e| CliError::Connect { server: addr.to_string(), reason: e.to_string() })?
+    let endpoint = peer_endpoint(addr, tls)
+        .map_err(|reason| CliError::Connect { server: addr.to_string(), reason })?
         .connect_timeout(timeout.min(Duration::from_secs(5)))
         .timeout(timeout);
     let auth = Auth::new(token.as_ref()).map_err(|e| CliError::Config(e.to_string()))?;
@@ -203,6 +223,7 @@ pub fn status_json(r: &StatusResponse) -> Value {
         partitions,
         replicas,
         split_bits,
+        removed,
     } = r;
     // Only the leader tracks its followers' progress: elsewhere "caught up" is unknown (null).
     let is_leader = *leader != 0 && leader == node_id;
@@ -261,6 +282,7 @@ pub fn status_json(r: &StatusResponse) -> Value {
         "partitions": partitions,
         "replicas": replicas,
         "split_bits": split_bits,
+        "removed": removed,
     })
 }
 
@@ -299,8 +321,10 @@ mod tests {
             partitions: vec![Partition { index: 0, nodes: vec![1], filling: vec![2] }],
             replicas: 2,
             split_bits: 2,
+            removed: vec![4],
         };
         let v = status_json(&r);
+        assert_eq!(v["removed"], json!([4]));
         assert_eq!(v["leader"], 1);
         assert_eq!(v["epoch"], 5);
         assert_eq!(v["applied"], 9);

@@ -19,6 +19,7 @@ use neardup_cluster::map::{DesignInfo, Layout};
 use neardup_cluster::{ClusterConfig, ClusterMetrics, ClusterNode, NodeId};
 use neardup_proto::admin::AddNodeRequest;
 use neardup_server::cluster_rpc::GrpcTransport;
+use neardup_server::tls::ClusterTls;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tonic::Code;
@@ -41,6 +42,8 @@ pub struct ClusterRole {
     join: Option<(String, AddNodeRequest)>,
     /// The admin token sent with the join.
     join_token: Option<Token>,
+    /// Mutual TLS with the other nodes.
+    tls: Option<Arc<ClusterTls>>,
 }
 
 /// Where a node keeps its Raft state.
@@ -84,12 +87,14 @@ fn node_id(wanted: u64, stored: Option<NodeId>, dir: &Path) -> Result<NodeId, Cl
 
 /// Opens (or creates) the node's Raft state, binds the internal listener and starts Raft.
 /// `public` is the bound public address (advertised unless `advertise_public` is set). The
-/// transport's tasks run on `runtime` (the one of the internal services).
+/// transport's tasks run on `runtime` (the one of the internal services); with `tls`, every
+/// connection to the other nodes is mutual TLS, and the certificate must name this node.
 pub async fn start(
     config: &Config,
     public: SocketAddr,
     registry: &mut Registry,
     runtime: &tokio::runtime::Handle,
+    tls: Option<Arc<ClusterTls>>,
 ) -> Result<(ClusterRole, TcpListener), CliError> {
     let c = &config.cluster;
     let dir = cluster_dir(&config.data);
@@ -103,6 +108,16 @@ pub async fn start(
         .await
         .map_err(|e| CliError::Cluster(e.to_string()))??;
     let id = node_id(c.node_id, stored, &dir)?;
+    if let Some(t) = &tls
+        && t.node() != Some(id)
+    {
+        return Err(CliError::Config(format!(
+            "the certificate {} names {}, but this is node {id}: a node's certificate carries \
+             its id (neardup cert issue --node-id {id})",
+            c.tls_cert_file,
+            t.node().map_or("no node".to_string(), |n| format!("node {n}")),
+        )));
+    }
     let listener = ops::bind(&c.internal_listen, "the internal gRPC API").await?;
     let internal = listener.local_addr().map_err(|source| CliError::Listen {
         what: "the internal gRPC API",
@@ -142,7 +157,7 @@ pub async fn start(
     metrics.register(registry);
     let transport = {
         let _on = runtime.enter();
-        GrpcTransport::new(id, internal_addr.clone())
+        GrpcTransport::new(id, internal_addr.clone(), tls.clone())
     };
     let t: Arc<dyn neardup_cluster::Transport> = Arc::new(transport.clone());
     let node = tokio::task::spawn_blocking(move || ClusterNode::start(cfg, t, metrics))
@@ -162,7 +177,7 @@ pub async fn start(
     let join_token = (!c.join_token_file.is_empty())
         .then(|| read_token_file(Path::new(&c.join_token_file)))
         .transpose()?;
-    Ok((ClusterRole { node, transport, join, join_token }, listener))
+    Ok((ClusterRole { node, transport, join, join_token, tls }, listener))
 }
 
 impl ClusterRole {
@@ -172,7 +187,8 @@ impl ClusterRole {
         let Some((via, req)) = &self.join else { return Ok(()) };
         let mut wait = Duration::from_millis(250);
         for attempt in 1..=JOIN_ATTEMPTS {
-            let mut client = admin_client(via, Duration::from_secs(10), self.join_token.clone())?;
+            let (timeout, token) = (Duration::from_secs(10), self.join_token.clone());
+            let mut client = admin_client(via, timeout, token, self.tls.as_deref())?;
             match client.add_node(req.clone()).await {
                 Ok(r) => {
                     let r = r.into_inner();

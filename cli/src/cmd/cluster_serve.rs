@@ -49,11 +49,17 @@ pub async fn run(
     mut registry: Registry,
 ) -> Result<(), CliError> {
     // Files that do not read stop the start here.
-    let (access, tls) = (config.access()?, config.tls()?);
+    let (access, tls, cluster_tls) = (config.access()?, config.tls()?, config.cluster_tls()?);
     let internal_rt = internal_runtime()?;
     // The cluster's state is opened first: a wrong node id stops the start here.
-    let (cluster, internal_listener) =
-        cluster_node::start(&config, address, &mut registry, internal_rt.handle()).await?;
+    let (cluster, internal_listener) = cluster_node::start(
+        &config,
+        address,
+        &mut registry,
+        internal_rt.handle(),
+        cluster_tls.clone(),
+    )
+    .await?;
     let design = config.index_config()?.design;
     let shard = config.shard_config()?;
     let store_config = NodeStoreConfig::of_shard(shard);
@@ -75,7 +81,8 @@ pub async fn run(
         Arc::new(move || n.in_contact())
     };
     let local = Arc::new(LocalNode::new(id, store.clone(), node.watch_map(), contact));
-    let grpc = GrpcNodes::new(node.watch_map(), config.limits.max_message_bytes);
+    let grpc =
+        GrpcNodes::new(node.watch_map(), config.limits.max_message_bytes, cluster_tls.clone());
     let local_api: Arc<dyn NodeApi> = local.clone();
     let nodes = grpc.resolver(Some((id, local_api.clone())));
     let cluster_router = ClusterRouter::new(
@@ -127,6 +134,7 @@ pub async fn run(
             max,
             http2,
             admin_access,
+            cluster_tls,
             stopping,
         )
         .await

@@ -52,6 +52,9 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
     if !ops::start_role(args.flags.print_config, &config) {
         return Ok(());
     }
+    if cluster_node::cluster_mode(&config) {
+        config.check_exposure()?;
+    }
     let listener = ops::bind(&config.listen, "gRPC").await?;
     let address = listener.local_addr().map_err(|source| CliError::Listen {
         what: "gRPC",
