@@ -21,7 +21,7 @@ use neardup_core::codec::TableOptions;
 use neardup_core::{Design, IndexConfig};
 use neardup_router::{Limits, VerifyDefaults};
 use neardup_server::ShardConfig;
-use neardup_server::access::{Access, AccessConfig};
+use neardup_server::access::{Access, AccessConfig, MetricsToken};
 use neardup_server::tls::{ClusterTls, ClusterTlsFiles, Tls, TlsFiles};
 use serde::{Deserialize, Serialize};
 
@@ -78,6 +78,8 @@ pub struct AuthSection {
     pub close_health: bool,
     /// Reflection needs a token too.
     pub close_reflection: bool,
+    /// A file holding the bearer token `/metrics` asks for; empty: the metrics are open.
+    pub metrics_token_file: String,
 }
 
 /// `[index]`.
@@ -543,6 +545,18 @@ impl Config {
         // Detached: it watches as long as the process runs.
         drop(access.watch(Duration::from_secs(2)));
         Ok(Some(access))
+    }
+
+    /// The token `/metrics` asks for, its file watched for changes (every 2 s, and on
+    /// SIGHUP); `None` when `auth.metrics_token_file` is empty. Needs a tokio runtime.
+    pub fn metrics_token(&self) -> Result<Option<Arc<MetricsToken>>, CliError> {
+        if self.auth.metrics_token_file.is_empty() {
+            return Ok(None);
+        }
+        let token = MetricsToken::new(PathBuf::from(&self.auth.metrics_token_file))
+            .map_err(CliError::Config)?;
+        drop(token.watch(Duration::from_secs(2)));
+        Ok(Some(token))
     }
 
     /// TLS on the public API, its files watched for changes (every 2 s, and on SIGHUP);

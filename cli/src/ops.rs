@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use neardup_server::access::MetricsToken;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 
@@ -43,8 +44,12 @@ pub async fn bind(addr: &str, what: &'static str) -> Result<TcpListener, CliErro
 }
 
 /// Serves `registry` at `http://addr/metrics` (OpenMetrics text) until the process ends;
-/// returns the bound address.
-pub async fn serve_metrics(addr: &str, registry: Registry) -> Result<Option<SocketAddr>, CliError> {
+/// returns the bound address. With `token`, a request without it is answered 401.
+pub async fn serve_metrics(
+    addr: &str,
+    registry: Registry,
+    token: Option<Arc<MetricsToken>>,
+) -> Result<Option<SocketAddr>, CliError> {
     if addr.is_empty() {
         return Ok(None);
     }
@@ -57,10 +62,19 @@ pub async fn serve_metrics(addr: &str, registry: Registry) -> Result<Option<Sock
     let registry = Arc::new(registry);
     let app = axum::Router::new().route(
         "/metrics",
-        axum::routing::get(move || {
-            let registry = registry.clone();
+        axum::routing::get(move |headers: axum::http::HeaderMap| {
+            let (registry, token) = (registry.clone(), token.clone());
             async move {
                 use axum::http::{StatusCode, header};
+                if let Some(t) = &token
+                    && !t.allows(headers.get(header::AUTHORIZATION))
+                {
+                    return (
+                        StatusCode::UNAUTHORIZED,
+                        [(header::WWW_AUTHENTICATE, "Bearer")],
+                        "the metrics need the metrics token (authorization: Bearer)\n".to_string(),
+                    );
+                }
                 let mut body = String::new();
                 match prometheus_client::encoding::text::encode(&mut body, &registry) {
                     Ok(()) => (

@@ -262,6 +262,57 @@ impl Access {
     }
 }
 
+/// The bearer token `/metrics` asks for, when configured: the one line of a file (its
+/// SHA-256 kept, not the token), read again on SIGHUP and when the file changes. Prometheus
+/// sends it with `authorization: credentials_file` (or `bearer_token_file`).
+#[derive(Debug)]
+pub struct MetricsToken {
+    file: PathBuf,
+    hash: RwLock<[u8; 32]>,
+}
+
+impl MetricsToken {
+    /// Reads the token in `file`; an error when it does not read or is empty.
+    pub fn new(file: PathBuf) -> Result<Arc<MetricsToken>, String> {
+        let hash = read_metrics_token(&file)?;
+        Ok(Arc::new(MetricsToken { file, hash: RwLock::new(hash) }))
+    }
+
+    /// Whether a request with the `authorization` header `header` may read the metrics.
+    pub fn allows(&self, header: Option<&http::HeaderValue>) -> bool {
+        header
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|t| sha256(t.trim().as_bytes()) == *self.hash.read())
+    }
+
+    /// Reads the file again; on an error the token in force stays.
+    pub fn reload(&self) -> Result<(), String> {
+        *self.hash.write() = read_metrics_token(&self.file)?;
+        Ok(())
+    }
+
+    /// Reads it again on SIGHUP and whenever it changes (looked at every `every`).
+    pub fn watch(self: &Arc<Self>, every: Duration) -> tokio::task::JoinHandle<()> {
+        let token = self.clone();
+        let files = vec![self.file.clone()];
+        crate::reload::watch_files("the metrics token", files, every, move || {
+            token.reload().map(|()| token.file.display().to_string())
+        })
+    }
+}
+
+/// The SHA-256 of the token in `file` (surrounding white space left out).
+fn read_metrics_token(file: &Path) -> Result<[u8; 32], String> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| format!("the metrics token file {}: {e}", file.display()))?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(format!("the metrics token file {} is empty", file.display()));
+    }
+    Ok(sha256(token.as_bytes()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -358,5 +409,27 @@ mod tests {
         std::fs::write(&path, "not toml [").unwrap();
         assert!(a.reload().is_err());
         assert!(a.check(q, &headers(Some("two"))).is_ok());
+    }
+
+    #[test]
+    fn the_metrics_token_is_a_bearer_token_from_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("metrics.token");
+        std::fs::write(&file, "").unwrap();
+        assert!(MetricsToken::new(file.clone()).unwrap_err().contains("empty"));
+        std::fs::write(&file, "s3cret\n").unwrap();
+        let token = MetricsToken::new(file.clone()).unwrap();
+        let header = |v: &str| http::HeaderValue::from_str(v).unwrap();
+        assert!(token.allows(Some(&header("Bearer s3cret"))));
+        assert!(!token.allows(Some(&header("Bearer other"))));
+        assert!(!token.allows(Some(&header("s3cret"))));
+        assert!(!token.allows(None));
+        std::fs::write(&file, "n3w").unwrap();
+        token.reload().unwrap();
+        assert!(token.allows(Some(&header("Bearer n3w"))));
+        assert!(!token.allows(Some(&header("Bearer s3cret"))));
+        std::fs::remove_file(&file).unwrap();
+        assert!(token.reload().is_err());
+        assert!(token.allows(Some(&header("Bearer n3w"))), "a failed reload keeps the token");
     }
 }

@@ -74,3 +74,48 @@ async fn metrics_endpoint_reports_requests_and_storage() {
     assert!(!body.contains("neardup_rpc_items_total{method=\"Insert\"}"), "rejected items counted");
     node.terminate();
 }
+
+/// `GET /metrics` with `authorization` when given; the whole answer.
+fn scrape_with(addr: &str, authorization: Option<&str>) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let auth = authorization.map(|a| format!("Authorization: {a}\r\n")).unwrap_or_default();
+    let req = format!("GET /metrics HTTP/1.0\r\nHost: localhost\r\n{auth}\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).unwrap();
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_token_guards_the_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let token_file = dir.path().join("metrics.token");
+    std::fs::write(&token_file, "scrape-secret-1\n").unwrap();
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let (set, tok) = (
+        format!("metrics_listen={metrics}"),
+        format!("auth.metrics_token_file={}", token_file.display()),
+    );
+    let mut node = Node::start(
+        &["serve", "--data", data.to_str().unwrap(), "--set", &set, "--set", &tok],
+        dir.path(),
+    );
+    node.serving().await;
+    let status = |body: &str| body.split_whitespace().nth(1).unwrap_or_default().to_string();
+    assert_eq!(status(&scrape_with(&metrics, None)), "401");
+    assert_eq!(status(&scrape_with(&metrics, Some("Bearer wrong"))), "401");
+    let ok = scrape_with(&metrics, Some("Bearer scrape-secret-1"));
+    assert_eq!(status(&ok), "200", "{ok}");
+    assert!(ok.contains("neardup_documents"), "{ok}");
+    // A new token in the file takes over without a restart; the old one stops working.
+    std::fs::write(&token_file, "scrape-secret-2\n").unwrap();
+    let limit = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while status(&scrape_with(&metrics, Some("Bearer scrape-secret-2"))) != "200" {
+        assert!(std::time::Instant::now() < limit, "the new token never took over");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(status(&scrape_with(&metrics, Some("Bearer scrape-secret-1"))), "401");
+    let log = node.log_text();
+    assert!(!log.contains("scrape-secret"), "a token in the log:\n{log}");
+}

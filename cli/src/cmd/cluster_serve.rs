@@ -73,7 +73,7 @@ pub async fn run(
             .await
             .map_err(|e| CliError::Start(neardup_server::Error::Internal(e.to_string())))?
             .map_err(CliError::Start)?;
-    ops::serve_metrics(&config.metrics_listen, registry).await?;
+    ops::serve_metrics(&config.metrics_listen, registry, config.metrics_token()?).await?;
     let node = cluster.node.clone();
     let id = node.id();
     let contact = {

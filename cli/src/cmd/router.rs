@@ -38,7 +38,7 @@ pub async fn run(args: RouterArgs) -> Result<(), CliError> {
     let metrics = RpcMetrics::default();
     let mut registry = Registry::default();
     metrics.register(&mut registry);
-    ops::serve_metrics(&config.metrics_listen, registry).await?;
+    ops::serve_metrics(&config.metrics_listen, registry, config.metrics_token()?).await?;
     let router = Router::with_verify(
         Arc::new(remote),
         max_k,

@@ -73,7 +73,7 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
     // Files that do not read stop the start here.
     let (access, tls) = (config.access()?, config.tls()?);
     let shard = open_and_recover(&config, shard_metrics.clone())?;
-    ops::serve_metrics(&config.metrics_listen, registry).await?;
+    ops::serve_metrics(&config.metrics_listen, registry, config.metrics_token()?).await?;
     let health = neardup_router::shard::health_of(&shard);
     let api = InProcess::new(ShardService::new(shard.clone()), health);
     let router = Router::with_verify(

@@ -26,7 +26,7 @@ pub async fn run(args: ShardArgs) -> Result<(), CliError> {
     let shard = open_and_recover(&config, metrics.clone())?;
     let mut registry = Registry::default();
     metrics.register(&mut registry);
-    ops::serve_metrics(&config.metrics_listen, registry).await?;
+    ops::serve_metrics(&config.metrics_listen, registry, config.metrics_token()?).await?;
     tracing::info!(address = %config.listen, data = %config.data.display(), "shard node serving");
     neardup_server::node::serve(
         listener,
