@@ -30,6 +30,7 @@ mod load;
 mod plot;
 mod replica;
 mod service;
+mod service_tls;
 mod workload;
 
 use clap::{Parser, Subcommand};

@@ -42,16 +42,16 @@ use tokio_stream::wrappers::ReceiverStream;
 pub struct ServiceArgs {
     /// Documents stored.
     #[arg(long, default_value_t = 1_000_000)]
-    n: usize,
+    pub(crate) n: usize,
     /// Distinct queries generated (reused round-robin by every phase).
     #[arg(long, default_value_t = 200_000)]
     queries: usize,
     /// Hamming distance.
     #[arg(long, default_value_t = 3)]
-    k: u32,
+    pub(crate) k: u32,
     /// Table design of the server and the baseline.
     #[arg(long, default_value = "paper-10")]
-    design: String,
+    pub(crate) design: String,
     /// Block size of the server's and the baseline's tables (the service's default).
     #[arg(long, default_value_t = neardup_cli::config::SERVICE_BLOCK_BYTES)]
     block_bytes: usize,
@@ -63,19 +63,19 @@ pub struct ServiceArgs {
     seconds: u64,
     /// Concurrent insert streams.
     #[arg(long, default_value_t = 4)]
-    insert_streams: usize,
+    pub(crate) insert_streams: usize,
     /// Documents per insert message.
     #[arg(long, default_value_t = 2000)]
-    insert_batch: usize,
+    pub(crate) insert_batch: usize,
     /// Queries per QueryBatch message.
     #[arg(long, default_value_t = 1000)]
-    query_batch: usize,
+    pub(crate) query_batch: usize,
     /// Concurrent QueryBatch streams.
     #[arg(long, default_value_t = 2)]
-    batch_streams: usize,
+    pub(crate) batch_streams: usize,
     /// Queries sent through QueryBatch in all.
     #[arg(long, default_value_t = 2_000_000)]
-    batch_queries: usize,
+    pub(crate) batch_queries: usize,
     /// Unary rate of the mixed phase.
     #[arg(long, default_value_t = 5000)]
     mixed_rate: u64,
@@ -103,11 +103,22 @@ pub struct ServiceArgs {
     /// program, else the one on PATH].
     #[arg(long, value_name = "FILE")]
     neardup: Option<PathBuf>,
+    /// Instead of the phases above: what TLS costs. Two servers over the same documents, one
+    /// plaintext and one with TLS (certificates from `neardup cert`), measured in alternating
+    /// rounds: QueryBatch throughput and unary Query latency (see [`crate::service_tls`]).
+    #[arg(long)]
+    pub(crate) tls: bool,
+    /// Rounds of the TLS comparison (each measures both servers).
+    #[arg(long, default_value_t = 5)]
+    pub(crate) tls_rounds: usize,
+    /// Unary calls per server and round in the TLS comparison.
+    #[arg(long, default_value_t = 5000)]
+    pub(crate) tls_unary_calls: usize,
 }
 
 impl ServiceArgs {
     /// The `neardup` binary the server runs.
-    fn neardup(&self) -> PathBuf {
+    pub(crate) fn neardup(&self) -> PathBuf {
         neardup_binary(self.neardup.as_deref())
     }
 }
@@ -171,7 +182,13 @@ pub(crate) fn free_port() -> Result<u16, String> {
 }
 
 impl ServerProcess {
-    fn start(data: &std::path::Path, port: u16, args: &ServiceArgs) -> Result<Self, String> {
+    /// The server of `args` on 127.0.0.1:`port`, with `extra` settings after `args`'.
+    pub(crate) fn start_with(
+        data: &std::path::Path,
+        port: u16,
+        args: &ServiceArgs,
+        extra: &[String],
+    ) -> Result<Self, String> {
         let mut sets = vec![
             format!("index.block_bytes={}", args.block_bytes),
             // Compact as soon as the loading stops, so the measured phases see one run and
@@ -179,6 +196,7 @@ impl ServerProcess {
             "storage.compact_idle_secs=1".to_string(),
         ];
         sets.extend(args.server_set.iter().cloned());
+        sets.extend(extra.iter().cloned());
         let metrics = format!("127.0.0.1:{}", free_port()?);
         Self::launch(&args.neardup(), data, port, Some(&args.design), &sets, Some(&metrics))
     }
@@ -395,8 +413,13 @@ pub async fn run(args: ServiceArgs) -> Result<(), String> {
     let w = workload(args.n + 200_000, args.queries, args.seed);
     let fps = Arc::new(w.stored);
     let queries = Arc::new(w.queries);
+    if args.tls {
+        let report = crate::service_tls::run(&args, &data, fps, queries).await?;
+        println!("{report}");
+        return Ok(());
+    }
     let port = free_port()?;
-    let mut server = ServerProcess::start(&data, port, &args)?;
+    let mut server = ServerProcess::start_with(&data, port, &args, &[])?;
     server.wait_serving(Instant::now(), Duration::from_secs(60)).await?;
     let options = ClientOptions { timeout: Duration::from_secs(600), ..ClientOptions::default() };
     let clients: Vec<Client> = futures_join(
@@ -693,7 +716,7 @@ pub async fn run(args: ServiceArgs) -> Result<(), String> {
     eprintln!("restart after SIGTERM");
     let stop_secs = server.stop()?;
     let t = Instant::now();
-    let mut server = ServerProcess::start(&data, port, &args)?;
+    let mut server = ServerProcess::start_with(&data, port, &args, &[])?;
     let clean = server.wait_serving(t, Duration::from_secs(600)).await?;
     eprintln!("  {clean:.2} s to serving (shutdown took {stop_secs:.2} s)");
     // A crash: kill -9 while documents stream in, then start again.
@@ -708,7 +731,7 @@ pub async fn run(args: ServiceArgs) -> Result<(), String> {
     let _ = crash_writer.await;
     eprintln!("restart after kill -9");
     let t = Instant::now();
-    let mut server = ServerProcess::start(&data, port, &args)?;
+    let mut server = ServerProcess::start_with(&data, port, &args, &[])?;
     let crash = server.wait_serving(t, Duration::from_secs(600)).await?;
     eprintln!("  {crash:.2} s to serving");
     report.insert(
