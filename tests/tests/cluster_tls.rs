@@ -5,7 +5,7 @@
 //! - The cluster forms (joins, Raft, data moving between nodes) and answers exactly across
 //!   nodes (checked against brute force over the acknowledged documents).
 //! - `neardup cluster status` needs a certificate of the CA: plaintext is refused.
-//! - A node whose certificate another CA signed cannot join, and stops.
+//! - A node whose certificate another CA signed cannot join (it stops), read or write.
 //! - Once removed, a node is refused by the others although its certificate is valid: its
 //!   writes (through its own public API, and sent straight to a member's data service) and
 //!   its Raft messages; it cannot be added again under its id.
@@ -211,6 +211,31 @@ async fn mutual_tls_between_nodes() {
     assert!(!stranger.wait_exit(), "a node of another CA joined");
     assert!(stranger.log_text().contains("cannot join"), "{}", stranger.log_text());
     assert_eq!(node_ids(&status(&members[0], &ca).unwrap()), vec![1, 2, 3]);
+
+    // Its certificate, trusting the cluster's CA, reads nothing and writes nothing either:
+    // the handshake refuses it.
+    let files = ClusterTlsFiles {
+        ca_file: ca.join("ca.pem"),
+        cert_file: other.join("node-4.pem"),
+        key_file: other.join("node-4.key"),
+    };
+    let foreign = std::sync::Arc::into_inner(ClusterTls::new(files).unwrap()).unwrap();
+    let channel = peer_endpoint(&via, Some(&foreign)).unwrap().timeout(Duration::from_secs(10));
+    match channel.connect().await {
+        Err(_) => {}
+        Ok(channel) => {
+            let mut data = DataClient::new(channel);
+            let read = data.node_stats(NodeStatsRequest::default()).await;
+            assert!(read.is_err(), "another CA's certificate read: {read:?}");
+            let put = TabletWriteRequest {
+                epoch: 1,
+                ops: vec![TabletEntryOp { table: 0, gid: 1 << 40, fp: 1, remove: false }],
+                new_gids: false,
+            };
+            let write = data.tablet_write(put).await;
+            assert!(write.is_err(), "another CA's certificate wrote: {write:?}");
+        }
+    }
 
     // The operator's certificate names no node: the admin API answers it, the data service
     // does not.
