@@ -247,10 +247,12 @@ impl ClusterTls {
     pub fn reload(&self) -> Result<(), String> {
         let (client, node) = client_config(&self.files)?;
         if node != self.node {
+            let name = |n: Option<NodeId>| n.map_or("no node".into(), |n| format!("node {n}"));
             return Err(format!(
-                "the certificate {} names node {node:?}, not {:?} as before",
+                "the certificate {} names {}, not {} as before; the one in force stays",
                 self.files.cert_file.display(),
-                self.node
+                name(node),
+                name(self.node)
             ));
         }
         self.server.reload()?;
@@ -304,5 +306,82 @@ pub fn peer_endpoint(addr: &str, tls: Option<&ClusterTls>) -> Result<Endpoint, S
     match tls {
         Some(t) => t.client_endpoint(endpoint),
         None => Ok(endpoint),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::string::Ia5String;
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
+
+    /// A CA's PEM and its issuer.
+    fn ca() -> (String, Issuer<'static, KeyPair>) {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let cert = params.self_signed(&key).unwrap();
+        (cert.pem(), Issuer::new(params, key))
+    }
+
+    /// A certificate `issuer` signs for 127.0.0.1, naming `node` when given: (cert, key) PEM.
+    fn leaf(issuer: &Issuer<'_, KeyPair>, node: Option<NodeId>) -> (String, String) {
+        let mut params = CertificateParams::new(vec!["127.0.0.1".to_string()]).unwrap();
+        params.distinguished_name.push(rcgen::DnType::CommonName, "leaf");
+        if let Some(id) = node {
+            params.subject_alt_names.push(SanType::URI(Ia5String::try_from(node_uri(id)).unwrap()));
+        }
+        let key = KeyPair::generate().unwrap();
+        (params.signed_by(&key, issuer).unwrap().pem(), key.serialize_pem())
+    }
+
+    fn write(files: &ClusterTlsFiles, ca: &str, (cert, key): &(String, String)) {
+        std::fs::write(&files.ca_file, ca).unwrap();
+        std::fs::write(&files.cert_file, cert).unwrap();
+        std::fs::write(&files.key_file, key).unwrap();
+    }
+
+    #[test]
+    fn a_certificate_names_its_node() {
+        let (_, issuer) = ca();
+        for node in [Some(7), None] {
+            let (cert, _) = leaf(&issuer, node);
+            let der = CertificateDer::from_pem_slice(cert.as_bytes()).unwrap();
+            let peer = PeerCert::from_der(&der).unwrap();
+            assert_eq!(peer, PeerCert { node, name: "leaf".into() });
+        }
+        assert!(PeerCert::from_der(b"not a certificate").is_err());
+    }
+
+    #[test]
+    fn cluster_tls_reloads_and_keeps_its_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = ClusterTlsFiles {
+            ca_file: dir.path().join("ca.pem"),
+            cert_file: dir.path().join("node.pem"),
+            key_file: dir.path().join("node.key"),
+        };
+        let (ca_pem, issuer) = ca();
+        write(&files, &ca_pem, &leaf(&issuer, Some(3)));
+        let tls = ClusterTls::new(files.clone()).unwrap();
+        assert_eq!((tls.node(), tls.generation()), (Some(3), 0));
+        // A renewed certificate of the same node: taken, and channels are to be made again.
+        write(&files, &ca_pem, &leaf(&issuer, Some(3)));
+        tls.reload().unwrap();
+        assert_eq!(tls.generation(), 1);
+        // One naming another node is refused, and what is in force stays.
+        write(&files, &ca_pem, &leaf(&issuer, Some(4)));
+        let e = tls.reload().unwrap_err();
+        assert!(e.contains("names node 4, not node 3"), "{e}");
+        assert_eq!((tls.node(), tls.generation()), (Some(3), 1));
+        // A key that is not the certificate's is refused at start.
+        let (cert, _) = leaf(&issuer, Some(3));
+        let (_, other_key) = leaf(&issuer, Some(3));
+        write(&files, &ca_pem, &(cert, other_key));
+        assert!(ClusterTls::new(files.clone()).is_err());
+        // An empty CA file too.
+        write(&files, "", &leaf(&issuer, Some(3)));
+        let e = ClusterTls::new(files).unwrap_err();
+        assert!(e.contains("holds no certificate"), "{e}");
     }
 }
