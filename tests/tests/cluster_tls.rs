@@ -90,23 +90,17 @@ async fn internal(addr: &str, who: &ClusterTls) -> tonic::transport::Channel {
         .expect("a certificate of the CA connects")
 }
 
+/// `neardup ARGS...` beside member `m`, with the operator's certificate of `ca_dir`.
+fn operator(m: &Member, ca_dir: &Path, args: &[&str]) -> Result<Value, String> {
+    let f = |name: &str| ca_dir.join(name).display().to_string();
+    let (ca, cert, key) = (f("ca.pem"), f("op.pem"), f("op.key"));
+    let tls = ["--tls-ca", &ca, "--tls-cert", &cert, "--tls-key", &key];
+    m.cli(&[args, &tls[..]].concat())
+}
+
 /// `neardup cluster status` of member `m` with the operator's certificate of `ca_dir`.
 fn status(m: &Member, ca_dir: &Path) -> Result<Value, String> {
-    let f = |name: &str| ca_dir.join(name).display().to_string();
-    m.cli(&[
-        "cluster",
-        "status",
-        "--addr",
-        &m.internal,
-        "--timeout-ms",
-        "3000",
-        "--tls-ca",
-        &f("ca.pem"),
-        "--tls-cert",
-        &f("op.pem"),
-        "--tls-key",
-        &f("op.key"),
-    ])
+    operator(m, ca_dir, &["cluster", "status", "--addr", &m.internal, "--timeout-ms", "3000"])
 }
 
 /// Waits (a safety net of two minutes) until `m`'s status satisfies `ready`.
@@ -247,20 +241,7 @@ async fn mutual_tls_between_nodes() {
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
 
     // Remove node 3 (its process keeps running).
-    let f = |name: &str| ca.join(name).display().to_string();
-    let removed = members[0].cli(&[
-        "cluster",
-        "remove",
-        "3",
-        "--addr",
-        &via,
-        "--tls-ca",
-        &f("ca.pem"),
-        "--tls-cert",
-        &f("op.pem"),
-        "--tls-key",
-        &f("op.key"),
-    ]);
+    let removed = operator(&members[0], &ca, &["cluster", "remove", "3", "--addr", &via]);
     assert!(removed.is_ok(), "{removed:?}");
     let v = wait_status(&mut members[0], &ca, "node 3 removed", |v| node_ids(v) == [1, 2]);
     assert_eq!(v["removed"], serde_json::json!([3]));
@@ -295,24 +276,9 @@ async fn mutual_tls_between_nodes() {
     let as_1 = RaftMessage { message: Vec::new(), from_id: 1, from_addr: String::new() };
     let e = RaftClient::new(internal(&via, &node2).await).step(as_1).await.unwrap_err();
     assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
-    let again = members[0].cli(&[
-        "cluster",
-        "add",
-        "--addr",
-        &via,
-        "--node-id",
-        "3",
-        "--public",
-        &members[2].public,
-        "--internal",
-        &members[2].internal,
-        "--tls-ca",
-        &f("ca.pem"),
-        "--tls-cert",
-        &f("op.pem"),
-        "--tls-key",
-        &f("op.key"),
-    ]);
+    let (public, internal) = (members[2].public.clone(), members[2].internal.clone());
+    let add = ["cluster", "add", "--addr", &via, "--node-id", "3", "--public", &public];
+    let again = operator(&members[0], &ca, &[&add[..], &["--internal", &internal]].concat());
     let e = again.expect_err("a removed id was added again");
     assert!(e.contains("was removed"), "{e}");
 
