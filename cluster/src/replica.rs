@@ -418,8 +418,65 @@ impl Replica {
             && self.sync.index.is_some_and(|i| self.applied >= i)
     }
 
-    /// Steps a message from a peer.
+    /// Refuses a message from a peer that raft-rs would take as proof of an impossible state
+    /// and abort on (`fatal!`), stopping this node: no correct peer sends one, but a damaged
+    /// or forged message must not stop the Raft thread. Dropping it is safe, as Raft
+    /// tolerates lost messages.
+    fn check_incoming(&self, msg: &Message) -> Result<(), ClusterError> {
+        let bad = |why: String| Err(ClusterError::InvalidArgument(format!("raft message: {why}")));
+        let log = &self.raw.raft.raft_log;
+        match msg.get_msg_type() {
+            MessageType::MsgPropose if msg.entries.is_empty() => {
+                bad("a proposal without entries".into())
+            }
+            MessageType::MsgHeartbeat if msg.commit > log.last_index() => bad(format!(
+                "a heartbeat commits index {} past this log's last index {}",
+                msg.commit,
+                log.last_index()
+            )),
+            MessageType::MsgAppend => {
+                // Entries follow the index, in terms that never go down, from the term of
+                // the entry before them up to the sender's (raft-rs takes a term-0 entry past
+                // the log as already there, then commits beyond its log).
+                let mut floor = msg.log_term.max(1);
+                for (i, e) in msg.entries.iter().enumerate() {
+                    if Some(e.index) != msg.index.checked_add(i as u64 + 1) {
+                        return bad(format!(
+                            "append after index {}: entry {i} has index {}",
+                            msg.index, e.index
+                        ));
+                    }
+                    if e.term < floor || (msg.term != 0 && e.term > msg.term) {
+                        return bad(format!(
+                            "append in term {} after term {}: entry {} has term {}",
+                            msg.term, msg.log_term, e.index, e.term
+                        ));
+                    }
+                    floor = e.term;
+                }
+                // An entry that differs from a committed one here would make raft-rs
+                // overwrite the committed log.
+                if log.match_term(msg.index, msg.log_term)
+                    && let Some(e) = msg
+                        .entries
+                        .iter()
+                        .find(|e| e.index <= log.committed && !log.match_term(e.index, e.term))
+                {
+                    return bad(format!(
+                        "entry {} (term {}) conflicts with the committed log",
+                        e.index, e.term
+                    ));
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Steps a message from a peer. InvalidArgument, and the message dropped, for one that no
+    /// correct peer sends (see `check_incoming`).
     pub fn step(&mut self, msg: Message) -> Result<(), ClusterError> {
+        self.check_incoming(&msg)?;
         let (from, term) = (msg.from, msg.term);
         if from != 0 {
             self.last_heard.insert(from, self.ticks);

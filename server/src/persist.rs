@@ -395,7 +395,11 @@ impl DocSnapshot {
             return Err(Error::CorruptTablet("document snapshot header: bad layout".into()));
         }
         let w = |i: usize| u64::from_le_bytes(body[1 + 8 * i..9 + 8 * i].try_into().expect("8"));
-        Ok(DocSnapshot { id: w(0), covered: w(1), chunks: w(2) as u32, next_id: w(3) })
+        // Stored as a u64; a count a u32 cannot hold is damage, not a count to cut short.
+        let chunks = u32::try_from(w(2)).map_err(|_| {
+            Error::CorruptTablet(format!("document snapshot header: {} chunks", w(2)))
+        })?;
+        Ok(DocSnapshot { id: w(0), covered: w(1), chunks, next_id: w(3) })
     }
 
     /// Key of chunk `c` of snapshot `id`.
@@ -409,6 +413,18 @@ impl DocSnapshot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the `manifest` fuzz target (`fuzz/`): a snapshot header whose chunk count
+    /// (a u64) does not fit the u32 it is read into was accepted, the count cut short.
+    #[test]
+    fn fuzz_snapshot_chunk_count_past_u32_is_an_error() {
+        let bytes: [u8; 37] = [
+            1, 2, 0, 0, 0, 64, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 254, 46,
+            69, 213, 0, 0, 0, 0, 140, 102, 244, 175,
+        ];
+        let err = DocSnapshot::decode(&bytes).unwrap_err();
+        assert!(matches!(err, Error::CorruptTablet(_)), "{err}");
+    }
 
     #[test]
     fn manifest_and_snapshot_round_trip() {

@@ -174,15 +174,18 @@ impl ShardRpc for ShardService {
 // Conversions between the wire types and the shard's own: every struct is destructured
 // whole, so a field added on either side fails to compile here until it is carried over.
 
-/// A sketch on the wire: empty is none; anything else must decode.
-fn sketch_of(bytes: &[u8]) -> Result<Option<Sketch>, Error> {
+/// A sketch on the wire: empty is none; anything else must decode (INVALID_ARGUMENT if not).
+/// Public for the fuzz targets (`fuzz/`), which feed it what the service receives.
+pub fn sketch_of(bytes: &[u8]) -> Result<Option<Sketch>, Error> {
     if bytes.is_empty() {
         return Ok(None);
     }
     Sketch::from_bytes(bytes).map(Some).map_err(|e| Error::InvalidInput(e.to_string()))
 }
 
-fn verify_of(jaccard: f64, candidate_k: u32) -> Result<Verify, Error> {
+/// The verification a request asks for: `verify_jaccard` must be in `[0, 1]`
+/// (INVALID_ARGUMENT if not); `candidate_k` counts only when verifying.
+pub fn verify_of(jaccard: f64, candidate_k: u32) -> Result<Verify, Error> {
     if !(0.0..=1.0).contains(&jaccard) {
         return Err(Error::InvalidInput(format!(
             "verify_jaccard is {jaccard}; it must be between 0 and 1"
@@ -191,7 +194,9 @@ fn verify_of(jaccard: f64, candidate_k: u32) -> Result<Verify, Error> {
     Ok(Verify { jaccard, candidate_k: if jaccard > 0.0 { candidate_k } else { 0 } })
 }
 
-fn new_document(d: ShardDocument) -> Result<NewDocument, Error> {
+/// A document of a `WriteRequest` or `AdmitRequest` as the shard takes it, its sketch
+/// checked by [`sketch_of`].
+pub fn new_document(d: ShardDocument) -> Result<NewDocument, Error> {
     let ShardDocument { id, fingerprint, timestamp_ms, sketch } = d;
     Ok(NewDocument { id, fingerprint, timestamp_ms, sketch: sketch_of(&sketch)? })
 }

@@ -177,13 +177,19 @@ impl HxTable {
         let (nblocks, mut opts, len, huffman) = Self::parse_header(header)?;
         opts.search = search;
         let bb = opts.block_bytes;
-        let mut data = AlignedBytes::with_capacity(nblocks * bb + SLACK);
-        let mut ranks = Vec::with_capacity(nblocks + 1);
+        // The header's block count is not trusted with memory before the blocks are there:
+        // room for at most the blocks the iterator says it holds (damaged headers of a few
+        // bytes asked for gigabytes).
+        let blocks = blocks.into_iter();
+        let (at_least, at_most) = blocks.size_hint();
+        let room = nblocks.min(at_most.unwrap_or(at_least));
+        let mut data = AlignedBytes::with_capacity(room * bb + SLACK);
+        let mut ranks = Vec::with_capacity(room + 1);
         let mut values = Vec::new();
         let mut scratch = vec![0u8; bb + SLACK];
         let mut total = 0usize;
         let mut last: Option<u64> = None;
-        for (i, block) in blocks.into_iter().enumerate() {
+        for (i, block) in blocks.enumerate() {
             if i >= nblocks {
                 return Err(Error::corrupt("table has more blocks than its header says"));
             }
@@ -263,6 +269,22 @@ mod tests {
             forged[b0 + 252..b0 + 256].copy_from_slice(&crc.to_le_bytes());
             assert!(HxTable::from_bytes(&forged, BlockSearch::Directory).is_err());
         }
+    }
+
+    /// Found by the `hx_table` fuzz target (`fuzz/`): a header with a valid checksum that
+    /// claims 620,756,993 blocks of 32 bytes before one block made the reader reserve ~19 GB.
+    /// It must be refused as truncated, reserving only what the blocks there need.
+    #[test]
+    fn fuzz_header_claiming_huge_block_count_is_an_error() {
+        let bytes: [u8; 124] = [
+            78, 68, 72, 88, 1, 0, 0, 0, 32, 0, 0, 0, 1, 0, 0, 37, 1, 0, 0, 128, 0, 0, 0, 0, 0, 0,
+            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+            0, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+            0, 0, 0, 0, 252, 84, 227, 213, 147, 69, 30, 190, 60, 6, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0,
+            0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 112, 146, 28, 158,
+        ];
+        let err = HxTable::from_bytes(&bytes, BlockSearch::Directory).unwrap_err();
+        assert!(err.to_string().contains("block"), "{err}");
     }
 
     #[test]

@@ -261,7 +261,9 @@ impl DocStore {
         let extra = dups.last().map_or(0, |d| d.1 as usize);
         let fits = dups.last().is_none_or(|d| (d.0 as usize) < distinct)
             && dups.first().is_none_or(|d| d.1 > 0);
-        if !ordered || !fits || ids.len() != distinct + extra || ts.len() != ids.len() {
+        // (A damaged count of distinct fingerprints may be near `usize::MAX`.)
+        let docs = distinct.checked_add(extra);
+        if !ordered || !fits || docs != Some(ids.len()) || ts.len() != ids.len() {
             return None;
         }
         Some((DocStore { ids, ts, dups, deleted: Deleted::default() }, rest))

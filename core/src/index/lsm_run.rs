@@ -615,6 +615,10 @@ impl Run {
         if crc32fast::hash(body) != u32::from_le_bytes(*crc) {
             return Err(bad("checksum mismatch"));
         }
+        // Magic, version, reserved: a record with a valid checksum may still stop short.
+        if body.len() < 8 {
+            return Err(bad("truncated"));
+        }
         let version = u16::from_le_bytes([body[4], body[5]]);
         if version != META_VERSION {
             return Err(Error::UnsupportedVersion {

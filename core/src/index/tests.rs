@@ -502,6 +502,34 @@ fn runs_survive_storage_and_damaged_tables_are_rebuilt() {
     }
 }
 
+/// Found by the `run_load` fuzz target (`fuzz/`): metadata of the magic and one more byte,
+/// with a valid checksum, read the version past its end (a panic). Now a clear error.
+#[test]
+fn fuzz_metadata_cut_after_its_magic_is_an_error() {
+    let index = Index::new(small_config("paper-4")).unwrap();
+    let meta: [u8; 9] = [78, 68, 82, 78, 3, 176, 23, 92, 173];
+    let err = index.load_run(&meta, &[]).unwrap_err();
+    assert!(matches!(err, Error::Corrupt(_)), "{err}");
+    assert!(err.to_string().contains("truncated"), "{err}");
+}
+
+/// Found by the `run_load` fuzz target (`fuzz/`): metadata with a valid checksum whose count
+/// of distinct fingerprints is near `u64::MAX` overflowed adding up the document columns.
+#[test]
+fn fuzz_metadata_with_huge_distinct_count_is_an_error() {
+    let index = Index::new(small_config("paper-4")).unwrap();
+    let meta: [u8; 151] = [
+        78, 68, 82, 78, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 6, 0, 0, 0, 0, 0, 0, 0, 5, 254, 255,
+        255, 255, 255, 255, 255, 15, 0, 0, 0, 3, 0, 0, 0, 52, 99, 49, 0, 0, 0, 0, 0, 0, 0, 0, 10,
+        0, 0, 0, 6, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3, 172, 15, 132, 0, 4, 4, 0, 0, 0,
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 128, 3, 0, 0, 0, 6, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0,
+        0, 0, 0, 0, 3, 196, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+        0, 0, 1, 0, 0, 2, 221, 240, 41, 116,
+    ];
+    let err = index.load_run(&meta, &[]).unwrap_err();
+    assert!(matches!(err, Error::Corrupt(_)), "{err}");
+}
+
 #[test]
 fn damaged_metadata_or_every_table_is_an_error() {
     let mut g = Gen::new(2, Shape::Uniform);
