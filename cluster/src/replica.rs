@@ -429,6 +429,19 @@ impl Replica {
             MessageType::MsgPropose if msg.entries.is_empty() => {
                 bad("a proposal without entries".into())
             }
+            // Forwarded to the leader as they are, and raft-rs refuses to send these with a
+            // term: peers never set one.
+            MessageType::MsgPropose | MessageType::MsgReadIndex if msg.term != 0 => {
+                bad(format!("a {:?} with term {}", msg.get_msg_type(), msg.term))
+            }
+            // A vote is asked for a term: raft-rs answers in the term asked and refuses to
+            // send an answer without one.
+            MessageType::MsgRequestVote | MessageType::MsgRequestPreVote if msg.term == 0 => {
+                bad(format!("a {:?} without a term", msg.get_msg_type()))
+            }
+            MessageType::MsgTransferLeader if msg.term != 0 && !self.is_leader() => {
+                bad(format!("a leadership transfer in term {} to a follower", msg.term))
+            }
             MessageType::MsgHeartbeat if msg.commit > log.last_index() => bad(format!(
                 "a heartbeat commits index {} past this log's last index {}",
                 msg.commit,

@@ -127,3 +127,33 @@ fn append_that_breaks_the_log_is_refused() {
     refused(&mut r, &append(c - 1, before, vec![entry(c, later)]));
     assert!(r.is_leader());
 }
+
+/// `crash-1fa67fbb…`: a `MsgPropose` carrying a term, which a follower forwards to its leader
+/// as it is ("term should not be set when sending MsgPropose"); the same for `MsgReadIndex`.
+#[test]
+fn forwarded_message_with_a_term_is_refused() {
+    let mut r = replica(vec![1, 2, 3]);
+    for t in [MessageType::MsgPropose, MessageType::MsgReadIndex] {
+        let mut m = Message::default();
+        m.set_msg_type(t);
+        m.from = 2;
+        m.to = 1;
+        m.term = 2;
+        m.set_entries(vec![Entry { data: b"{}".to_vec().into(), ..Default::default() }].into());
+        refused(&mut r, &m.write_to_bytes().unwrap());
+    }
+}
+
+/// A vote request without a term, which raft-rs would answer in term 0 ("term should be set
+/// when sending MsgRequestVoteResponse"); the same for a pre-vote.
+#[test]
+fn vote_request_without_a_term_is_refused() {
+    let mut r = replica(vec![1, 2, 3]);
+    for t in [MessageType::MsgRequestVote, MessageType::MsgRequestPreVote] {
+        let mut m = Message::default();
+        m.set_msg_type(t);
+        m.from = 2;
+        m.to = 1;
+        refused(&mut r, &m.write_to_bytes().unwrap());
+    }
+}

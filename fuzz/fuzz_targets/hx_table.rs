@@ -30,9 +30,8 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
     let mut out = Vec::new();
     let mut r = SplitMix(7);
     for (i, n) in [1usize, 3, 40, 300].into_iter().enumerate() {
-        let mut v: Vec<u64> = (0..n)
-            .map(|j| if j % 3 == 0 { r.next_u64() >> 20 } else { r.next_u64() })
-            .collect();
+        let mut v: Vec<u64> =
+            (0..n).map(|j| if j % 3 == 0 { r.next_u64() >> 20 } else { r.next_u64() }).collect();
         v.sort_unstable();
         v.dedup();
         for codec in [Codec::Xor, Codec::Gap] {

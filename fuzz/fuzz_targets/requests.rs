@@ -197,7 +197,8 @@ fn handle(kind: u8, b: &[u8]) {
                 let v1::QueryBatchRequest { queries, k, limit } = m;
                 block(Box::pin(async {
                     for q in queries.into_iter().take(16) {
-                        let req = v1::QueryRequest { target: Some(q), k, limit, ..Default::default() };
+                        let req =
+                            v1::QueryRequest { target: Some(q), k, limit, ..Default::default() };
                         let _ = w.router.query(Request::new(req)).await;
                     }
                 }));
@@ -386,61 +387,88 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
         sketch: Vec::new(),
     };
     let msgs: Vec<(u8, Vec<u8>)> = vec![
-        (0, v1::InsertRequest { documents: vec![doc("a", Some("hello world")), doc("b", None)] }
-            .encode_to_vec()),
-        (1, v1::QueryRequest {
-            target: Some(target.clone()),
-            k: Some(3),
-            limit: 10,
-            verify_jaccard: Some(0.5),
-            candidate_k: None,
-        }
-        .encode_to_vec()),
-        (2, v1::QueryBatchRequest { queries: vec![target.clone(), target], k: None, limit: 0 }
-            .encode_to_vec()),
-        (3, v1::CheckAndInsertRequest {
-            document: Some(doc("c", Some("some text here"))),
-            k: Some(2),
-            ..Default::default()
-        }
-        .encode_to_vec()),
-        (4, v1::DeleteRequest { ids: vec!["a".into(), "b".into()], must_exist: true }
-            .encode_to_vec()),
-        (5, v1::FingerprintRequest { texts: vec!["日本語のテキスト".into(), "ascii words".into()] }
-            .encode_to_vec()),
-        (7, int::WriteRequest {
-            documents: vec![int::ShardDocument {
-                id: "x".into(),
-                fingerprint: 1,
-                timestamp_ms: 2,
-                sketch: vec![1, 64],
-            }],
-            ..Default::default()
-        }
-        .encode_to_vec()),
-        (13, int::TabletProbeRequest {
-            epoch: 3,
-            probes: vec![int::TabletProbeTarget { table: 1, fp: 2 }],
-            k: 3,
-            max_matches: 10,
-            resolve: true,
-        }
-        .encode_to_vec()),
-        (14, int::DocWriteRequest {
-            epoch: 1,
-            ops: vec![int::DocChange {
-                change: Some(int::doc_change::Change::Remove(int::DocRemoval {
-                    gid: 5,
-                    name: "n".into(),
-                })),
-            }],
-        }
-        .encode_to_vec()),
+        (
+            0,
+            v1::InsertRequest { documents: vec![doc("a", Some("hello world")), doc("b", None)] }
+                .encode_to_vec(),
+        ),
+        (
+            1,
+            v1::QueryRequest {
+                target: Some(target.clone()),
+                k: Some(3),
+                limit: 10,
+                verify_jaccard: Some(0.5),
+                candidate_k: None,
+            }
+            .encode_to_vec(),
+        ),
+        (
+            2,
+            v1::QueryBatchRequest { queries: vec![target.clone(), target], k: None, limit: 0 }
+                .encode_to_vec(),
+        ),
+        (
+            3,
+            v1::CheckAndInsertRequest {
+                document: Some(doc("c", Some("some text here"))),
+                k: Some(2),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        ),
+        (
+            4,
+            v1::DeleteRequest { ids: vec!["a".into(), "b".into()], must_exist: true }
+                .encode_to_vec(),
+        ),
+        (
+            5,
+            v1::FingerprintRequest {
+                texts: vec!["日本語のテキスト".into(), "ascii words".into()]
+            }
+            .encode_to_vec(),
+        ),
+        (
+            7,
+            int::WriteRequest {
+                documents: vec![int::ShardDocument {
+                    id: "x".into(),
+                    fingerprint: 1,
+                    timestamp_ms: 2,
+                    sketch: vec![1, 64],
+                }],
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        ),
+        (
+            13,
+            int::TabletProbeRequest {
+                epoch: 3,
+                probes: vec![int::TabletProbeTarget { table: 1, fp: 2 }],
+                k: 3,
+                max_matches: 10,
+                resolve: true,
+            }
+            .encode_to_vec(),
+        ),
+        (
+            14,
+            int::DocWriteRequest {
+                epoch: 1,
+                ops: vec![int::DocChange {
+                    change: Some(int::doc_change::Change::Remove(int::DocRemoval {
+                        gid: 5,
+                        name: "n".into(),
+                    })),
+                }],
+            }
+            .encode_to_vec(),
+        ),
         (23, admin::AddNodeRequest::default().encode_to_vec()),
     ];
-    msgs.into_iter()
-        .map(|(k, m)| (format!("kind-{k}"), [&[k][..], &m].concat()))
-        .collect()
+    msgs.into_iter().map(|(k, m)| (format!("kind-{k}"), [&[k][..], &m].concat())).collect()
 }
 
 fuzz_target!(init: { write_seeds(seeds()) }, |data: &[u8]| {
