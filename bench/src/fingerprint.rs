@@ -307,7 +307,8 @@ fn mb(bytes: usize) -> f64 {
     bytes as f64 / (1u64 << 20) as f64
 }
 
-fn median(v: &mut [f64]) -> f64 {
+/// The median of `v` (the upper one of an even count; `v` not empty), sorting it.
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }

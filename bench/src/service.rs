@@ -303,6 +303,33 @@ impl Drop for ServerProcess {
     }
 }
 
+/// QueryBatch over `streams` concurrent streams (stream `s` on `clients[s % len]`), `per`
+/// queries each from `queries` (stream `s` starting at `s * per`), `args.k` and
+/// `args.query_batch` queries a message; the queries answered and the matches.
+pub(crate) async fn query_batch_streams(
+    clients: &[Client],
+    streams: usize,
+    queries: &Arc<Vec<u64>>,
+    per: usize,
+    args: &ServiceArgs,
+) -> Result<(usize, usize), String> {
+    let mut tasks = Vec::new();
+    for s in 0..streams {
+        let c = clients[s % clients.len()].clone();
+        let targets: Vec<Target> =
+            (0..per).map(|i| Target::Fingerprint(queries[(s * per + i) % queries.len()])).collect();
+        let (k, b) = (args.k, args.query_batch);
+        tasks.push(tokio::spawn(async move { c.query_all(&targets, Some(k), 100, b).await }));
+    }
+    let (mut answered, mut matched) = (0, 0);
+    for task in tasks {
+        let r = task.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+        answered += r.len();
+        matched += r.iter().map(|x| x.matches.len()).sum::<usize>();
+    }
+    Ok((answered, matched))
+}
+
 /// Streams documents `range` over `streams` concurrent InsertStream calls at most `rate`
 /// documents/s (0: as fast as possible); returns documents acknowledged.
 pub(crate) async fn insert_range(
@@ -578,21 +605,8 @@ pub async fn run(args: ServiceArgs) -> Result<(), String> {
     batch_cpu.start();
     client_cpu.start();
     let t = Instant::now();
-    let mut tasks = Vec::new();
-    for s in 0..args.batch_streams.max(1) {
-        let c = clients[s % clients.len()].clone();
-        let targets: Vec<Target> =
-            (0..per).map(|i| Target::Fingerprint(queries[(s * per + i) % queries.len()])).collect();
-        let (k, b) = (args.k, args.query_batch);
-        tasks.push(tokio::spawn(async move { c.query_all(&targets, Some(k), 100, b).await }));
-    }
-    let mut answered = 0usize;
-    let mut matched = 0usize;
-    for task in tasks {
-        let r = task.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
-        answered += r.len();
-        matched += r.iter().map(|x| x.matches.len()).sum::<usize>();
-    }
+    let (answered, matched) =
+        query_batch_streams(&clients, args.batch_streams.max(1), &queries, per, &args).await?;
     let batch_secs = t.elapsed().as_secs_f64();
     batch_cpu.stop();
     client_cpu.stop();

@@ -17,11 +17,14 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use neardup_client::{Client, ClientOptions, ClientTls, Target};
+use neardup_client::{Client, ClientOptions, ClientTls};
 use serde_json::{Value, json};
 
+use crate::fingerprint::median;
 use crate::latency::Latencies;
-use crate::service::{ServerProcess, ServiceArgs, free_port, insert_range, settle};
+use crate::service::{
+    ServerProcess, ServiceArgs, free_port, insert_range, query_batch_streams, settle,
+};
 
 /// One server of the comparison and its clients.
 struct Side {
@@ -173,20 +176,10 @@ async fn query_batch(
     queries: &Arc<Vec<u64>>,
 ) -> Result<f64, String> {
     let streams = side.clients.len();
-    let per = args.batch_queries / streams;
     let t = Instant::now();
-    let mut tasks = Vec::new();
-    for (s, c) in side.clients.iter().enumerate() {
-        let c = c.clone();
-        let targets: Vec<Target> =
-            (0..per).map(|i| Target::Fingerprint(queries[(s * per + i) % queries.len()])).collect();
-        let (k, b) = (args.k, args.query_batch);
-        tasks.push(tokio::spawn(async move { c.query_all(&targets, Some(k), 100, b).await }));
-    }
-    let mut answered = 0usize;
-    for task in tasks {
-        answered += task.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?.len();
-    }
+    let (answered, _) =
+        query_batch_streams(&side.clients, streams, queries, args.batch_queries / streams, args)
+            .await?;
     Ok(answered as f64 / t.elapsed().as_secs_f64())
 }
 
@@ -207,13 +200,4 @@ async fn unary(
         lat.record(t.elapsed().as_nanos() as u64);
     }
     Ok(lat)
-}
-
-/// The median of `v` (0 when empty).
-fn median(v: &mut [f64]) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }

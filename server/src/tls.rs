@@ -125,6 +125,11 @@ pub fn node_uri(id: NodeId) -> String {
 
 const NODE_URI_PREFIX: &str = "urn:neardup:node:";
 
+/// What a certificate names, for messages: `node ID` or `no node`.
+pub fn named(node: Option<NodeId>) -> String {
+    node.map_or("no node".into(), |n| format!("node {n}"))
+}
+
 /// Who is at the other end of a mutually authenticated connection, from its certificate
 /// (already verified against the CA by the handshake).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -247,12 +252,11 @@ impl ClusterTls {
     pub fn reload(&self) -> Result<(), String> {
         let (client, node) = client_config(&self.files)?;
         if node != self.node {
-            let name = |n: Option<NodeId>| n.map_or("no node".into(), |n| format!("node {n}"));
             return Err(format!(
                 "the certificate {} names {}, not {} as before; the one in force stays",
                 self.files.cert_file.display(),
-                name(node),
-                name(self.node)
+                named(node),
+                named(self.node)
             ));
         }
         self.server.reload()?;

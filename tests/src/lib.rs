@@ -198,6 +198,12 @@ pub fn run(args: &[&str]) -> Output {
         .expect("run the neardup binary")
 }
 
+/// `neardup cert ARGS...`, which must succeed.
+pub fn cert(args: &[&str]) {
+    let out = run(&[&["cert"][..], args].concat());
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 /// Whether a test may go on without something it needs that this machine lacks (a Python
 /// package, a data set): prints `SKIPPED: what` and returns false, so the test returns early.
 /// With `NEARDUP_TESTS_STRICT` set (`.ci/run` sets it) nothing is skipped: it panics instead.

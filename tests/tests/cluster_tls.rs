@@ -22,15 +22,9 @@ use neardup_proto::internal::raft_client::RaftClient;
 use neardup_proto::internal::{NodeStatsRequest, RaftMessage, TabletEntryOp, TabletWriteRequest};
 use neardup_server::tls::{ClusterTls, ClusterTlsFiles, peer_endpoint};
 use neardup_tests::cluster::Member;
-use neardup_tests::run;
+use neardup_tests::{cert, run};
 use serde_json::Value;
 use tonic::Code;
-
-/// `neardup cert ARGS...`, which must succeed.
-fn cert(args: &[&str]) {
-    let out = run(&[&["cert"][..], args].concat());
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-}
 
 /// A CA in `dir/name`, with the certificates of nodes `nodes` (named `node-ID`) and of an
 /// operator (`op`, naming no node), all for 127.0.0.1.

@@ -7,11 +7,7 @@ use neardup_client::{doc, text_doc};
 use neardup_tests::{Node, free_port};
 
 fn scrape(addr: &str) -> String {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
-    body
+    scrape_with(addr, None)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,13 +7,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use neardup_client::{Client, ClientOptions, ClientTls, doc};
-use neardup_tests::{Node, run};
-
-/// `neardup cert ARGS...`, which must succeed.
-fn cert(args: &[&str]) {
-    let out = run(&[&["cert"][..], args].concat());
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-}
+use neardup_tests::{Node, cert, run};
 
 /// An authority in `dir/name` and a certificate for 127.0.0.1 it signs, `dir/name/server.*`.
 fn pki(dir: &Path, name: &str) -> std::path::PathBuf {

@@ -19,7 +19,7 @@ use neardup_cluster::map::{DesignInfo, Layout};
 use neardup_cluster::{ClusterConfig, ClusterMetrics, ClusterNode, NodeId};
 use neardup_proto::admin::AddNodeRequest;
 use neardup_server::cluster_rpc::GrpcTransport;
-use neardup_server::tls::ClusterTls;
+use neardup_server::tls::{ClusterTls, named};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tonic::Code;
@@ -115,7 +115,7 @@ pub async fn start(
             "the certificate {} names {}, but this is node {id}: a node's certificate carries \
              its id (neardup cert issue --node-id {id})",
             c.tls_cert_file,
-            t.node().map_or("no node".to_string(), |n| format!("node {n}")),
+            named(t.node()),
         )));
     }
     let listener = ops::bind(&c.internal_listen, "the internal gRPC API").await?;
