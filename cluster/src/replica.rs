@@ -434,10 +434,20 @@ impl Replica {
             MessageType::MsgPropose | MessageType::MsgReadIndex if msg.term != 0 => {
                 bad(format!("a {:?} with term {}", msg.get_msg_type(), msg.term))
             }
+            // A read index request carries its context as its one entry: raft-rs reads it
+            // without looking.
+            MessageType::MsgReadIndex if msg.entries.len() != 1 => {
+                bad(format!("a read index request with {} entries, not 1", msg.entries.len()))
+            }
             // A vote is asked for a term: raft-rs answers in the term asked and refuses to
             // send an answer without one.
             MessageType::MsgRequestVote | MessageType::MsgRequestPreVote if msg.term == 0 => {
                 bad(format!("a {:?} without a term", msg.get_msg_type()))
+            }
+            // Sent in the leader's term; raft-rs takes a term-0 answer past the log as
+            // matching it, and commits beyond its log.
+            MessageType::MsgReadIndexResp if msg.term == 0 => {
+                bad("a read index answer without a term".into())
             }
             MessageType::MsgTransferLeader if msg.term != 0 && !self.is_leader() => {
                 bad(format!("a leadership transfer in term {} to a follower", msg.term))

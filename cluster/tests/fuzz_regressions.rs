@@ -157,3 +157,43 @@ fn vote_request_without_a_term_is_refused() {
         refused(&mut r, &m.write_to_bytes().unwrap());
     }
 }
+
+/// `crash-90f46b20…`: a `MsgReadIndex` without its context entry, which raft-rs indexes
+/// without looking ("index out of bounds: the len is 0"), from a peer and as if from the
+/// node itself.
+#[test]
+fn read_index_without_its_entry_is_refused() {
+    let mut r = replica(vec![1]);
+    assert!(r.is_leader());
+    for from in [0, 1, 2] {
+        let mut m = Message::default();
+        m.set_msg_type(MessageType::MsgReadIndex);
+        m.from = from;
+        m.to = 1;
+        refused(&mut r, &m.write_to_bytes().unwrap());
+    }
+    // Two entries are no read index request either.
+    let mut m = Message::default();
+    m.set_msg_type(MessageType::MsgReadIndex);
+    m.from = 2;
+    m.to = 1;
+    let e = Entry { data: b"ctx".to_vec().into(), ..Default::default() };
+    m.set_entries(vec![e.clone(), e].into());
+    refused(&mut r, &m.write_to_bytes().unwrap());
+    assert!(r.is_leader());
+}
+
+/// `crash-ee749f75…`: a `MsgReadIndexResp` without a term, naming an index past the log:
+/// raft-rs reads the term of an index beyond its log as 0, takes it as a match, and commits
+/// past its log ("to_commit 65 is out of range").
+#[test]
+fn read_index_answer_without_a_term_is_refused() {
+    let mut r = replica(vec![1, 2, 3]);
+    let mut m = Message::default();
+    m.set_msg_type(MessageType::MsgReadIndexResp);
+    m.from = 2;
+    m.to = 1;
+    m.index = 65;
+    m.set_entries(vec![Entry { data: b"ctx".to_vec().into(), ..Default::default() }].into());
+    refused(&mut r, &m.write_to_bytes().unwrap());
+}

@@ -59,6 +59,9 @@ impl BuildContext {
 const META_MAGIC: [u8; 4] = *b"NDRN";
 /// Version of the run metadata record.
 const META_VERSION: u16 = 1;
+/// The largest run id: ids count up from 1 by one a run, so no index comes near it, and one
+/// above it in stored metadata is damage (it would leave no id for the runs after it).
+pub(crate) const MAX_RUN_ID: u64 = 1 << 62;
 
 /// One table of a stored run: its encoded table's header and blocks, as stored.
 #[derive(Debug, Clone, Copy)]
@@ -428,8 +431,8 @@ impl Run {
                 // `build` permutes `distinct`; `merge` merges its sources' tables (each that
                 // of its source's fingerprints) less the permuted fingerprints no live
                 // document keeps; `load` keeps a stored table only when every checksum holds
-                // and it has the run's count of values, and rebuilds it from the fingerprints
-                // otherwise. A hit goes back to identity order through the inverse of its
+                // and it holds exactly the run's fingerprints permuted, and rebuilds it from
+                // the fingerprints otherwise. A hit goes back to identity order through the inverse of its
                 // table's permutation (and of its sub-table's, in a crowded bucket), and the
                 // index queries a run with the design it was built or loaded for.
                 debug_assert!(
@@ -460,6 +463,7 @@ impl Run {
     /// [`Index::load_run`](super::Index::load_run) needs.
     /// Deletion marks are not included: see [`deleted_positions`](Self::deleted_positions).
     pub fn meta_bytes(&self, design: &Design) -> Vec<u8> {
+        debug_assert!(self.id <= MAX_RUN_ID);
         let text = design.to_string();
         let mut out = Vec::new();
         out.extend_from_slice(&META_MAGIC);
@@ -585,17 +589,24 @@ impl Run {
             } else {
                 let intact =
                     if same_design { decoded.get_mut(t).and_then(Option::take) } else { None };
-                match intact {
-                    Some(mut hx) => {
+                let source = Distinct::of(fps_sorted.as_deref(), &fps);
+                // A table whose checksums hold is still checked against the run's
+                // fingerprints: one missing from it would drop matches from exact answers.
+                let intact = intact
+                    .map(|mut hx| {
                         hx.drop_ranks();
                         let v = hx.to_vec();
+                        (hx, v)
+                    })
+                    .filter(|(_, v)| holds_permuted(v, &source, spec));
+                match intact {
+                    Some((hx, v)) => {
                         // Kept as it is, or packed from its values.
                         let kept = (!packed).then(|| Arc::new(EncodedTable::Blocks(hx)));
                         PermutedTable::build(&v, kept, spec.prefix_bits, ctx.opts, &ctx.policy, 0)?
                     }
                     None => {
                         rebuilt.push(t);
-                        let source = Distinct::of(fps_sorted.as_deref(), &fps);
                         permuted_sorted(&source, spec, &mut v, &mut tmp);
                         PermutedTable::build(&v, None, spec.prefix_bits, ctx.opts, &ctx.policy, 0)?
                     }
@@ -628,6 +639,9 @@ impl Run {
         }
         let rest = body.get(8..).ok_or_else(|| bad("truncated"))?;
         let (id, rest) = super::packed_column::take_u64(rest).ok_or_else(|| bad("truncated"))?;
+        if id > MAX_RUN_ID {
+            return Err(bad(&format!("run id {id} is beyond any an index makes")));
+        }
         let (n_docs, rest) =
             super::packed_column::take_u64(rest).ok_or_else(|| bad("truncated"))?;
         let (distinct, rest) =
@@ -734,6 +748,23 @@ impl Values for Distinct<'_> {
 /// Puts the strictly increasing `values` through table `spec`'s permutation, sorted, into
 /// `out` (`tmp` is scratch). Designs keep the bits after a table's prefix in order, so a
 /// stable sort on the prefix is enough; any other permutation is sorted on all 64 bits.
+/// Whether `values` (a stored table's) are exactly `source`'s fingerprints permuted by
+/// `spec`: as many, strictly increasing, and with the same order-free digest (a sum of
+/// SplitMix64 hashes). Checksums catch damage on disk, not a table written wrong.
+fn holds_permuted<S: Values + ?Sized>(values: &[u64], source: &S, spec: &TableSpec) -> bool {
+    if values.len() != source.len() || values.windows(2).any(|w| w[0] >= w[1]) {
+        return false;
+    }
+    let stored = values.iter().fold(0u64, |a, &v| a.wrapping_add(crate::sketch::mix64(v)));
+    let mut expected = 0u64;
+    source.for_each_chunk(|chunk| {
+        for &fp in chunk {
+            expected = expected.wrapping_add(crate::sketch::mix64(spec.perm.apply(fp)));
+        }
+    });
+    stored == expected
+}
+
 fn permuted_sorted<S: Values + ?Sized>(
     values: &S,
     spec: &TableSpec,

@@ -530,6 +530,66 @@ fn fuzz_metadata_with_huge_distinct_count_is_an_error() {
     assert!(matches!(err, Error::Corrupt(_)), "{err}");
 }
 
+/// Found by the `run_load` fuzz target (`fuzz/`, `crash-d9e4b954…`): metadata with a valid
+/// checksum naming run `u64::MAX` overflowed the next run id when the run was restored.
+#[test]
+fn fuzz_metadata_with_the_largest_run_id_is_an_error() {
+    let mut g = Gen::new(3, Shape::Uniform);
+    let docs: Vec<Doc> = (0..200).map(|_| g.doc()).collect();
+    let index = Index::build(small_config("paper-4"), &docs).unwrap();
+    let run = &index.runs()[0];
+    let hx: Vec<_> = (0..run.tables()).map(|t| run.stored_table(t).unwrap()).collect();
+    let headers: Vec<Vec<u8>> = hx.iter().map(|h| h.header_bytes().to_vec()).collect();
+    let blocks: Vec<Vec<&[u8]>> = hx.iter().map(|h| h.block_slices().collect()).collect();
+    let stored: Vec<StoredTable<'_>> =
+        headers.iter().zip(&blocks).map(|(h, b)| StoredTable { header: h, blocks: b }).collect();
+    let meta = run.meta_bytes(index.design());
+    assert!(index.load_run(&meta, &stored).is_ok());
+    for id in [u64::MAX, u64::MAX - 1, 1 << 63] {
+        // The id follows magic, version and a reserved field; the CRC-32 ends the record.
+        let mut bad = meta[..meta.len() - 4].to_vec();
+        bad[8..16].copy_from_slice(&id.to_le_bytes());
+        let crc = crc32fast::hash(&bad);
+        bad.extend_from_slice(&crc.to_le_bytes());
+        let err = index.load_run(&bad, &stored).unwrap_err();
+        assert!(matches!(err, Error::Corrupt(_)), "{err}");
+        assert!(err.to_string().contains("beyond"), "{err}");
+    }
+}
+
+/// Found by the `run_load` fuzz target (`fuzz/`, `crash-9aee9735…`): a stored table whose
+/// checksums hold but whose values are not the run's fingerprints (written wrong, or forged)
+/// was kept, and a fingerprint missing from it would have dropped matches. It is rebuilt.
+#[test]
+fn fuzz_a_table_of_other_fingerprints_is_rebuilt() {
+    let mut g = Gen::new(4, Shape::Uniform);
+    let docs: Vec<Doc> = (0..2000).map(|_| g.doc()).collect();
+    let others: Vec<Doc> = (0..2000).map(|_| g.doc()).collect();
+    let index = Index::build(small_config("paper-4"), &docs).unwrap();
+    let other = Index::build(small_config("paper-4"), &others).unwrap();
+    let (run, run_b) = (&index.runs()[0], &other.runs()[0]);
+    assert_eq!(run.distinct(), run_b.distinct(), "same count, so only the values differ");
+    let hx: Vec<_> = (0..run.tables()).map(|t| run.stored_table(t).unwrap()).collect();
+    let hx_b: Vec<_> = (0..run_b.tables()).map(|t| run_b.stored_table(t).unwrap()).collect();
+    let headers: Vec<Vec<u8>> = hx.iter().map(|h| h.header_bytes().to_vec()).collect();
+    let blocks: Vec<Vec<&[u8]>> = hx.iter().map(|h| h.block_slices().collect()).collect();
+    let header_b = hx_b[1].header_bytes().to_vec();
+    let blocks_b: Vec<&[u8]> = hx_b[1].block_slices().collect();
+    let stored: Vec<StoredTable<'_>> = (0..hx.len())
+        .map(|t| match t {
+            1 => StoredTable { header: &header_b, blocks: &blocks_b },
+            _ => StoredTable { header: &headers[t], blocks: &blocks[t] },
+        })
+        .collect();
+    let meta = run.meta_bytes(index.design());
+    let fresh = Index::new(small_config("paper-4")).unwrap();
+    let (loaded, rebuilt) = fresh.load_run(&meta, &stored).unwrap();
+    assert_eq!(rebuilt, vec![1]);
+    let mut fresh = fresh;
+    fresh.restore(vec![loaded]).unwrap();
+    check_all_k(&fresh, &Model { docs }, &mut g, 30);
+}
+
 #[test]
 fn damaged_metadata_or_every_table_is_an_error() {
     let mut g = Gen::new(2, Shape::Uniform);
