@@ -147,6 +147,9 @@ pub struct RouterSection {
 pub struct ClusterSection {
     /// This node's id, unique in the cluster (not 0); 0: the id stored in the data directory.
     pub node_id: u64,
+    /// With `node_id` 0 on a new node: the id is 1 + the number ending the host name
+    /// (`neardup-2` is node 3), as a Kubernetes StatefulSet names its pods.
+    pub node_id_from_hostname: bool,
     /// Address of the internal listener: Raft, the admin API and the shard service.
     pub internal_listen: String,
     /// Public address the other nodes and clients are told; empty: the bound `listen` address.
@@ -156,6 +159,9 @@ pub struct ClusterSection {
     /// Start a new cluster with this node as its only voter.
     pub bootstrap: bool,
     /// Join the cluster through this member's internal address (HOST:PORT); empty: none.
+    /// A node told to join through its own advertised internal address starts the cluster
+    /// instead, as `bootstrap` (so that every member of a StatefulSet can be given the first
+    /// one's address).
     pub join: String,
     /// A file holding an admin token, sent with the join when the cluster checks tokens;
     /// empty: none.
@@ -197,6 +203,7 @@ impl Default for ClusterSection {
     fn default() -> Self {
         ClusterSection {
             node_id: 0,
+            node_id_from_hostname: false,
             internal_listen: "127.0.0.1:50061".into(),
             advertise_public: String::new(),
             advertise_internal: String::new(),

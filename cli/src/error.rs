@@ -75,6 +75,9 @@ pub enum CliError {
     /// Stopping the shard (flush, checkpoint, sync) failed.
     #[error("shutdown failed: {0}")]
     Shutdown(String),
+    /// The server answers health checks, but not SERVING.
+    #[error("the server is not serving: its health is {0}")]
+    NotServing(String),
     /// A gRPC server stopped with an error while serving.
     #[error("gRPC server failed: {0}")]
     Serve(String),

@@ -62,6 +62,8 @@ pub enum Command {
     Delete(cmd::delete::DeleteArgs),
     /// Show what the server holds.
     Stats(cmd::stats::StatsArgs),
+    /// Ask whether the server is serving (grpc.health.v1); exits 0 only if it is.
+    Health(cmd::health::HealthArgs),
     /// Fingerprint texts.
     Fingerprint(cmd::fingerprint::FingerprintArgs),
     /// Administer a cluster: status, add, remove, transfer-leader (JSON output).
@@ -72,6 +74,9 @@ pub enum Command {
     Token(cmd::token::TokenArgs),
     /// Make a certificate authority and certificates it signs (tests, small deployments).
     Cert(cmd::cert::CertArgs),
+    /// Make, once, what a small cluster needs for TLS and tokens: a CA, node certificates,
+    /// tokens (what exists is kept).
+    Secrets(cmd::secrets::SecretsArgs),
 }
 
 /// Runs the command line; returns the process exit code.
@@ -82,6 +87,7 @@ pub fn main() -> i32 {
         Command::Dedup(a) => neardup_dedup::run_dedup(a).map(|_| ()).map_err(CliError::from),
         Command::Token(a) => cmd::token::run(a),
         Command::Cert(a) => cmd::cert::run(a),
+        Command::Secrets(a) => cmd::secrets::run(a),
         command => run_online(command),
     };
     match result {
@@ -110,9 +116,10 @@ fn run_online(command: Command) -> Result<(), CliError> {
             Command::Check(a) => cmd::check::run(a).await,
             Command::Delete(a) => cmd::delete::run(a).await,
             Command::Stats(a) => cmd::stats::run(a).await,
+            Command::Health(a) => cmd::health::run(a).await,
             Command::Fingerprint(a) => cmd::fingerprint::run(a).await,
             Command::Cluster(a) => cmd::cluster::run(a).await,
-            Command::Dedup(_) | Command::Token(_) | Command::Cert(_) => {
+            Command::Dedup(_) | Command::Token(_) | Command::Cert(_) | Command::Secrets(_) => {
                 unreachable!("handled without a runtime")
             }
         }

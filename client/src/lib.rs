@@ -48,6 +48,10 @@ use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Request, Status};
+use tonic_health::pb::HealthCheckRequest;
+/// A service's health, as `grpc.health.v1` reports it.
+pub use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
 
 /// Errors of the client.
 #[derive(Debug, thiserror::Error)]
@@ -276,6 +280,7 @@ impl Default for ClientOptions {
 #[derive(Debug, Clone)]
 pub struct Client {
     rpc: Rpc,
+    health: HealthClient<InterceptedService<Channel, Auth>>,
     options: ClientOptions,
     /// Calls sent again after UNAVAILABLE, by this client and its clones.
     retried: Arc<AtomicU64>,
@@ -312,10 +317,11 @@ impl Client {
         }
         let channel = endpoint.connect_lazy();
         let auth = Auth::new(options.token.as_ref())?;
+        let health = HealthClient::with_interceptor(channel.clone(), auth.clone());
         let rpc = NeardupClient::with_interceptor(channel, auth)
             .max_decoding_message_size(options.max_message_bytes)
             .max_encoding_message_size(options.max_message_bytes);
-        Ok(Client { rpc, options, retried: Arc::default() })
+        Ok(Client { rpc, health, options, retried: Arc::default() })
     }
 
     /// The generated client on the same connection, for calls this library does not wrap
@@ -549,6 +555,15 @@ impl Client {
             async move { c.fingerprint(r).await.map(|r| r.into_inner().fingerprints) }
         })
         .await
+    }
+
+    /// The health `grpc.health.v1` reports for `service` (`""`: the server as a whole;
+    /// [`neardup_proto::PUBLIC_SERVICE`]: the public API). One call, not retried: a probe
+    /// wants the answer of now.
+    pub async fn health(&self, service: &str) -> Result<ServingStatus> {
+        let r = self.request(HealthCheckRequest { service: service.to_string() });
+        let status = self.health.clone().check(r).await?.into_inner().status;
+        Ok(ServingStatus::try_from(status).unwrap_or(ServingStatus::Unknown))
     }
 
     /// The server's statistics.

@@ -68,47 +68,65 @@ pub enum CertCommand {
 pub fn run(args: CertArgs) -> Result<(), CliError> {
     let made = match args.command {
         CertCommand::Ca { out, name } => {
-            let key = KeyPair::generate().map_err(failed)?;
-            let cert = ca_params(&name)?.self_signed(&key).map_err(failed)?;
-            write_pair(&out, "ca", &cert.pem(), &key.serialize_pem())?
+            let (cert, key) = make_ca(&name)?;
+            write_pair(&out, "ca", &cert, &key)?
         }
         CertCommand::Issue { ca, name, hosts, node_id, out } => {
             if name.is_empty() || name.contains(['/', '\0']) || name == "ca" {
                 return Err(CliError::Config(format!("{name:?} cannot name a certificate file")));
             }
-            let read = |file: &str| {
-                let path = ca.join(file);
-                std::fs::read_to_string(&path).map_err(|source| CliError::File {
-                    action: "read",
-                    path: path.display().to_string(),
-                    source,
-                })
-            };
-            let ca_key = KeyPair::from_pem(&read("ca.key")?)
-                .map_err(|e| CliError::Config(format!("{}: {e}", ca.join("ca.key").display())))?;
-            let issuer = Issuer::from_ca_cert_pem(&read("ca.pem")?, ca_key)
-                .map_err(|e| CliError::Config(format!("{}: {e}", ca.join("ca.pem").display())))?;
-            let mut params = CertificateParams::new(hosts)
-                .map_err(|e| CliError::Config(format!("--host: {e}")))?;
-            params.distinguished_name.push(DnType::CommonName, name.clone());
-            if let Some(id) = node_id {
-                if id == 0 {
-                    return Err(CliError::Config("--node-id 0: node ids start at 1".into()));
-                }
-                let uri = Ia5String::try_from(node_uri(id)).map_err(failed)?;
-                params.subject_alt_names.push(SanType::URI(uri));
-            }
-            params.key_usages =
-                vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
-            params.extended_key_usages =
-                vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
-            let key = KeyPair::generate().map_err(failed)?;
-            let cert = params.signed_by(&key, &issuer).map_err(failed)?;
-            write_pair(&out, &name, &cert.pem(), &key.serialize_pem())?
+            let (cert, key) = issue(&ca, &name, hosts, node_id)?;
+            write_pair(&out, &name, &cert, &key)?
         }
     };
     println!("{made}");
     Ok(())
+}
+
+/// A new certificate authority named `name`: its certificate and key (PEM).
+pub fn make_ca(name: &str) -> Result<(String, String), CliError> {
+    let key = KeyPair::generate().map_err(failed)?;
+    let cert = ca_params(name)?.self_signed(&key).map_err(failed)?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+/// A certificate (and its key, PEM) signed by the authority in `ca` (`ca.pem`, `ca.key`),
+/// named `name`, valid for `hosts`, for servers and clients; naming cluster node `node_id`
+/// when given.
+pub fn issue(
+    ca: &Path,
+    name: &str,
+    hosts: Vec<String>,
+    node_id: Option<u64>,
+) -> Result<(String, String), CliError> {
+    let read = |file: &str| {
+        let path = ca.join(file);
+        std::fs::read_to_string(&path).map_err(|source| CliError::File {
+            action: "read",
+            path: path.display().to_string(),
+            source,
+        })
+    };
+    let ca_key = KeyPair::from_pem(&read("ca.key")?)
+        .map_err(|e| CliError::Config(format!("{}: {e}", ca.join("ca.key").display())))?;
+    let issuer = Issuer::from_ca_cert_pem(&read("ca.pem")?, ca_key)
+        .map_err(|e| CliError::Config(format!("{}: {e}", ca.join("ca.pem").display())))?;
+    let mut params =
+        CertificateParams::new(hosts).map_err(|e| CliError::Config(format!("--host: {e}")))?;
+    params.distinguished_name.push(DnType::CommonName, name);
+    if let Some(id) = node_id {
+        if id == 0 {
+            return Err(CliError::Config("--node-id 0: node ids start at 1".into()));
+        }
+        let uri = Ia5String::try_from(node_uri(id)).map_err(failed)?;
+        params.subject_alt_names.push(SanType::URI(uri));
+    }
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+    params.extended_key_usages =
+        vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+    let key = KeyPair::generate().map_err(failed)?;
+    let cert = params.signed_by(&key, &issuer).map_err(failed)?;
+    Ok((cert.pem(), key.serialize_pem()))
 }
 
 fn ca_params(name: &str) -> Result<CertificateParams, CliError> {
@@ -125,7 +143,7 @@ fn failed(e: rcgen::Error) -> CliError {
 
 /// Writes `DIR/NAME.pem` and `DIR/NAME.key` (mode 0600), refusing to replace either; the
 /// JSON naming them.
-fn write_pair(
+pub fn write_pair(
     dir: &Path,
     name: &str,
     cert: &str,
@@ -137,22 +155,26 @@ fn write_pair(
         source,
     })?;
     let (cert_path, key_path) = (dir.join(format!("{name}.pem")), dir.join(format!("{name}.key")));
-    for (path, text, mode) in [(&key_path, key, 0o600), (&cert_path, cert, 0o644)] {
-        let err = |action: &'static str| {
-            move |source: std::io::Error| CliError::File {
-                action,
-                path: path.display().to_string(),
-                source,
-            }
-        };
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(path)
-            .map_err(err("create"))?;
-        f.write_all(text.as_bytes()).map_err(err("write"))?;
-        f.sync_all().map_err(err("sync"))?;
-    }
+    write_new(&key_path, key, 0o600)?;
+    write_new(&cert_path, cert, 0o644)?;
     Ok(json!({ "cert": cert_path.display().to_string(), "key": key_path.display().to_string() }))
+}
+
+/// Writes `text` to a new file at `path` with `mode`, synced; refuses to replace a file.
+pub fn write_new(path: &Path, text: &str, mode: u32) -> Result<(), CliError> {
+    let err = |action: &'static str| {
+        move |source: std::io::Error| CliError::File {
+            action,
+            path: path.display().to_string(),
+            source,
+        }
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)
+        .map_err(err("create"))?;
+    f.write_all(text.as_bytes()).map_err(err("write"))?;
+    f.sync_all().map_err(err("sync"))
 }

@@ -68,6 +68,19 @@ fn stored_id(dir: &Path) -> Result<Option<NodeId>, CliError> {
     Ok(store.identity().map(|i| i.node_id))
 }
 
+/// The node id a host name gives: 1 + the number after its last `-` (`neardup-0` is 1).
+fn id_from_hostname(host: &str) -> Result<NodeId, CliError> {
+    host.rsplit_once('-')
+        .and_then(|(_, n)| n.parse::<u64>().ok())
+        .and_then(|n| n.checked_add(1))
+        .ok_or_else(|| {
+            CliError::Config(format!(
+                "cluster.node_id_from_hostname: the host name {host:?} does not end in -N \
+                 (a StatefulSet's pod name does): give cluster.node_id instead"
+            ))
+        })
+}
+
 /// The node id to run as: the stored one, which `--node-id` may repeat but not change.
 fn node_id(wanted: u64, stored: Option<NodeId>, dir: &Path) -> Result<NodeId, CliError> {
     match (wanted, stored) {
@@ -107,7 +120,19 @@ pub async fn start(
     let stored = tokio::task::spawn_blocking(move || stored_id(&d))
         .await
         .map_err(|e| CliError::Cluster(e.to_string()))??;
-    let id = node_id(c.node_id, stored, &dir)?;
+    let wanted = if c.node_id == 0 && c.node_id_from_hostname && stored.is_none() {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map_err(|source| {
+            CliError::File {
+                action: "read the host name from",
+                path: "/proc/sys/kernel/hostname".into(),
+                source,
+            }
+        })?;
+        id_from_hostname(host.trim())?
+    } else {
+        c.node_id
+    };
+    let id = node_id(wanted, stored, &dir)?;
     if let Some(t) = &tls
         && t.node() != Some(id)
     {
@@ -129,7 +154,9 @@ pub async fn start(
     };
     let public_addr = advertise(&c.advertise_public, public);
     let internal_addr = advertise(&c.advertise_internal, internal);
-    let bootstrap = if c.bootstrap {
+    // Told to join through itself: it is the first node, and starts the cluster.
+    let join_self = !c.join.is_empty() && c.join == internal_addr;
+    let bootstrap = if c.bootstrap || join_self {
         if stored.is_some() {
             tracing::info!("the data directory holds cluster state: --bootstrap has no effect");
         }
@@ -170,7 +197,7 @@ pub async fn start(
         public = %public_addr,
         "cluster node started"
     );
-    let join = (!c.join.is_empty()).then(|| {
+    let join = (!c.join.is_empty() && !join_self).then(|| {
         let req = AddNodeRequest { node_id: id, public_addr, internal_addr };
         (c.join.clone(), req)
     });
@@ -244,5 +271,15 @@ mod tests {
         assert!(e.contains("belongs to node 4"), "{e}");
         let e = node_id(0, None, dir).unwrap_err().to_string();
         assert!(e.contains("--node-id"), "{e}");
+    }
+
+    #[test]
+    fn a_statefulset_pod_name_gives_the_node_id() {
+        assert_eq!(id_from_hostname("neardup-0").unwrap(), 1);
+        assert_eq!(id_from_hostname("my-neardup-12").unwrap(), 13);
+        for bad in ["neardup", "neardup-", "neardup-x", "node1"] {
+            let e = id_from_hostname(bad).unwrap_err().to_string();
+            assert!(e.contains("does not end in -N"), "{bad}: {e}");
+        }
     }
 }

@@ -36,7 +36,18 @@ pub enum TokenCommand {
     },
 }
 
-fn parse_role(s: &str) -> Result<Role, String> {
+/// Refuses a token name the tokens file cannot hold.
+pub fn check_name(name: &str) -> Result<(), CliError> {
+    if name.is_empty() || name.contains(['"', '\\', '\n']) {
+        return Err(CliError::Config(format!(
+            "token name {name:?}: give a non-empty name without quotes, backslashes or newlines"
+        )));
+    }
+    Ok(())
+}
+
+/// Parses a role: read, write or admin.
+pub fn parse_role(s: &str) -> Result<Role, String> {
     match s {
         "read" => Ok(Role::Read),
         "write" => Ok(Role::Write),
@@ -49,19 +60,8 @@ fn parse_role(s: &str) -> Result<Role, String> {
 pub fn run(args: TokenArgs) -> Result<(), CliError> {
     match args.command {
         TokenCommand::New { role, name, append } => {
-            if name.is_empty() || name.contains(['"', '\\', '\n']) {
-                return Err(CliError::Config(format!(
-                    "token name {name:?}: give a non-empty name without quotes, backslashes or \
-                     newlines"
-                )));
-            }
-            let mut secret = [0u8; 32];
-            getrandom::fill(&mut secret)
-                .map_err(|e| CliError::Config(format!("no random bytes for a token: {e}")))?;
-            let token = format!("nd_{}", hex(&secret));
-            let hash = hex(&sha256(token.as_bytes()));
-            let entry =
-                format!("[[token]]\nname = \"{name}\"\nrole = \"{role}\"\nsha256 = \"{hash}\"\n");
+            check_name(&name)?;
+            let (token, hash, entry) = new_token(&name, role)?;
             if let Some(path) = &append {
                 append_entry(path, &entry)?;
             }
@@ -79,8 +79,20 @@ pub fn run(args: TokenArgs) -> Result<(), CliError> {
     }
 }
 
+/// A new token for `name` with `role`: the token, its SHA-256 (hex) and its tokens-file
+/// entry. `name` must already be checked.
+pub fn new_token(name: &str, role: Role) -> Result<(String, String, String), CliError> {
+    let mut secret = [0u8; 32];
+    getrandom::fill(&mut secret)
+        .map_err(|e| CliError::Config(format!("no random bytes for a token: {e}")))?;
+    let token = format!("nd_{}", hex(&secret));
+    let hash = hex(&sha256(token.as_bytes()));
+    let entry = format!("[[token]]\nname = \"{name}\"\nrole = \"{role}\"\nsha256 = \"{hash}\"\n");
+    Ok((token, hash, entry))
+}
+
 /// Appends `entry` to the tokens file at `path`, refusing a file that would no longer read.
-fn append_entry(path: &PathBuf, entry: &str) -> Result<(), CliError> {
+pub fn append_entry(path: &PathBuf, entry: &str) -> Result<(), CliError> {
     let file_err = |action: &'static str| {
         move |source: std::io::Error| CliError::File {
             action,
