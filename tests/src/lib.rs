@@ -214,6 +214,25 @@ pub fn skip_without(what: &str) -> bool {
     false
 }
 
+/// One HTTP/1.0 GET of `path` at `addr` (HOST:PORT), with an `Authorization` header when
+/// given: the whole response (status line, headers, body).
+pub fn http_get(addr: &str, path: &str, authorization: Option<&str>) -> Result<String, String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).map_err(|e| format!("{addr}: {e}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).map_err(|e| e.to_string())?;
+    let auth = authorization.map(|a| format!("Authorization: {a}\r\n")).unwrap_or_default();
+    let req = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n{auth}\r\n");
+    s.write_all(req.as_bytes()).map_err(|e| format!("{addr}: {e}"))?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).map_err(|e| format!("{addr}: {e}"))?;
+    Ok(text)
+}
+
+/// The body of an HTTP response [`http_get`] read.
+pub fn http_body(response: &str) -> &str {
+    response.split_once("\r\n\r\n").map_or("", |(_, b)| b)
+}
+
 /// Whether `python3` can import grpcio and grpcio-tools.
 pub fn has_python_grpc() -> bool {
     Command::new("python3")

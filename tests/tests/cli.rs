@@ -4,6 +4,7 @@
 
 use std::process::Output;
 
+use neardup_server::tls::{ClusterTls, ClusterTlsFiles};
 use neardup_tests::{Node, run};
 use serde_json::Value;
 
@@ -114,4 +115,70 @@ async fn every_client_command_against_a_real_server() {
     let r = cli(&node, &["stats"]);
     assert_eq!(r[0]["documents"].as_u64(), Some(4));
     node.terminate();
+}
+
+/// `neardup secrets` makes a small cluster's CA, node certificates and tokens once: a second
+/// run keeps every file as it is, a half pair is an error that names both files, and the
+/// node certificates name their nodes.
+#[test]
+fn secrets_are_made_once_and_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("s");
+    let args = [
+        "secrets",
+        "--out",
+        out.to_str().unwrap(),
+        "--node=1=node1",
+        "--node=2=node2,node2.example",
+        "--token=admin=admin",
+        "--metrics-token",
+    ];
+    let first = run(&args);
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let made: Value = serde_json::from_slice(&first.stdout).unwrap();
+    assert_eq!(
+        made["made"],
+        serde_json::json!(["ca", "node1", "node2", "admin.token", "metrics.token"])
+    );
+    let files = [
+        "ca.pem",
+        "ca.key",
+        "node1.pem",
+        "node2.key",
+        "tokens.toml",
+        "admin.token",
+        "metrics.token",
+    ];
+    let before: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(out.join(f)).unwrap()).collect();
+    let tokens = String::from_utf8(before[4].clone()).unwrap();
+    assert!(
+        tokens.contains("role = \"admin\"")
+            && !tokens.contains(std::str::from_utf8(&before[5]).unwrap())
+    );
+    use std::os::unix::fs::PermissionsExt;
+    for secret in ["ca.key", "node1.key", "admin.token", "metrics.token"] {
+        let mode = std::fs::metadata(out.join(secret)).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{secret}");
+    }
+
+    let again = run(&args);
+    assert!(again.status.success(), "{}", String::from_utf8_lossy(&again.stderr));
+    let kept: Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(kept["made"], serde_json::json!([]));
+    let after: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(out.join(f)).unwrap()).collect();
+    assert_eq!(before, after, "a second run changed a file");
+
+    // Node 2's certificate names node 2 (mutual TLS between nodes checks it).
+    let files = ClusterTlsFiles {
+        ca_file: out.join("ca.pem"),
+        cert_file: out.join("node2.pem"),
+        key_file: out.join("node2.key"),
+    };
+    assert_eq!(ClusterTls::new(files).unwrap().node(), Some(2));
+
+    std::fs::remove_file(out.join("node1.key")).unwrap();
+    let half = run(&args);
+    assert!(!half.status.success());
+    let said = String::from_utf8_lossy(&half.stderr);
+    assert!(said.contains("node1.pem") && said.contains("node1.key"), "{said}");
 }

@@ -1,10 +1,8 @@
 //! Prometheus metrics over HTTP: requests and latency by method and status, documents,
 //! bytes per table, log size, merge activity, and the stages of an admission.
 
-use std::io::{Read, Write};
-
 use neardup_client::{doc, text_doc};
-use neardup_tests::{Node, free_port};
+use neardup_tests::{Node, free_port, http_get};
 
 fn scrape(addr: &str) -> String {
     scrape_with(addr, None)
@@ -73,13 +71,7 @@ async fn metrics_endpoint_reports_requests_and_storage() {
 
 /// `GET /metrics` with `authorization` when given; the whole answer.
 fn scrape_with(addr: &str, authorization: Option<&str>) -> String {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    let auth = authorization.map(|a| format!("Authorization: {a}\r\n")).unwrap_or_default();
-    let req = format!("GET /metrics HTTP/1.0\r\nHost: localhost\r\n{auth}\r\n");
-    s.write_all(req.as_bytes()).unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).unwrap();
-    body
+    http_get(addr, "/metrics", authorization).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
