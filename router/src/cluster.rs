@@ -1295,7 +1295,7 @@ impl ClusterRouter {
         let mut s = StatsResponse {
             design: ctx.design.to_string(),
             max_k: ctx.design.max_k(),
-            version: env!("CARGO_PKG_VERSION").to_string(),
+            version: neardup_server::version().to_string(),
             ..Default::default()
         };
         let mut docs = 0;

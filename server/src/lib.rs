@@ -64,3 +64,17 @@ pub use shard::{
     Admission, DocMatch, NewDocument, ProbeHits, Shard, ShardConfig, ShardStats, Status,
     WriteOutcome,
 };
+
+/// The version a node reports (`Stats.version`): the build's, unless the process set
+/// another once at start ([`set_reported_version`]).
+pub fn version() -> &'static str {
+    REPORTED_VERSION.get().map_or(env!("CARGO_PKG_VERSION"), String::as_str)
+}
+
+/// Makes [`version`] report `v` for the rest of the process (once; later calls are
+/// ignored). Upgrade tests use it to tell a restarted node from the one before.
+pub fn set_reported_version(v: String) {
+    let _ = REPORTED_VERSION.set(v);
+}
+
+static REPORTED_VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();

@@ -635,7 +635,7 @@ impl NodeApi for LocalNode {
             wal_bytes: s.wal_bytes,
             checkpoint_pending: s.checkpoint_pending,
             merging: s.merging,
-            version: env!("CARGO_PKG_VERSION").to_string(),
+            version: crate::version().to_string(),
             ..Default::default()
         };
         Ok(NodeStats { stats, partitions })

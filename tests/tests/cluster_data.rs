@@ -591,6 +591,48 @@ async fn three_nodes_kill9_torture() {
     verdict(&shared, dir.path());
 }
 
+/// A rolling upgrade: each node in turn stopped (SIGTERM) and started again on its data as a
+/// newer version (the hidden `--report-version`), while clients write and read through all
+/// three. The others go on answering while each is down, every answer is checked against the
+/// acknowledged writes, and at the end every node reports the new version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_upgrade_keeps_the_cluster_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut members = form(dir.path(), 3).await;
+    let addrs: Vec<String> = members.iter().map(|m| m.public.clone()).collect();
+    let shared = Shared::new();
+    if let Err(e) = placed_twice(&members).await {
+        shared.violation(e);
+    }
+    let tasks = start_clients(&addrs, &shared);
+    let newer = format!("{}+upgraded", env!("CARGO_PKG_VERSION"));
+    let progress =
+        |s: &Shared| s.checked.load(Ordering::Relaxed) + s.acked_writes.load(Ordering::Relaxed);
+    for m in members.iter_mut() {
+        let_run(&shared, 1000).await;
+        m.terminate();
+        let before = progress(&shared);
+        let_run(&shared, 500).await;
+        assert!(
+            progress(&shared) > before,
+            "nothing answered while node {} was down: {}",
+            m.id,
+            shared.report()
+        );
+        m.start(&["--report-version", &newer]);
+        wait_public_serving(m).await;
+        eprintln!("node {} upgraded; {}", m.id, shared.report());
+    }
+    let_run(&shared, 1000).await;
+    stop_clients(&shared, tasks).await;
+    final_check(&addrs, &shared).await;
+    verdict(&shared, dir.path());
+    for addr in &addrs {
+        let c = Client::connect(addr).await.unwrap();
+        assert_eq!(c.stats().await.unwrap().version, newer, "{addr}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_partition_torture() {
     let net = match Netns::create_with_clients(3) {

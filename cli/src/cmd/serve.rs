@@ -23,6 +23,10 @@ pub struct ServeArgs {
     flags: ConfigFlags,
     #[command(flatten)]
     cluster: ClusterFlags,
+    /// The version this node reports instead of the build's (rolling-upgrade tests tell a
+    /// restarted node by it).
+    #[arg(long, hide = true)]
+    report_version: Option<String>,
 }
 
 /// Opens the shard and starts its recovery on a blocking thread.
@@ -51,6 +55,9 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
     let config = Config::load(&args.flags, std::env::vars())?.with_cluster_flags(&args.cluster)?;
     if !ops::start_role(args.flags.print_config, &config) {
         return Ok(());
+    }
+    if let Some(v) = args.report_version {
+        neardup_server::set_reported_version(v);
     }
     if cluster_node::cluster_mode(&config) {
         config.check_exposure()?;

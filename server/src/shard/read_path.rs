@@ -248,7 +248,7 @@ impl Shard {
             merges: s.merges,
             wal_bytes: st.log_bytes,
             disk_bytes: self.store.disk_bytes().unwrap_or(0),
-            version: env!("CARGO_PKG_VERSION").to_string(),
+            version: crate::version().to_string(),
             checkpoint_pending,
             merging: self.metrics.merges_running() > 0,
         })
