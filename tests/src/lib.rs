@@ -214,6 +214,21 @@ pub fn skip_without(what: &str) -> bool {
     false
 }
 
+/// The ids of the acknowledged documents (`acked`: id to fingerprint) within `k` of `fp`,
+/// by brute force, in order.
+pub fn brute_ids(acked: &std::collections::BTreeMap<String, u64>, fp: u64, k: u32) -> Vec<String> {
+    acked.iter().filter(|&(_, &f)| (f ^ fp).count_ones() <= k).map(|(id, _)| id.clone()).collect()
+}
+
+/// The ids a query of `fp` within `k` answers through `c` (limit 1000), in order; panics on
+/// an error.
+pub async fn query_ids(c: &Client, fp: u64, k: u32) -> Vec<String> {
+    let mut ids: Vec<String> =
+        c.query(fp, Some(k), 1000).await.unwrap().matches.into_iter().map(|m| m.id).collect();
+    ids.sort();
+    ids
+}
+
 /// One HTTP/1.0 GET of `path` at `addr` (HOST:PORT), with an `Authorization` header when
 /// given: the whole response (status line, headers, body).
 pub fn http_get(addr: &str, path: &str, authorization: Option<&str>) -> Result<String, String> {

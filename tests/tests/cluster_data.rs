@@ -562,16 +562,24 @@ async fn wait_public_serving(m: &Member) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_nodes_kill9_torture() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut members = form(dir.path(), 3).await;
+/// Three nodes formed and placed, and the client tasks writing and reading through all.
+async fn three_with_clients(dir: &Path) -> (Vec<Member>, Vec<String>, Arc<Shared>, Tasks) {
+    let members = form(dir, 3).await;
     let addrs: Vec<String> = members.iter().map(|m| m.public.clone()).collect();
     let shared = Shared::new();
     if let Err(e) = placed_twice(&members).await {
         shared.violation(e);
     }
     let tasks = start_clients(&addrs, &shared);
+    (members, addrs, shared, tasks)
+}
+
+type Tasks = Vec<tokio::task::JoinHandle<()>>;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_kill9_torture() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut members, addrs, shared, tasks) = three_with_clients(dir.path()).await;
     let mut rng = SplitMix64::new(7);
     for round in 0..faults() {
         let_run(&shared, 1500).await;
@@ -598,13 +606,7 @@ async fn three_nodes_kill9_torture() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_upgrade_keeps_the_cluster_serving() {
     let dir = tempfile::tempdir().unwrap();
-    let mut members = form(dir.path(), 3).await;
-    let addrs: Vec<String> = members.iter().map(|m| m.public.clone()).collect();
-    let shared = Shared::new();
-    if let Err(e) = placed_twice(&members).await {
-        shared.violation(e);
-    }
-    let tasks = start_clients(&addrs, &shared);
+    let (mut members, addrs, shared, tasks) = three_with_clients(dir.path()).await;
     let newer = format!("{}+upgraded", env!("CARGO_PKG_VERSION"));
     let progress =
         |s: &Shared| s.checked.load(Ordering::Relaxed) + s.acked_writes.load(Ordering::Relaxed);

@@ -22,6 +22,7 @@ use neardup_proto::internal::raft_client::RaftClient;
 use neardup_proto::internal::{NodeStatsRequest, RaftMessage, TabletEntryOp, TabletWriteRequest};
 use neardup_server::tls::{ClusterTls, ClusterTlsFiles, peer_endpoint};
 use neardup_tests::cluster::Member;
+use neardup_tests::{brute_ids as brute, query_ids as query};
 use neardup_tests::{cert, run};
 use serde_json::Value;
 use tonic::Code;
@@ -124,19 +125,6 @@ async fn client(m: &Member) -> Client {
     let options =
         ClientOptions { timeout: Duration::from_secs(10), attempts: 1, ..ClientOptions::default() };
     Client::connect_with(&m.public, options).await.unwrap()
-}
-
-/// The acknowledged documents within `k` of `fp`, by brute force.
-fn brute(acked: &BTreeMap<String, u64>, fp: u64, k: u32) -> Vec<String> {
-    acked.iter().filter(|&(_, &f)| (f ^ fp).count_ones() <= k).map(|(id, _)| id.clone()).collect()
-}
-
-/// The ids a query at `m` answers.
-async fn query(c: &Client, fp: u64, k: u32) -> Vec<String> {
-    let mut ids: Vec<String> =
-        c.query(fp, Some(k), 1000).await.unwrap().matches.into_iter().map(|m| m.id).collect();
-    ids.sort();
-    ids
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

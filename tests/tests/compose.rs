@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use neardup_client::{Client, ClientOptions, ClientTls, Token, doc};
 use neardup_tests::{binary, free_port, http_body, http_get, skip_without};
+use neardup_tests::{brute_ids as brute, query_ids as query};
 use serde_json::Value;
 
 /// The Compose command here: `docker compose` (v2) or `docker-compose` (v1.29 and later).
@@ -114,19 +115,6 @@ impl Drop for Project {
             let _ = docker(&["rmi", "-f", image]);
         }
     }
-}
-
-/// The acknowledged documents within `k` of `fp`, by brute force.
-fn brute(acked: &BTreeMap<String, u64>, fp: u64, k: u32) -> Vec<String> {
-    acked.iter().filter(|&(_, &f)| (f ^ fp).count_ones() <= k).map(|(id, _)| id.clone()).collect()
-}
-
-/// The ids the query answers through `c`.
-async fn query(c: &Client, fp: u64, k: u32) -> Vec<String> {
-    let mut ids: Vec<String> =
-        c.query(fp, Some(k), 1000).await.unwrap().matches.into_iter().map(|m| m.id).collect();
-    ids.sort();
-    ids
 }
 
 /// Queries every 7th acknowledged fingerprint through `c`, each against brute force.

@@ -439,23 +439,12 @@ fn save_and_load(
     let mut rebuilt_all = Vec::new();
     for (r, run) in index.runs().iter().enumerate() {
         let meta = run.meta_bytes(index.design());
-        let mut tables: Vec<(Vec<u8>, Vec<Vec<u8>>)> = (0..run.tables())
-            .map(|t| {
-                let hx = run.stored_table(t).unwrap();
-                (hx.header_bytes().to_vec(), hx.block_slices().map(<[u8]>::to_vec).collect())
-            })
-            .collect();
+        let mut tables = stored_copy(run);
         for (t, (_, blocks)) in tables.iter_mut().enumerate() {
             damage(r, t, blocks);
         }
-        let block_refs: Vec<Vec<&[u8]>> =
-            tables.iter().map(|(_, b)| b.iter().map(Vec::as_slice).collect()).collect();
-        let stored: Vec<StoredTable<'_>> = tables
-            .iter()
-            .zip(&block_refs)
-            .map(|((h, _), b)| StoredTable { header: h, blocks: b })
-            .collect();
-        let (loaded, rebuilt) = fresh.load_run(&meta, &stored).unwrap();
+        let refs = block_refs(&tables);
+        let (loaded, rebuilt) = fresh.load_run(&meta, &stored_of(&tables, &refs)).unwrap();
         loaded.restore_deleted(&run.deleted_positions()).unwrap();
         runs.push(loaded);
         rebuilt_all.push(rebuilt);
@@ -530,31 +519,27 @@ fn fuzz_metadata_with_huge_distinct_count_is_an_error() {
     assert!(matches!(err, Error::Corrupt(_)), "{err}");
 }
 
-/// Found by the `run_load` fuzz target (`fuzz/`, `crash-d9e4b954…`): metadata with a valid
-/// checksum naming run `u64::MAX` overflowed the next run id when the run was restored.
-#[test]
-fn fuzz_metadata_with_the_largest_run_id_is_an_error() {
-    let mut g = Gen::new(3, Shape::Uniform);
-    let docs: Vec<Doc> = (0..200).map(|_| g.doc()).collect();
-    let index = Index::build(small_config("paper-4"), &docs).unwrap();
-    let run = &index.runs()[0];
-    let hx: Vec<_> = (0..run.tables()).map(|t| run.stored_table(t).unwrap()).collect();
-    let headers: Vec<Vec<u8>> = hx.iter().map(|h| h.header_bytes().to_vec()).collect();
-    let blocks: Vec<Vec<&[u8]>> = hx.iter().map(|h| h.block_slices().collect()).collect();
-    let stored: Vec<StoredTable<'_>> =
-        headers.iter().zip(&blocks).map(|(h, b)| StoredTable { header: h, blocks: b }).collect();
-    let meta = run.meta_bytes(index.design());
-    assert!(index.load_run(&meta, &stored).is_ok());
-    for id in [u64::MAX, u64::MAX - 1, 1 << 63] {
-        // The id follows magic, version and a reserved field; the CRC-32 ends the record.
-        let mut bad = meta[..meta.len() - 4].to_vec();
-        bad[8..16].copy_from_slice(&id.to_le_bytes());
-        let crc = crc32fast::hash(&bad);
-        bad.extend_from_slice(&crc.to_le_bytes());
-        let err = index.load_run(&bad, &stored).unwrap_err();
-        assert!(matches!(err, Error::Corrupt(_)), "{err}");
-        assert!(err.to_string().contains("beyond"), "{err}");
-    }
+/// A run's stored tables as the server keeps them: each table's header and blocks, copied.
+fn stored_copy(run: &Run) -> Vec<(Vec<u8>, Vec<Vec<u8>>)> {
+    (0..run.tables())
+        .map(|t| {
+            let hx = run.stored_table(t).unwrap();
+            (hx.header_bytes().to_vec(), hx.block_slices().map(<[u8]>::to_vec).collect())
+        })
+        .collect()
+}
+
+/// The blocks of `tables`, as slices.
+fn block_refs(tables: &[(Vec<u8>, Vec<Vec<u8>>)]) -> Vec<Vec<&[u8]>> {
+    tables.iter().map(|(_, b)| b.iter().map(Vec::as_slice).collect()).collect()
+}
+
+/// `tables` as the loader takes them (`refs` from [`block_refs`]).
+fn stored_of<'a>(
+    tables: &'a [(Vec<u8>, Vec<Vec<u8>>)],
+    refs: &'a [Vec<&'a [u8]>],
+) -> Vec<StoredTable<'a>> {
+    tables.iter().zip(refs).map(|((h, _), b)| StoredTable { header: h, blocks: b }).collect()
 }
 
 /// Found by the `run_load` fuzz target (`fuzz/`, `crash-9aee9735…`): a stored table whose
@@ -569,18 +554,11 @@ fn fuzz_a_table_of_other_fingerprints_is_rebuilt() {
     let other = Index::build(small_config("paper-4"), &others).unwrap();
     let (run, run_b) = (&index.runs()[0], &other.runs()[0]);
     assert_eq!(run.distinct(), run_b.distinct(), "same count, so only the values differ");
-    let hx: Vec<_> = (0..run.tables()).map(|t| run.stored_table(t).unwrap()).collect();
-    let hx_b: Vec<_> = (0..run_b.tables()).map(|t| run_b.stored_table(t).unwrap()).collect();
-    let headers: Vec<Vec<u8>> = hx.iter().map(|h| h.header_bytes().to_vec()).collect();
-    let blocks: Vec<Vec<&[u8]>> = hx.iter().map(|h| h.block_slices().collect()).collect();
-    let header_b = hx_b[1].header_bytes().to_vec();
-    let blocks_b: Vec<&[u8]> = hx_b[1].block_slices().collect();
-    let stored: Vec<StoredTable<'_>> = (0..hx.len())
-        .map(|t| match t {
-            1 => StoredTable { header: &header_b, blocks: &blocks_b },
-            _ => StoredTable { header: &headers[t], blocks: &blocks[t] },
-        })
-        .collect();
+    // Table 1 of the other run in place of this run's.
+    let mut tables = stored_copy(run);
+    tables[1] = stored_copy(run_b).swap_remove(1);
+    let refs = block_refs(&tables);
+    let stored = stored_of(&tables, &refs);
     let meta = run.meta_bytes(index.design());
     let fresh = Index::new(small_config("paper-4")).unwrap();
     let (loaded, rebuilt) = fresh.load_run(&meta, &stored).unwrap();
@@ -596,13 +574,23 @@ fn damaged_metadata_or_every_table_is_an_error() {
     let docs: Vec<Doc> = (0..3000).map(|_| g.doc()).collect();
     let index = Index::build(small_config("paper-4"), &docs).unwrap();
     let run = &index.runs()[0];
-    let hx: Vec<_> = (0..run.tables()).map(|t| run.stored_table(t).unwrap()).collect();
-    let headers: Vec<Vec<u8>> = hx.iter().map(|h| h.header_bytes().to_vec()).collect();
-    let blocks: Vec<Vec<&[u8]>> = hx.iter().map(|h| h.block_slices().collect()).collect();
-    let stored: Vec<StoredTable<'_>> =
-        headers.iter().zip(&blocks).map(|(h, b)| StoredTable { header: h, blocks: b }).collect();
+    let tables = stored_copy(run);
+    let refs = block_refs(&tables);
+    let stored = stored_of(&tables, &refs);
     let meta = run.meta_bytes(index.design());
     assert!(index.load_run(&meta, &stored).is_ok());
+    // Found by the `run_load` fuzz target (`fuzz/`, `crash-d9e4b954…`): a valid checksum over
+    // run id `u64::MAX` overflowed the next run id when the run was restored.
+    for id in [u64::MAX, u64::MAX - 1, 1 << 63] {
+        // The id follows magic, version and a reserved field; the CRC-32 ends the record.
+        let mut bad = meta[..meta.len() - 4].to_vec();
+        bad[8..16].copy_from_slice(&id.to_le_bytes());
+        let crc = crc32fast::hash(&bad);
+        bad.extend_from_slice(&crc.to_le_bytes());
+        let err = index.load_run(&bad, &stored).unwrap_err();
+        assert!(matches!(err, Error::Corrupt(_)), "{err}");
+        assert!(err.to_string().contains("beyond"), "{err}");
+    }
     for i in [0, 5, 9, meta.len() / 2, meta.len() - 1] {
         let mut bad = meta.clone();
         bad[i] ^= 1;
