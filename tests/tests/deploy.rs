@@ -309,8 +309,16 @@ fn promtool(dir: &Path) -> Option<PathBuf> {
     if Command::new("promtool").arg("--version").output().is_ok_and(|o| o.status.success()) {
         return Some(PathBuf::from("promtool"));
     }
-    let got = Command::new("apt-get").args(["download", "prometheus"]).current_dir(dir).output();
-    if !got.is_ok_and(|o| o.status.success()) {
+    let download = || {
+        let got =
+            Command::new("apt-get").args(["download", "prometheus"]).current_dir(dir).output();
+        got.is_ok_and(|o| o.status.success())
+    };
+    // Package lists may be missing on a fresh machine: read them once, then try again.
+    if !download()
+        && !(Command::new("apt-get").args(["update", "-qq"]).status().is_ok_and(|s| s.success())
+            && download())
+    {
         return None;
     }
     let deb = std::fs::read_dir(dir)
