@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use neardup_client::{Client, ClientOptions, ClientTls, Token, doc};
+use neardup_client::{Client, ClientOptions, ClientTls, Target, Token, doc};
 use neardup_tests::{binary, free_port, http_body, http_get, skip_without};
 use neardup_tests::{brute_ids as brute, query_ids as query};
 use serde_json::Value;
@@ -117,8 +117,19 @@ impl Drop for Project {
     }
 }
 
-/// Queries every 7th acknowledged fingerprint through `c`, each against brute force.
+/// Queries every acknowledged fingerprint through `c` at distance 0, and every 7th within 0
+/// to 3, each against brute force.
 async fn check_exact(c: &Client, acked: &BTreeMap<String, u64>, through: &str) {
+    // Nothing acknowledged is lost: every document's own fingerprint finds it (and only
+    // the documents that share it), in batches.
+    let fps: Vec<u64> = acked.values().copied().collect();
+    let targets: Vec<Target> = fps.iter().map(|&fp| Target::Fingerprint(fp)).collect();
+    let answers = c.query_all(&targets, Some(0), 1000, 200).await.unwrap();
+    for (&fp, r) in fps.iter().zip(&answers) {
+        let mut ids: Vec<String> = r.matches.iter().map(|m| m.id.clone()).collect();
+        ids.sort();
+        assert_eq!(ids, brute(acked, fp, 0), "{through}: {fp:#x}");
+    }
     for (i, &fp) in acked.values().enumerate().step_by(7) {
         let k = (i % 4) as u32;
         assert_eq!(query(c, fp, k).await, brute(acked, fp, k), "{through}: {fp:#x} within {k}");
