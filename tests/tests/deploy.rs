@@ -315,10 +315,9 @@ fn promtool(dir: &Path) -> Option<PathBuf> {
         got.is_ok_and(|o| o.status.success())
     };
     // Package lists may be missing on a fresh machine: read them once, then try again.
-    if !download()
-        && !(Command::new("apt-get").args(["update", "-qq"]).status().is_ok_and(|s| s.success())
-            && download())
-    {
+    let update = || Command::new("apt-get").args(["update", "-qq"]).status();
+    let got = download() || (update().is_ok_and(|s| s.success()) && download());
+    if !got {
         return None;
     }
     let deb = std::fs::read_dir(dir)
