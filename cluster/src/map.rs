@@ -55,6 +55,20 @@ pub struct NodeInfo {
     pub down_epoch: u64,
 }
 
+impl NodeInfo {
+    /// An active voter: how the node that starts a cluster enters its map.
+    pub fn active_voter(id: NodeId, public_addr: String, internal_addr: String) -> NodeInfo {
+        NodeInfo {
+            id,
+            public_addr,
+            internal_addr,
+            role: Role::Voter,
+            state: NodeState::Active,
+            down_epoch: 0,
+        }
+    }
+}
+
 /// The table design of the cluster's index.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DesignInfo {

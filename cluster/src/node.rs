@@ -175,14 +175,11 @@ pub(crate) fn open_store(cfg: &ClusterConfig) -> Result<RaftStore, ClusterError>
             map.apply(&Command::Bootstrap {
                 cluster_id: cluster_id.clone(),
                 design: design.clone(),
-                node: NodeInfo {
-                    id: cfg.node_id,
-                    public_addr: cfg.public_addr.clone(),
-                    internal_addr: cfg.internal_addr.clone(),
-                    role: Role::Voter,
-                    state: NodeState::Active,
-                    down_epoch: 0,
-                },
+                node: NodeInfo::active_voter(
+                    cfg.node_id,
+                    cfg.public_addr.clone(),
+                    cfg.internal_addr.clone(),
+                ),
                 layout: cfg.layout,
                 min_prefix_bits: min_prefix_bits(&design.name),
             })?;

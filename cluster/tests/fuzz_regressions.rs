@@ -4,7 +4,7 @@
 
 use neardup_cluster::ClusterError;
 use neardup_cluster::logger::discard_logger;
-use neardup_cluster::map::{ClusterMap, Command, DesignInfo, Layout, NodeInfo, NodeState, Role};
+use neardup_cluster::map::{ClusterMap, Command, DesignInfo, Layout, NodeInfo};
 use neardup_cluster::replica::{Outbox, Replica, ReplicaConfig};
 use neardup_cluster::storage::{MemKv, RaftStore};
 use protobuf::Message as _;
@@ -12,14 +12,7 @@ use raft::Storage as _;
 use raft::eraftpb::{Entry, Message, MessageType};
 
 fn node(id: u64) -> NodeInfo {
-    NodeInfo {
-        id,
-        public_addr: format!("p{id}"),
-        internal_addr: format!("i{id}"),
-        role: Role::Voter,
-        state: NodeState::Active,
-        down_epoch: 0,
-    }
+    NodeInfo::active_voter(id, format!("p{id}"), format!("i{id}"))
 }
 
 /// Node 1 of a cluster of `voters`, bootstrapped, its first readies handled; leading when

@@ -186,14 +186,7 @@ impl Sim {
                 map.apply(&Command::Bootstrap {
                     cluster_id: format!("sim-{seed}"),
                     design: design(),
-                    node: NodeInfo {
-                        id,
-                        public_addr: "p1".into(),
-                        internal_addr: "i1".into(),
-                        role: Role::Voter,
-                        state: NodeState::Active,
-                        down_epoch: 0,
-                    },
+                    node: NodeInfo::active_voter(id, "p1".into(), "i1".into()),
                     layout: Layout { replicas: 2, split_bits: 1, partitions: 4 },
                     min_prefix_bits: Some(26),
                 })

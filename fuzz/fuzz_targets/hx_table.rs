@@ -8,7 +8,8 @@
 
 use libfuzzer_sys::fuzz_target;
 use neardup_core::codec::{BlockSearch, Codec, HEADER_BYTES, HxTable, TableOptions, scan_lanes};
-use neardup_fuzz::{SplitMix, crc, write_seeds};
+use neardup_core::util::SplitMix64;
+use neardup_fuzz::{crc, write_seeds};
 
 fn fix_crcs(b: &mut [u8]) {
     if b.len() < HEADER_BYTES {
@@ -28,7 +29,7 @@ fn fix_crcs(b: &mut [u8]) {
 
 fn seeds() -> Vec<(String, Vec<u8>)> {
     let mut out = Vec::new();
-    let mut r = SplitMix(7);
+    let mut r = SplitMix64::new(7);
     for (i, n) in [1usize, 3, 40, 300].into_iter().enumerate() {
         let mut v: Vec<u64> =
             (0..n).map(|j| if j % 3 == 0 { r.next_u64() >> 20 } else { r.next_u64() }).collect();

@@ -12,7 +12,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use neardup_cluster::logger::discard_logger;
-use neardup_cluster::map::{ClusterMap, Command, DesignInfo, Layout, NodeInfo, NodeState, Role};
+use neardup_cluster::map::{ClusterMap, Command, DesignInfo, Layout, NodeInfo};
 use neardup_cluster::replica::{Outbox, Replica, ReplicaConfig};
 use neardup_cluster::storage::{MemKv, RaftStore};
 use neardup_fuzz::{join_items, split_items, write_seeds};
@@ -21,14 +21,7 @@ use protobuf::Message as _;
 use raft::eraftpb::{Entry, EntryType, Message, MessageType};
 
 fn node(id: u64) -> NodeInfo {
-    NodeInfo {
-        id,
-        public_addr: format!("p{id}"),
-        internal_addr: format!("i{id}"),
-        role: Role::Voter,
-        state: NodeState::Active,
-        down_epoch: 0,
-    }
+    NodeInfo::active_voter(id, format!("p{id}"), format!("i{id}"))
 }
 
 fn bootstrap_cmd() -> Command {

@@ -13,8 +13,9 @@ use libfuzzer_sys::fuzz_target;
 use neardup_core::codec::{Codec, HEADER_BYTES, Layout, TableOptions};
 use neardup_core::index::StoredTable;
 use neardup_core::sketch::Sketch;
+use neardup_core::util::SplitMix64;
 use neardup_core::{Design, Doc, Index, IndexConfig};
-use neardup_fuzz::{SplitMix, crc, fix_crc_tail, join_items, split_items, write_seeds};
+use neardup_fuzz::{crc, fix_crc_tail, join_items, split_items, write_seeds};
 
 const DESIGN: &str = "4c1";
 const BLOCK_BYTES: usize = 64;
@@ -49,7 +50,7 @@ fn table_item(header: &[u8], blocks: &[&[u8]]) -> Vec<u8> {
 
 fn seeds() -> Vec<(String, Vec<u8>)> {
     let mut out = Vec::new();
-    let mut r = SplitMix(11);
+    let mut r = SplitMix64::new(11);
     for n in [1usize, 5, 60] {
         let mut index = Index::new(config(false)).expect("index");
         for i in 0..n as u64 {

@@ -68,17 +68,3 @@ pub fn write_seeds(seeds: impl IntoIterator<Item = (String, Vec<u8>)>) {
         let _ = std::fs::write(dir.join(format!("seed-{name}")), bytes);
     }
 }
-
-/// A small deterministic generator for seeds.
-pub struct SplitMix(pub u64);
-
-impl SplitMix {
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-}

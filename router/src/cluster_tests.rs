@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use neardup_cluster::map::{
-    ClusterMap, DesignInfo, NodeInfo, NodeState, Partition, Role, Tablet, TabletState,
+    ClusterMap, DesignInfo, NodeInfo, NodeState, Partition, Tablet, TabletState,
 };
 use neardup_proto::internal::ShardDocument;
 use neardup_server::ProbeAnswer;
@@ -263,17 +263,7 @@ fn map_of(addrs: &[String], split_bits: u32, parts: u32) -> ClusterMap {
     };
     for (i, a) in addrs.iter().enumerate() {
         let id = i as u64 + 1;
-        map.nodes.insert(
-            id,
-            NodeInfo {
-                id,
-                public_addr: a.clone(),
-                internal_addr: a.clone(),
-                role: Role::Voter,
-                state: NodeState::Active,
-                down_epoch: 0,
-            },
-        );
+        map.nodes.insert(id, NodeInfo::active_voter(id, a.clone(), a.clone()));
     }
     let two = |i: u64| vec![i % n + 1, (i + 1) % n + 1];
     let mut i = 0;

@@ -651,9 +651,7 @@ fn unit_partition(unit: Unit) -> u32 {
 
 #[cfg(test)]
 mod tests {
-    use neardup_cluster::map::{
-        DesignInfo, NodeInfo, NodeState, Partition, Role, Tablet, TabletState,
-    };
+    use neardup_cluster::map::{DesignInfo, NodeInfo, NodeState, Partition, Tablet, TabletState};
 
     use super::*;
     use crate::ShardMetrics;
@@ -665,14 +663,7 @@ mod tests {
     /// Nodes 1 and 2; every unit served by 2, and by 1 too unless `filling` (then 1 fills).
     fn map(filling: bool, epoch: u64) -> ClusterMap {
         let design = Design::parse(DESIGN).unwrap();
-        let node = |id| NodeInfo {
-            id,
-            public_addr: format!("p{id}"),
-            internal_addr: format!("i{id}"),
-            role: Role::Voter,
-            state: NodeState::Active,
-            down_epoch: 0,
-        };
+        let node = |id| NodeInfo::active_voter(id, format!("p{id}"), format!("i{id}"));
         let (nodes, fill) = if filling { (vec![2], vec![1]) } else { (vec![1, 2], vec![]) };
         ClusterMap {
             cluster_id: "t".into(),

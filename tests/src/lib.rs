@@ -214,6 +214,56 @@ pub fn skip_without(what: &str) -> bool {
     false
 }
 
+/// The repository's root directory.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+}
+
+/// `program ARGS...` (`program` may be several words: `docker compose`) with `env` added:
+/// its stdout, trimmed, or the command and what it printed when it fails.
+pub fn command_output(
+    program: &[&str],
+    args: &[&str],
+    env: &[(String, String)],
+) -> Result<String, String> {
+    let out = Command::new(program[0])
+        .args(&program[1..])
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .map_err(|e| format!("{program:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{program:?} {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stderr).trim(),
+            String::from_utf8_lossy(&out.stdout).trim()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// `docker ARGS...`: its stdout, or why it failed.
+pub fn docker(args: &[&str]) -> Result<String, String> {
+    command_output(&["docker"], args, &[])
+}
+
+/// Whether a Docker Engine answers here.
+pub fn docker_running() -> bool {
+    docker(&["info", "--format", "{{.ServerVersion}}"]).is_ok()
+}
+
+/// Builds an image with `deploy/docker/SCRIPT`, tagged `tag` (the node image from the binary
+/// under test): what the script printed, `{"image": TAG, "bytes": SIZE}`.
+pub fn build_image(script: &str, tag: &str) -> serde_json::Value {
+    let out = Command::new(repo_root().join("deploy/docker").join(script))
+        .arg(tag)
+        .env("NEARDUP_BINARY", binary())
+        .output()
+        .expect("run the image script");
+    assert!(out.status.success(), "{script}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("the script prints JSON")
+}
+
 /// The ids of the acknowledged documents (`acked`: id to fingerprint) within `k` of `fp`,
 /// by brute force, in order.
 pub fn brute_ids(acked: &std::collections::BTreeMap<String, u64>, fp: u64, k: u32) -> Vec<String> {

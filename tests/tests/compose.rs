@@ -11,8 +11,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use neardup_client::{Client, ClientOptions, ClientTls, Target, Token, doc};
-use neardup_tests::{binary, free_port, http_body, http_get, skip_without};
 use neardup_tests::{brute_ids as brute, query_ids as query};
+use neardup_tests::{
+    build_image, command_output, docker, docker_running, free_port, http_body, http_get, repo_root,
+    skip_without,
+};
 use serde_json::Value;
 
 /// The Compose command here: `docker compose` (v2) or `docker-compose` (v1.29 and later).
@@ -27,28 +30,6 @@ fn compose_command() -> Option<Vec<&'static str>> {
     } else {
         None
     }
-}
-
-/// `program ARGS...`: its stdout, or why it failed.
-fn run_cmd(program: &[&str], args: &[&str], env: &[(String, String)]) -> Result<String, String> {
-    let out = Command::new(program[0])
-        .args(&program[1..])
-        .args(args)
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .output()
-        .map_err(|e| e.to_string())?;
-    if !out.status.success() {
-        return Err(format!(
-            "{program:?} {args:?}: {}{}",
-            String::from_utf8_lossy(&out.stderr).trim(),
-            String::from_utf8_lossy(&out.stdout).trim()
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
-
-fn docker(args: &[&str]) -> Result<String, String> {
-    run_cmd(&["docker"], args, &[])
 }
 
 /// A Compose project of the test: its name, environment and command; taken down (volumes
@@ -67,7 +48,7 @@ impl Project {
     fn run(&self, args: &[&str]) -> Result<String, String> {
         let file = self.file.to_str().unwrap();
         let args = [&["-f", file, "-p", self.name.as_str()][..], args].concat();
-        run_cmd(&self.compose, &args, &self.env)
+        command_output(&self.compose, &args, &self.env)
     }
 
     /// The container of `service`.
@@ -167,7 +148,7 @@ async fn insert(c: &Client, range: std::ops::Range<u64>, acked: &mut BTreeMap<St
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_three_node_compose_cluster_survives_a_killed_container() {
-    if docker(&["info", "--format", "{{.ServerVersion}}"]).is_err() {
+    if !docker_running() {
         skip_without("a running Docker Engine: the Compose cluster is not run");
         return;
     }
@@ -175,7 +156,6 @@ async fn a_three_node_compose_cluster_survives_a_killed_container() {
         skip_without("Docker Compose (docker compose or docker-compose): the cluster is not run");
         return;
     };
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf();
     let tag = std::process::id();
     let (image, prometheus) =
         (format!("neardup-compose-test:{tag}"), format!("neardup-prometheus-test:{tag}"));
@@ -191,23 +171,15 @@ async fn a_three_node_compose_cluster_survives_a_killed_container() {
     ];
     let project = Project {
         compose,
-        file: root.join("deploy/compose.yaml"),
+        file: repo_root().join("deploy/compose.yaml"),
         name: format!("neardup-test-{tag}"),
         env,
         images: vec![image.clone(), prometheus.clone()],
         ports,
         prometheus_port,
     };
-    let build = |script: &str, tag: &str| {
-        let out = Command::new(root.join(script))
-            .arg(tag)
-            .env("NEARDUP_BINARY", binary())
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{script}: {}", String::from_utf8_lossy(&out.stderr));
-    };
-    build("deploy/docker/build", &image);
-    build("deploy/docker/build-prometheus", &prometheus);
+    build_image("build", &image);
+    build_image("build-prometheus", &prometheus);
 
     // 1. Up, healthy (grpc.health.v1 SERVING through TLS, inside each container).
     project.run(&["up", "-d"]).unwrap();

@@ -13,12 +13,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use neardup_tests::cluster::Member;
-use neardup_tests::{Node, binary, free_port, http_get, run, skip_without};
+use neardup_tests::{Node, binary, free_port, http_get, repo_root, run, skip_without};
 use serde_json::{Value, json};
 use yaml_rust2::{Yaml, YamlLoader};
 
 fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join("deploy")
+    repo_root().join("deploy")
 }
 
 /// A YAML value as JSON (maps with string keys, as manifests have).
@@ -116,7 +116,8 @@ async fn the_kubernetes_manifests_agree_with_the_binary() {
     std::fs::write(&config_file, cm["data"]["neardup.toml"].as_str().unwrap()).unwrap();
     let args: Vec<&str> =
         container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
-    let config_arg = args.iter().position(|a| *a == "--config").map(|i| args[i + 1]).unwrap();
+    let at = args.iter().position(|a| *a == "--config").unwrap() + 1;
+    let config_arg = args[at];
     assert_eq!(args[0], "serve");
     let mounts = container["volumeMounts"].as_array().unwrap();
     let mount = |name: &str| mounts.iter().find(|m| m["name"] == name).unwrap();
@@ -127,7 +128,6 @@ async fn the_kubernetes_manifests_agree_with_the_binary() {
     );
     let env = pod_env(container, "neardup-1");
     // The file's path is this test's copy.
-    let at = args.iter().position(|a| *a == config_arg).unwrap();
     let mut local_args = args.clone();
     local_args[at] = config_file.to_str().unwrap();
     let out = Command::new(binary())
@@ -224,23 +224,18 @@ async fn the_kubernetes_manifests_agree_with_the_binary() {
     let env_names: BTreeSet<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
     assert!(env_names.contains("NEARDUP_SERVER") && env_names.contains("NEARDUP_TLS_CA"));
     let mut node = Node::serve_in(tmp.path(), &[]).await;
-    let probe = Command::new(binary())
-        .args(&ready[1..])
-        .env("NEARDUP_SERVER", format!("http://{}", node.addr))
-        .output()
-        .unwrap();
-    assert!(probe.status.success(), "{}", String::from_utf8_lossy(&probe.stderr));
-    assert!(String::from_utf8_lossy(&probe.stdout).contains("SERVING"));
+    let server = format!("http://{}", node.addr);
+    let probe = || {
+        Command::new(binary()).args(&ready[1..]).env("NEARDUP_SERVER", &server).output().unwrap()
+    };
+    let up = probe();
+    assert!(up.status.success(), "{}", String::from_utf8_lossy(&up.stderr));
+    assert!(String::from_utf8_lossy(&up.stdout).contains("SERVING"));
     node.terminate();
-    let down = Command::new(binary())
-        .args(&ready[1..])
-        .env("NEARDUP_SERVER", format!("http://{}", node.addr))
-        .output()
-        .unwrap();
-    assert!(!down.status.success(), "the probe passes with the node down");
+    assert!(!probe().status.success(), "the probe passes with the node down");
 
     // The kustomization lists every manifest.
-    let kust = manifests(&dir).into_iter().find(|d| d["kind"] == "Kustomization").unwrap();
+    let kust = docs.iter().find(|d| d["kind"] == "Kustomization").unwrap();
     let listed: BTreeSet<&str> =
         kust["resources"].as_array().unwrap().iter().map(|r| r.as_str().unwrap()).collect();
     for f in std::fs::read_dir(&dir).unwrap() {

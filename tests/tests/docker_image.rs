@@ -2,19 +2,7 @@
 //! pulled): it is at most 40 MB, runs as the non-root user `neardup`, and the server in it
 //! serves and stores in its data directory. Skipped, saying so, where Docker is not running.
 
-use std::path::Path;
-use std::process::Command;
-
-use neardup_tests::{binary, skip_without};
-
-/// `docker ARGS...`: its stdout, or why it failed.
-fn docker(args: &[&str]) -> Result<String, String> {
-    let out = Command::new("docker").args(args).output().map_err(|e| e.to_string())?;
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).trim().to_string());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
+use neardup_tests::{build_image, docker, docker_running, skip_without};
 
 /// Removes the container and the image when the test ends, passed or not.
 struct Cleanup {
@@ -31,21 +19,14 @@ impl Drop for Cleanup {
 
 #[test]
 fn the_image_is_small_runs_as_a_user_and_serves() {
-    if docker(&["info", "--format", "{{.ServerVersion}}"]).is_err() {
+    if !docker_running() {
         skip_without("a running Docker Engine: the container image is not checked");
         return;
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let image = format!("neardup-test:{}", std::process::id());
     let container = format!("neardup-test-{}", std::process::id());
     let _cleanup = Cleanup { container: container.clone(), image: image.clone() };
-    let out = Command::new(root.join("deploy/docker/build"))
-        .arg(&image)
-        .env("NEARDUP_BINARY", binary())
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let made: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let made = build_image("build", &image);
     let bytes = made["bytes"].as_u64().unwrap();
     eprintln!("image {image}: {:.1} MB", bytes as f64 / 1e6);
     assert!(bytes <= 40_000_000, "the image is {bytes} bytes");

@@ -22,7 +22,7 @@ use neardup_server::access::Role;
 use serde_json::json;
 
 use crate::cmd::cert::{issue, make_ca, write_new, write_pair};
-use crate::cmd::token::{append_entry, check_name, new_token, parse_role};
+use crate::cmd::token::{append_entry, new_token, parse_role};
 use crate::error::CliError;
 
 /// Options of `neardup secrets`.
@@ -114,7 +114,6 @@ pub fn run(args: SecretsArgs) -> Result<(), CliError> {
         made.push(name);
     }
     for (name, role) in &args.tokens {
-        check_name(name)?;
         let file = dir.join(format!("{name}.token"));
         if file.exists() {
             kept.push(format!("{name}.token"));

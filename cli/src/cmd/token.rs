@@ -37,7 +37,7 @@ pub enum TokenCommand {
 }
 
 /// Refuses a token name the tokens file cannot hold.
-pub fn check_name(name: &str) -> Result<(), CliError> {
+fn check_name(name: &str) -> Result<(), CliError> {
     if name.is_empty() || name.contains(['"', '\\', '\n']) {
         return Err(CliError::Config(format!(
             "token name {name:?}: give a non-empty name without quotes, backslashes or newlines"
@@ -60,7 +60,6 @@ pub fn parse_role(s: &str) -> Result<Role, String> {
 pub fn run(args: TokenArgs) -> Result<(), CliError> {
     match args.command {
         TokenCommand::New { role, name, append } => {
-            check_name(&name)?;
             let (token, hash, entry) = new_token(&name, role)?;
             if let Some(path) = &append {
                 append_entry(path, &entry)?;
@@ -80,8 +79,9 @@ pub fn run(args: TokenArgs) -> Result<(), CliError> {
 }
 
 /// A new token for `name` with `role`: the token, its SHA-256 (hex) and its tokens-file
-/// entry. `name` must already be checked.
+/// entry; an error for a name the tokens file cannot hold.
 pub fn new_token(name: &str, role: Role) -> Result<(String, String, String), CliError> {
+    check_name(name)?;
     let mut secret = [0u8; 32];
     getrandom::fill(&mut secret)
         .map_err(|e| CliError::Config(format!("no random bytes for a token: {e}")))?;

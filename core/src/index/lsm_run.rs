@@ -61,7 +61,7 @@ const META_MAGIC: [u8; 4] = *b"NDRN";
 const META_VERSION: u16 = 1;
 /// The largest run id: ids count up from 1 by one a run, so no index comes near it, and one
 /// above it in stored metadata is damage (it would leave no id for the runs after it).
-pub(crate) const MAX_RUN_ID: u64 = 1 << 62;
+const MAX_RUN_ID: u64 = 1 << 62;
 
 /// One table of a stored run: its encoded table's header and blocks, as stored.
 #[derive(Debug, Clone, Copy)]
@@ -432,9 +432,10 @@ impl Run {
                 // of its source's fingerprints) less the permuted fingerprints no live
                 // document keeps; `load` keeps a stored table only when every checksum holds
                 // and it holds exactly the run's fingerprints permuted, and rebuilds it from
-                // the fingerprints otherwise. A hit goes back to identity order through the inverse of its
-                // table's permutation (and of its sub-table's, in a crowded bucket), and the
-                // index queries a run with the design it was built or loaded for.
+                // the fingerprints otherwise. A hit goes back to identity order through the
+                // inverse of its table's permutation (and of its sub-table's, in a crowded
+                // bucket), and the index queries a run with the design it was built or loaded
+                // for.
                 debug_assert!(
                     rank.is_some(),
                     "run {}: fingerprint {:#x} not in its key column",
@@ -745,9 +746,6 @@ impl Values for Distinct<'_> {
     }
 }
 
-/// Puts the strictly increasing `values` through table `spec`'s permutation, sorted, into
-/// `out` (`tmp` is scratch). Designs keep the bits after a table's prefix in order, so a
-/// stable sort on the prefix is enough; any other permutation is sorted on all 64 bits.
 /// Whether `values` (a stored table's) are exactly `source`'s fingerprints permuted by
 /// `spec`: as many, strictly increasing, and with the same order-free digest (a sum of
 /// SplitMix64 hashes). Checksums catch damage on disk, not a table written wrong.
@@ -765,6 +763,9 @@ fn holds_permuted<S: Values + ?Sized>(values: &[u64], source: &S, spec: &TableSp
     stored == expected
 }
 
+/// Puts the strictly increasing `values` through table `spec`'s permutation, sorted, into
+/// `out` (`tmp` is scratch). Designs keep the bits after a table's prefix in order, so a
+/// stable sort on the prefix is enough; any other permutation is sorted on all 64 bits.
 fn permuted_sorted<S: Values + ?Sized>(
     values: &S,
     spec: &TableSpec,

@@ -403,9 +403,6 @@ impl Index {
         if ids.windows(2).any(|w| w[0] == w[1]) {
             return Err(Error::InvalidConfig("two runs with the same id".into()));
         }
-        if let Some(&id) = ids.last().filter(|&&id| id > lsm_run::MAX_RUN_ID) {
-            return Err(Error::corrupt(format!("run id {id} is beyond any an index makes")));
-        }
         self.next_run_id = ids.last().map_or(1, |&m| m + 1).max(self.next_run_id);
         self.runs = runs.into_iter().map(Arc::new).collect();
         self.buffer.clear();
