@@ -61,8 +61,8 @@ pub use metrics::ShardMetrics;
 pub use node_store::{NodeStore, NodeStoreConfig, NodeStoreStats};
 pub use service::{RaftService, ShardService};
 pub use shard::{
-    Admission, DocMatch, NewDocument, ProbeHits, Shard, ShardConfig, ShardStats, Status,
-    WriteOutcome,
+    Admission, BackupCopy, BackupTail, DocMatch, MAX_RESTORED_ID, NewDocument, ProbeHits, Shard,
+    ShardConfig, ShardStats, Status, WriteOutcome,
 };
 
 /// The version a node reports (`Stats.version`): the build's, unless the process set

@@ -102,8 +102,9 @@ impl Shard {
         self.truncate_log(upto)
     }
 
-    /// Removes log records with sequence `<= upto`.
+    /// Removes log records with sequence `<= upto`, and none an open backup copy needs.
     pub(super) fn truncate_log(&self, upto: u64) -> Result<()> {
+        let upto = self.backup_floor(upto);
         if upto == 0 {
             return Ok(());
         }

@@ -39,6 +39,7 @@
 //! statistics (`read_path`), background merges and rebuilds (`maintenance`), checkpoints
 //! and document snapshots (`checkpoint`).
 
+mod backup;
 mod caller_ids;
 mod checkpoint;
 mod dir_check;
@@ -68,6 +69,7 @@ use crate::metrics::ShardMetrics;
 use crate::persist::{self, DocSnapshot, Manifest, Spaces};
 use crate::storage::{SledStore, Store};
 
+pub use backup::{BackupCopy, BackupTail, MAX_RESTORED_ID};
 pub use caller_ids::EntryOp;
 pub use dir_check::{check_data_dir, free_bytes};
 pub use shard_types::{
@@ -271,6 +273,9 @@ pub struct Shard {
     /// Sketch changes logged but not yet written to the sketch store, by internal id
     /// (`None`: removed), with the sequence of the record; see [`Shard::queue_sketches`].
     pending_sketches: Mutex<HashMap<u64, QueuedSketch>>,
+    /// The start of every open backup copy ([`BackupCopy`]): the log keeps every record
+    /// after the smallest.
+    backup_pins: Mutex<Vec<u64>>,
     /// One round of maintenance at a time (merges must not overlap).
     maintaining: Mutex<()>,
     metrics: ShardMetrics,
@@ -397,6 +402,7 @@ impl Shard {
             maintenance: Mutex::new(None),
             sealer: Mutex::new(None),
             pending_sketches: Mutex::new(HashMap::new()),
+            backup_pins: Mutex::new(Vec::new()),
             maintaining: Mutex::new(()),
             // Four write buffers of documents: what a shard stores during an admission's
             // query at hundreds of thousands of documents a second.
