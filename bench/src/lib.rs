@@ -10,6 +10,7 @@
 #![recursion_limit = "256"]
 
 mod alloc_peak;
+mod backup;
 mod bruteforce;
 mod cluster;
 mod cluster_map;
@@ -56,6 +57,9 @@ enum Command {
     /// The gRPC service on loopback: latency at fixed rates, batch throughput, durable
     /// inserts, mixed load, restart time, and the in-process index as the baseline.
     Service(service::ServiceArgs),
+    /// A single node's backup and restore on real processes, against loading the same
+    /// documents by durable streaming inserts in the same run.
+    Backup(backup::BackupArgs),
     /// Where a shard's bytes on disk go: durable loading, then single-document admissions,
     /// then a restart, in process; after each, disk against memory and every keyspace's live
     /// keys and values.
@@ -100,6 +104,7 @@ pub fn main() -> i32 {
             Ok(())
         }
         Command::Service(args) => service::main(args),
+        Command::Backup(args) => backup::main(args),
         Command::Disk(args) => disk::run(args),
         Command::Cluster(args) => cluster::main(args),
         Command::Replica(args) => replica::run(args),

@@ -75,6 +75,9 @@ pub enum CliError {
     /// Stopping the shard (flush, checkpoint, sync) failed.
     #[error("shutdown failed: {0}")]
     Shutdown(String),
+    /// A backup is incomplete, damaged or of another format, or could not be made.
+    #[error("{0}")]
+    Backup(String),
     /// The server answers health checks, but not SERVING.
     #[error("the server is not serving: its health is {0}")]
     NotServing(String),

@@ -64,6 +64,11 @@ pub enum Command {
     Stats(cmd::stats::StatsArgs),
     /// Ask whether the server is serving (grpc.health.v1); exits 0 only if it is.
     Health(cmd::health::HealthArgs),
+    /// Copy every document of a running server (a node, or a whole cluster) into a
+    /// directory.
+    Backup(cmd::backup::BackupArgs),
+    /// Store a backup's documents into a fresh server (a node, or a cluster).
+    Restore(cmd::backup::RestoreArgs),
     /// Fingerprint texts.
     Fingerprint(cmd::fingerprint::FingerprintArgs),
     /// Administer a cluster: status, add, remove, transfer-leader (JSON output).
@@ -117,6 +122,8 @@ fn run_online(command: Command) -> Result<(), CliError> {
             Command::Delete(a) => cmd::delete::run(a).await,
             Command::Stats(a) => cmd::stats::run(a).await,
             Command::Health(a) => cmd::health::run(a).await,
+            Command::Backup(a) => cmd::backup::run_backup(a).await,
+            Command::Restore(a) => cmd::backup::run_restore(a).await,
             Command::Fingerprint(a) => cmd::fingerprint::run(a).await,
             Command::Cluster(a) => cmd::cluster::run(a).await,
             Command::Dedup(_) | Command::Token(_) | Command::Cert(_) | Command::Secrets(_) => {

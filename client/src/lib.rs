@@ -32,6 +32,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use neardup_proto::admin::backup_client::BackupClient;
+pub use neardup_proto::admin::{
+    BackupDoc, RestoreRequest, RestoreResponse, RestoreStart, SnapshotChunk, SnapshotEnd,
+    SnapshotInfo, SnapshotRequest,
+};
 use neardup_proto::v1::neardup_client::NeardupClient;
 use neardup_proto::v1::{
     CheckAndInsertRequest, DeleteRequest, FingerprintRequest, InsertRequest, QueryBatchRequest,
@@ -281,6 +286,7 @@ impl Default for ClientOptions {
 pub struct Client {
     rpc: Rpc,
     health: HealthClient<InterceptedService<Channel, Auth>>,
+    backup: BackupClient<InterceptedService<Channel, Auth>>,
     options: ClientOptions,
     /// Calls sent again after UNAVAILABLE, by this client and its clones.
     retried: Arc<AtomicU64>,
@@ -318,10 +324,13 @@ impl Client {
         let channel = endpoint.connect_lazy();
         let auth = Auth::new(options.token.as_ref())?;
         let health = HealthClient::with_interceptor(channel.clone(), auth.clone());
+        let backup = BackupClient::with_interceptor(channel.clone(), auth.clone())
+            .max_decoding_message_size(options.max_message_bytes)
+            .max_encoding_message_size(options.max_message_bytes);
         let rpc = NeardupClient::with_interceptor(channel, auth)
             .max_decoding_message_size(options.max_message_bytes)
             .max_encoding_message_size(options.max_message_bytes);
-        Ok(Client { rpc, health, options, retried: Arc::default() })
+        Ok(Client { rpc, health, backup, options, retried: Arc::default() })
     }
 
     /// The generated client on the same connection, for calls this library does not wrap
@@ -564,6 +573,22 @@ impl Client {
         let r = self.request(HealthCheckRequest { service: service.to_string() });
         let status = self.health.clone().check(r).await?.into_inner().status;
         Ok(ServingStatus::try_from(status).unwrap_or(ServingStatus::Unknown))
+    }
+
+    /// Every stored document, as the server sends it: a stream of snapshot chunks
+    /// (`neardup.admin.v1.Backup`, the admin role). No deadline: a backup takes as long as
+    /// the data does.
+    pub async fn snapshot(&self) -> Result<tonic::Streaming<SnapshotChunk>> {
+        Ok(self.backup.clone().snapshot(SnapshotRequest {}).await?.into_inner())
+    }
+
+    /// Restores the documents `messages` carry (the first one carries `start`); answered
+    /// once all are durable. No deadline, as [`snapshot`](Self::snapshot).
+    pub async fn restore(
+        &self,
+        messages: impl tokio_stream::Stream<Item = RestoreRequest> + Send + 'static,
+    ) -> Result<RestoreResponse> {
+        Ok(self.backup.clone().restore(messages).await?.into_inner())
     }
 
     /// The server's statistics.

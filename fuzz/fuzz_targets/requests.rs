@@ -11,7 +11,8 @@
 //! - internal `Data`: the real `DataService` handlers over a node stub;
 //! - internal `Raft`: `RaftMessage`/`RaftBatch` decoded and their messages parsed as raft-rs
 //!   parses them (stepping them is the `raft` target);
-//! - `neardup.admin.v1`: decoded (its handlers need a running cluster node).
+//! - `neardup.admin.v1`: decoded (its handlers need a running cluster node); a restore's
+//!   documents also converted as the backup service converts them.
 //!
 //! Every message that decodes is also encoded again and must decode to itself.
 //!
@@ -366,6 +367,18 @@ fn handle(kind: u8, b: &[u8]) {
         32 => {
             let _ = decode::<v1::CheckAndInsertResponse>(b);
         }
+        // neardup.admin.v1.Backup: a restore's messages as its service converts them, and
+        // the snapshot chunks `neardup backup` decodes.
+        33 => {
+            if let Some(m) = decode::<admin::RestoreRequest>(b) {
+                for d in m.docs {
+                    let _ = neardup_router::backup::doc_from_wire(d);
+                }
+            }
+        }
+        34 => {
+            let _ = decode::<admin::SnapshotChunk>(b);
+        }
         _ => {
             let _ = decode::<admin::StatusResponse>(b);
         }
@@ -467,6 +480,21 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
             .encode_to_vec(),
         ),
         (23, admin::AddNodeRequest::default().encode_to_vec()),
+        (
+            33,
+            admin::RestoreRequest {
+                start: Some(admin::RestoreStart { max_id: 9, ..Default::default() }),
+                docs: vec![admin::BackupDoc {
+                    id: 5,
+                    name: "n".into(),
+                    fingerprint: 7,
+                    timestamp_ms: 1,
+                    cluster: 5,
+                    sketch: Vec::new(),
+                }],
+            }
+            .encode_to_vec(),
+        ),
     ];
     msgs.into_iter().map(|(k, m)| (format!("kind-{k}"), [&[k][..], &m].concat())).collect()
 }

@@ -64,19 +64,20 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use neardup_cluster::map::ClusterMap;
+use neardup_cluster::map::{ClusterMap, MAX_GRANT};
 use neardup_cluster::{NodeId, Unit};
 use neardup_core::Design;
 use neardup_core::sketch::Sketch;
+use neardup_proto::admin::{RestoreStart, SnapshotChunk, SnapshotEnd, SnapshotInfo};
 use neardup_proto::internal::{
     AdmitRequest, AdmitResponse, ProbeRequest, ProbeResponse, WriteRequest, WriteResponse,
 };
 use neardup_proto::v1::{CheckAndInsertResponse, Match, QueryResult, StatsResponse};
-use neardup_server::data_types::{gid_partition, make_gid};
+use neardup_server::data_types::{GID_PARTITION_BITS, gid_partition, make_gid};
 use neardup_server::{
     DataError, DataResult, DocInfo, DocOp, NodeApi, NodeStats, TabletHit, TabletOp,
 };
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tonic::Status;
 
@@ -258,6 +259,9 @@ struct Pending {
 
 /// One query's documents within its distance, and whether a tablet cut its hits.
 type FoundSet = (Vec<(DocInfo, u32)>, bool);
+
+/// How long a replica may take to send one partition's documents for a snapshot.
+const SCAN_DEADLINE: Duration = Duration::from_secs(600);
 
 /// Reads of at most this many queries are coalesced; larger ones (QueryBatch) go alone.
 const COALESCE_MAX: usize = 8;
@@ -939,6 +943,7 @@ impl ClusterRouter {
         ctx: &Ctx,
         puts: &[DocInfo],
         olds: &[DocInfo],
+        new_gids: bool,
         deadline: Option<Instant>,
     ) -> DataResult<()> {
         let epoch = ctx.map.epoch;
@@ -961,8 +966,10 @@ impl ClusterRouter {
                 .into_iter()
                 .map(|(node, ops)| {
                     let api = (self.nodes)(node);
-                    // Puts are of new documents: gids taken for this attempt.
-                    (node, async move { api.tablet_write(epoch, ops, !remove, deadline).await })
+                    // Puts are of new documents (gids taken for this attempt), unless the
+                    // caller says they may be stored already.
+                    let new = new_gids && !remove;
+                    (node, async move { api.tablet_write(epoch, ops, new, deadline).await })
                 })
                 .collect::<BTreeMap<_, _>>())
         };
@@ -1068,7 +1075,7 @@ impl ClusterRouter {
         }
         let olds: Vec<DocInfo> =
             current.keys().filter_map(|name| stored.get(*name)).flatten().cloned().collect();
-        self.apply(ctx, &puts, &olds, deadline).await?;
+        self.apply(ctx, &puts, &olds, true, deadline).await?;
         Ok(WriteResponse { inserted, replaced, deleted, missing, seq: 0 })
     }
 
@@ -1149,7 +1156,7 @@ impl ClusterRouter {
             me.gid = make_gid(seq, p);
             me.cluster = original.as_ref().map_or(me.gid, |(c, _)| *c);
             let olds: Vec<DocInfo> = old.iter().cloned().collect();
-            self.apply(ctx, std::slice::from_ref(&me), &olds, deadline).await?;
+            self.apply(ctx, std::slice::from_ref(&me), &olds, true, deadline).await?;
             inserted = true;
         }
         if inserted && !duplicate {
@@ -1436,6 +1443,160 @@ impl ShardApi for ClusterRouter {
 
     fn health(&self) -> watch::Receiver<ShardHealth> {
         self.health.clone()
+    }
+
+    async fn snapshot(&self, tx: mpsc::Sender<Result<SnapshotChunk, Status>>) {
+        if let Err(e) = self.snapshot_into(&tx).await {
+            let _ = tx.send(Err(e)).await;
+        }
+    }
+
+    async fn restore(
+        &self,
+        start: RestoreStart,
+        mut docs: mpsc::Receiver<Result<Vec<DocInfo>, Status>>,
+    ) -> Result<u64, Status> {
+        let deadline = None;
+        let ctx = self.ctx().map_err(final_status)?;
+        let parts = ctx.map.partitions.len() as u32;
+        match &start.info {
+            Some(i) if i.kind == "node" => {
+                return Err(Status::failed_precondition(
+                    "this backup is a single node's: its ids name no partitions of a cluster; \
+                     restore it into a single node (`neardup serve`)",
+                ));
+            }
+            Some(i) if i.kind == "cluster" && i.partitions != parts => {
+                return Err(Status::failed_precondition(format!(
+                    "the backup comes from a cluster of {} document partitions, this one has \
+                     {parts}: a document's id names its partition",
+                    i.partitions
+                )));
+            }
+            _ => {}
+        }
+        if !start.resume && ctx.map.next_gid_seq > 1 {
+            let held = self.stats(deadline).await?.documents;
+            return Err(Status::failed_precondition(format!(
+                "this cluster has stored documents before ({held} held now): a restore goes \
+                 into a fresh cluster (or is resumed with --resume)"
+            )));
+        }
+        // The backup's ids are taken: no node is granted them for new documents after.
+        let max_seq = start.max_id >> GID_PARTITION_BITS;
+        let mut block = self.block.lock().await;
+        // Bounded: each grant takes up to MAX_GRANT numbers, at least one.
+        let grants = max_seq / MAX_GRANT + 3;
+        let mut reserved = self.map.borrow().next_gid_seq > max_seq;
+        for _ in 0..grants {
+            if reserved {
+                break;
+            }
+            let next = self.map.borrow().next_gid_seq.max(1);
+            let got = self.ids.grant((max_seq + 1 - next.min(max_seq)).min(MAX_GRANT)).await?;
+            reserved = got.end > max_seq || self.map.borrow().next_gid_seq > max_seq;
+        }
+        if !reserved {
+            return Err(Status::unavailable(format!(
+                "the ids up to the backup's (sequence {max_seq}) could not be reserved; retry \
+                 with --resume"
+            )));
+        }
+        if block.start <= max_seq {
+            *block = 0..0;
+        }
+        drop(block);
+        // Chunk by chunk: the writes of each are durable when it returns.
+        let mut n = 0u64;
+        while let Some(chunk) = docs.recv().await {
+            let chunk = chunk?;
+            with_retry!(self, deadline, |ctx| self.restore_once(&ctx, &chunk, deadline))?;
+            n += chunk.len() as u64;
+        }
+        Ok(n)
+    }
+}
+
+impl ClusterRouter {
+    /// A snapshot of every partition, one after the other, into `tx` (see
+    /// [`ShardApi::snapshot`]).
+    async fn snapshot_into(
+        &self,
+        tx: &mpsc::Sender<Result<SnapshotChunk, Status>>,
+    ) -> Result<(), Status> {
+        let ctx = self.ctx().map_err(final_status)?;
+        let documents = self.stats(None).await?.documents;
+        let parts = ctx.map.partitions.len() as u32;
+        let info = SnapshotInfo {
+            kind: "cluster".into(),
+            design: ctx.map.design.as_ref().map(|d| d.name.clone()).unwrap_or_default(),
+            partitions: parts,
+            documents,
+        };
+        if tx.send(Ok(SnapshotChunk { info: Some(info), ..Default::default() })).await.is_err() {
+            return Ok(());
+        }
+        let mut sent = 0u64;
+        for p in 0..parts {
+            let docs = self.scan_partition(p).await?;
+            sent += docs.len() as u64;
+            for docs in crate::backup::chunks(docs) {
+                let chunk = SnapshotChunk { docs, ..Default::default() };
+                if tx.send(Ok(chunk)).await.is_err() {
+                    return Ok(());
+                }
+            }
+        }
+        let end = SnapshotEnd { removed: Vec::new(), seq: 0, documents: sent };
+        let _ = tx.send(Ok(SnapshotChunk { end: Some(end), ..Default::default() })).await;
+        Ok(())
+    }
+
+    /// Every document of partition `p`, from one serving replica (another when one fails,
+    /// under the newer map when the map moved).
+    async fn scan_partition(&self, p: u32) -> Result<Vec<DocInfo>, Status> {
+        let mut last = None;
+        for _ in 0..3 {
+            let ctx = self.ctx().map_err(final_status)?;
+            for node in readable(&ctx.map, Unit::Partition(p), &HashSet::new()) {
+                let deadline = Some(Instant::now() + SCAN_DEADLINE);
+                match (self.nodes)(node).partition_scan(ctx.map.epoch, p, deadline).await {
+                    Ok(docs) => return Ok(docs),
+                    Err(DataError::EpochMoved { epoch, why }) => {
+                        self.wait_epoch(epoch, None).await;
+                        last = Some(DataError::EpochMoved { epoch, why });
+                        break;
+                    }
+                    Err(e) => last = Some(e),
+                }
+            }
+        }
+        Err(final_status(last.unwrap_or_else(|| {
+            DataError::Unavailable(format!("no replica of partition {p} serves"))
+        })))
+    }
+
+    /// Stores documents of a backup under their gids: every gid must name its document's
+    /// partition in this map. Puts may be stored already (a resumed restore).
+    async fn restore_once(
+        &self,
+        ctx: &Ctx,
+        docs: &[DocInfo],
+        deadline: Option<Instant>,
+    ) -> DataResult<()> {
+        for d in docs {
+            let p = Self::partition_unit(ctx, &d.name)?;
+            if gid_partition(d.gid) != p {
+                return Err(DataError::InvalidArgument(format!(
+                    "document {:?} has id {:#x}, of partition {}, but its name is in partition \
+                     {p} of this cluster",
+                    d.name,
+                    d.gid,
+                    gid_partition(d.gid)
+                )));
+            }
+        }
+        self.apply(ctx, docs, &[], false, deadline).await
     }
 }
 

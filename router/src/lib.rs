@@ -25,6 +25,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_code)]
 
+pub mod backup;
 pub mod cluster;
 pub mod error;
 pub mod fill;

@@ -1,5 +1,6 @@
-//! The public gRPC server: the router's service, `grpc.health.v1` and reflection (v1 and
-//! v1alpha) on one listener, with graceful shutdown.
+//! The public gRPC server: the router's service, the backup service
+//! ([`crate::backup`]), `grpc.health.v1` and reflection (v1 and v1alpha) on one listener,
+//! with graceful shutdown.
 //!
 //! Health follows the shard: `""` and `neardup.v1.Neardup` are SERVING exactly while the
 //! shard is, so a load balancer sends no traffic to a router whose shard is recovering,
@@ -11,6 +12,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use neardup_proto::admin::backup_server::BackupServer;
 use neardup_proto::v1::neardup_server::NeardupServer;
 use neardup_server::access::Access;
 use neardup_server::tls::Tls;
@@ -19,6 +21,7 @@ use tokio::net::TcpListener;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
+use crate::backup::BackupService;
 use crate::service::Router;
 use crate::shard::ShardHealth;
 
@@ -70,11 +73,17 @@ pub async fn serve(
     let reflection_v1 = reflection().build_v1().expect("the descriptor sets are valid");
     let reflection_v1alpha = reflection().build_v1alpha().expect("the descriptor sets are valid");
     let max = router.limits().max_message_bytes;
+    let router_shard = router.shard().clone();
     let http2 = router.limits().http2();
     // The public service first: the table is searched in order.
     let services = GrpcServices::new()
         .with(
             NeardupServer::new(router)
+                .max_decoding_message_size(max)
+                .max_encoding_message_size(max),
+        )
+        .with(
+            BackupServer::new(BackupService::new(router_shard))
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
         )

@@ -6,8 +6,10 @@
 //! caller's deadline and report the shard's health, so the router behaves the same in
 //! either mode.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use neardup_proto::admin::{RestoreStart, SnapshotChunk, SnapshotInfo};
 use neardup_proto::internal::shard_client::ShardClient;
 use neardup_proto::internal::shard_server::Shard as ShardRpc;
 use neardup_proto::internal::{
@@ -16,7 +18,8 @@ use neardup_proto::internal::{
 };
 use neardup_proto::v1::StatsResponse;
 use neardup_server::Status as ShardStatus;
-use tokio::sync::watch;
+use neardup_server::{DataError, DocInfo, Shard};
+use tokio::sync::{mpsc, watch};
 use tonic::transport::Channel;
 use tonic::{Request, Status};
 
@@ -65,6 +68,21 @@ pub trait ShardApi: Send + Sync + 'static {
     async fn stats(&self, deadline: Option<Instant>) -> Result<StatsResponse, Status>;
     /// The shard's health, kept current.
     fn health(&self) -> watch::Receiver<ShardHealth>;
+    /// Sends a snapshot of every document into `tx`, chunk by chunk
+    /// ([`crate::backup`]); an error ends it. Refused where the shard keeps no documents.
+    async fn snapshot(&self, tx: mpsc::Sender<Result<SnapshotChunk, Status>>) {
+        let _ = tx.send(Err(Status::unimplemented("this server takes no backups"))).await;
+    }
+    /// Restores a backup (`start`, then the documents `docs` yields, chunk by chunk, under
+    /// their own ids); an `Err` from `docs` aborts it with that error. Returns the documents
+    /// stored once all are durable. Refused where the shard keeps no documents.
+    async fn restore(
+        &self,
+        _start: RestoreStart,
+        _docs: mpsc::Receiver<Result<Vec<DocInfo>, Status>>,
+    ) -> Result<u64, Status> {
+        Err(Status::unimplemented("this server takes no restores"))
+    }
 }
 
 fn request<T>(msg: T, deadline: Option<Instant>) -> Request<T> {
@@ -106,12 +124,24 @@ pub fn health_of(shard: &neardup_server::Shard) -> watch::Receiver<ShardHealth> 
 pub struct InProcess<S> {
     service: S,
     health: watch::Receiver<ShardHealth>,
+    /// The shard itself, for backups and restores ([`with_shard`](Self::with_shard)).
+    shard: Option<Arc<Shard>>,
 }
 
 impl<S: ShardRpc> InProcess<S> {
     /// Calls `service`; `health` is kept current by whoever owns the shard.
     pub fn new(service: S, health: watch::Receiver<ShardHealth>) -> Self {
-        InProcess { service, health }
+        InProcess { service, health, shard: None }
+    }
+
+    /// Takes backups and restores through `shard` (the one `service` serves).
+    pub fn with_shard(mut self, shard: Arc<Shard>) -> Self {
+        self.shard = Some(shard);
+        self
+    }
+
+    fn backups(&self) -> Result<&Arc<Shard>, Status> {
+        self.shard.as_ref().ok_or_else(|| Status::unimplemented("this server takes no backups"))
     }
 }
 
@@ -153,6 +183,77 @@ impl<S: ShardRpc> ShardApi for InProcess<S> {
 
     fn health(&self) -> watch::Receiver<ShardHealth> {
         self.health.clone()
+    }
+
+    async fn snapshot(&self, tx: mpsc::Sender<Result<SnapshotChunk, Status>>) {
+        let shard = match self.backups() {
+            Ok(s) => s.clone(),
+            Err(e) => {
+                let _ = tx.send(Err(e)).await;
+                return;
+            }
+        };
+        let info = match self.stats(None).await {
+            Ok(s) => SnapshotInfo {
+                kind: "node".into(),
+                design: s.design,
+                partitions: 0,
+                documents: s.documents,
+            },
+            Err(e) => {
+                let _ = tx.send(Err(e)).await;
+                return;
+            }
+        };
+        let _ =
+            tokio::task::spawn_blocking(move || crate::backup::node_snapshot(&shard, info, &tx))
+                .await;
+    }
+
+    async fn restore(
+        &self,
+        start: RestoreStart,
+        mut docs: mpsc::Receiver<Result<Vec<DocInfo>, Status>>,
+    ) -> Result<u64, Status> {
+        let shard = self.backups()?.clone();
+        let held = self.stats(None).await?.documents;
+        if held > 0 && !start.resume {
+            return Err(Status::failed_precondition(format!(
+                "this node holds {held} documents: a restore goes into an empty node (or is \
+                 resumed with --resume)"
+            )));
+        }
+        let failed = |e: neardup_server::Error| Status::from(DataError::from(e));
+        let joined =
+            |e: tokio::task::JoinError| Status::internal(format!("the restore failed: {e}"));
+        if held == 0 {
+            // An empty node: everything at once (built whole, no log), or nothing.
+            let mut all = Vec::new();
+            while let Some(chunk) = docs.recv().await {
+                all.extend(chunk?);
+            }
+            let n = all.len() as u64;
+            tokio::task::spawn_blocking(move || shard.restore_bulk(&all))
+                .await
+                .map_err(joined)?
+                .map_err(failed)?;
+            return Ok(n);
+        }
+        // Resumed over documents held: through the log, chunk by chunk.
+        let (mut n, mut seq) = (0u64, 0u64);
+        while let Some(chunk) = docs.recv().await {
+            let chunk = chunk?;
+            n += chunk.len() as u64;
+            let s = shard.clone();
+            seq = seq.max(
+                tokio::task::spawn_blocking(move || s.restore_docs(&chunk))
+                    .await
+                    .map_err(joined)?
+                    .map_err(failed)?,
+            );
+        }
+        shard.wait_durable(seq).await.map_err(failed)?;
+        Ok(n)
     }
 }
 

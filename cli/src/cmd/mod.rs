@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod backup;
 pub mod cert;
 pub mod check;
 pub mod cluster;

@@ -82,7 +82,7 @@ pub async fn run(args: ServeArgs) -> Result<(), CliError> {
     let shard = open_and_recover(&config, shard_metrics.clone())?;
     ops::serve_metrics(&config.metrics_listen, registry, config.metrics_token()?).await?;
     let health = neardup_router::shard::health_of(&shard);
-    let api = InProcess::new(ShardService::new(shard.clone()), health);
+    let api = InProcess::new(ShardService::new(shard.clone()), health).with_shard(shard.clone());
     let router = Router::with_verify(
         Arc::new(api),
         shard.max_k(),
