@@ -12,10 +12,9 @@
 
 use std::sync::Arc;
 
-use neardup_core::sketch::MAX_ENCODED_BYTES;
-
 use super::Shard;
-use super::write_path::{RecordPlan, check_name};
+use super::caller_ids::{check_doc, plan_doc_put};
+use super::write_path::RecordPlan;
 use crate::data_types::DocInfo;
 use crate::error::{Error, Result};
 use crate::persist::key64;
@@ -86,21 +85,8 @@ impl Shard {
         let st = &mut *st;
         let mut plan = RecordPlan::new();
         for d in docs {
-            if !std::ptr::eq(winners[d.name.as_str()], d) || st.docs.by_id(d.gid).is_some() {
-                continue;
-            }
-            let put = Op::Put {
-                id: d.gid,
-                fp: d.fp,
-                ts: d.ts_ms,
-                cluster: d.cluster,
-                name: &d.name,
-                sketch: d.sketch.as_deref(),
-            };
-            match st.docs.by_name(&d.name) {
-                Some(old) if (old.ts, old.id) > (d.ts_ms, d.gid) => continue,
-                Some(old) => plan.push(Op::Remove { id: old.id, fp: old.fp }, Some(put)),
-                None => plan.push(put, None),
+            if std::ptr::eq(winners[d.name.as_str()], d) {
+                plan_doc_put(&st.docs, d, &mut plan);
             }
         }
         self.append(st, &plan)
@@ -118,17 +104,11 @@ impl Shard {
         self.check_names()?;
         let max = self.config.max_id_bytes;
         for d in docs {
-            check_name(&d.name, max)?;
-            if d.gid == 0 || d.gid >= MAX_RESTORED_ID {
+            check_doc(d, max)?;
+            if d.gid >= MAX_RESTORED_ID {
                 return Err(Error::InvalidInput(format!(
-                    "document {:?} has id {}, outside 1 to 2^62",
+                    "document {:?} has id {}, past 2^62",
                     d.name, d.gid
-                )));
-            }
-            if d.sketch.as_ref().is_some_and(|s| s.len() > MAX_ENCODED_BYTES) {
-                return Err(Error::InvalidInput(format!(
-                    "the sketch of {:?} is longer than {MAX_ENCODED_BYTES} bytes",
-                    d.name
                 )));
             }
         }
@@ -319,6 +299,7 @@ impl Drop for BackupCopy {
 mod tests {
     use std::collections::{BTreeMap, HashSet};
 
+    use neardup_core::sketch::MAX_ENCODED_BYTES;
     use neardup_core::util::SplitMix64;
 
     use super::super::shard_tests::{config, doc};

@@ -13,7 +13,7 @@ use neardup_core::{Doc, Match};
 use super::Shard;
 use super::write_path::{RecordPlan, check_name};
 use crate::data_types::{DocInfo, DocOp};
-use crate::doc_table::DocEntry;
+use crate::doc_table::{DocEntry, DocTable};
 use crate::error::{Error, Result};
 use crate::persist::key64;
 use crate::record::Op;
@@ -30,6 +30,44 @@ pub struct EntryOp {
     /// A put of an id never written to this shard before (the caller knows): stored without
     /// looking whether the index holds it. Ignored for removals.
     pub new: bool,
+}
+
+/// Checks a document with a caller-assigned id: its name (at most `max` bytes), an id
+/// other than 0, a sketch of a length that can be one.
+pub(super) fn check_doc(d: &DocInfo, max: usize) -> Result<()> {
+    check_name(&d.name, max)?;
+    if d.gid == 0 {
+        return Err(Error::InvalidInput(format!("document {:?} has id 0", d.name)));
+    }
+    if d.sketch.as_ref().is_some_and(|s| s.len() > MAX_ENCODED_BYTES) {
+        return Err(Error::InvalidInput(format!(
+            "the sketch of {:?} is longer than {MAX_ENCODED_BYTES} bytes",
+            d.name,
+        )));
+    }
+    Ok(())
+}
+
+/// Plans the put of `d` under its own id as writes of caller ids decide it: nothing if the
+/// id is held, or if the name's holder has a larger `(ts_ms, gid)`; else the put, after the
+/// removal of the name's holder if there is one.
+pub(super) fn plan_doc_put<'a>(docs: &DocTable, d: &'a DocInfo, plan: &mut RecordPlan<'a>) {
+    if docs.by_id(d.gid).is_some() {
+        return;
+    }
+    let put = Op::Put {
+        id: d.gid,
+        fp: d.fp,
+        ts: d.ts_ms,
+        cluster: d.cluster,
+        name: &d.name,
+        sketch: d.sketch.as_deref(),
+    };
+    match docs.by_name(&d.name) {
+        Some(old) if (old.ts, old.id) > (d.ts_ms, d.gid) => {}
+        Some(old) => plan.push(Op::Remove { id: old.id, fp: old.fp }, Some(put)),
+        None => plan.push(put, None),
+    }
 }
 
 impl Shard {
@@ -135,21 +173,7 @@ impl Shard {
         let max = self.config.max_id_bytes;
         for op in ops {
             match op {
-                DocOp::Put(d) => {
-                    check_name(&d.name, max)?;
-                    if d.gid == 0 {
-                        return Err(Error::InvalidInput(format!(
-                            "document {:?} has gid 0",
-                            d.name
-                        )));
-                    }
-                    if d.sketch.as_ref().is_some_and(|s| s.len() > MAX_ENCODED_BYTES) {
-                        return Err(Error::InvalidInput(format!(
-                            "the sketch of {:?} is longer than {MAX_ENCODED_BYTES} bytes",
-                            d.name,
-                        )));
-                    }
-                }
+                DocOp::Put(d) => check_doc(d, max)?,
                 DocOp::Remove { name, .. } => check_name(name, max)?,
             }
         }
@@ -160,24 +184,7 @@ impl Shard {
         for op in ops {
             let mut plan = RecordPlan::new();
             match op {
-                DocOp::Put(d) => {
-                    if st.docs.by_id(d.gid).is_some() {
-                        continue;
-                    }
-                    let put = Op::Put {
-                        id: d.gid,
-                        fp: d.fp,
-                        ts: d.ts_ms,
-                        cluster: d.cluster,
-                        name: &d.name,
-                        sketch: d.sketch.as_deref(),
-                    };
-                    match st.docs.by_name(&d.name) {
-                        Some(old) if (old.ts, old.id) > (d.ts_ms, d.gid) => continue,
-                        Some(old) => plan.push(Op::Remove { id: old.id, fp: old.fp }, Some(put)),
-                        None => plan.push(put, None),
-                    }
-                }
+                DocOp::Put(d) => plan_doc_put(&st.docs, d, &mut plan),
                 DocOp::Remove { gid, name } => match st.docs.by_name(name) {
                     Some(old) if old.id == *gid => {
                         plan.push(Op::Remove { id: old.id, fp: old.fp }, None)
