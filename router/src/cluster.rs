@@ -260,9 +260,6 @@ struct Pending {
 /// One query's documents within its distance, and whether a tablet cut its hits.
 type FoundSet = (Vec<(DocInfo, u32)>, bool);
 
-/// How long a replica may take to send one partition's documents for a snapshot.
-const SCAN_DEADLINE: Duration = Duration::from_secs(600);
-
 /// Reads of at most this many queries are coalesced; larger ones (QueryBatch) go alone.
 const COALESCE_MAX: usize = 8;
 
@@ -1486,17 +1483,14 @@ impl ShardApi for ClusterRouter {
         let max_seq = start.max_id >> GID_PARTITION_BITS;
         let mut block = self.block.lock().await;
         // Bounded: each grant takes up to MAX_GRANT numbers, at least one.
-        let grants = max_seq / MAX_GRANT + 3;
-        let mut reserved = self.map.borrow().next_gid_seq > max_seq;
-        for _ in 0..grants {
-            if reserved {
+        let mut next = self.map.borrow().next_gid_seq.max(1);
+        for _ in 0..max_seq / MAX_GRANT + 3 {
+            if next > max_seq {
                 break;
             }
-            let next = self.map.borrow().next_gid_seq.max(1);
-            let got = self.ids.grant((max_seq + 1 - next.min(max_seq)).min(MAX_GRANT)).await?;
-            reserved = got.end > max_seq || self.map.borrow().next_gid_seq > max_seq;
+            next = next.max(self.ids.grant((max_seq + 1 - next).min(MAX_GRANT)).await?.end);
         }
-        if !reserved {
+        if next <= max_seq {
             return Err(Status::unavailable(format!(
                 "the ids up to the backup's (sequence {max_seq}) could not be reserved; retry \
                  with --resume"
@@ -1559,7 +1553,7 @@ impl ClusterRouter {
         for _ in 0..3 {
             let ctx = self.ctx().map_err(final_status)?;
             for node in readable(&ctx.map, Unit::Partition(p), &HashSet::new()) {
-                let deadline = Some(Instant::now() + SCAN_DEADLINE);
+                let deadline = Some(Instant::now() + crate::fill::COPY_DEADLINE);
                 match (self.nodes)(node).partition_scan(ctx.map.epoch, p, deadline).await {
                     Ok(docs) => return Ok(docs),
                     Err(DataError::EpochMoved { epoch, why }) => {

@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use crate::cluster::NodeResolver;
 
 /// How long a copy of one unit may take.
-const COPY_DEADLINE: Duration = Duration::from_secs(300);
+pub(crate) const COPY_DEADLINE: Duration = Duration::from_secs(300);
 /// How often the filler looks at the map when nothing changes.
 const POLL: Duration = Duration::from_millis(500);
 

@@ -126,6 +126,13 @@ pub fn key64(v: u64) -> [u8; 8] {
     v.to_be_bytes()
 }
 
+/// The sequence a log key names ([`key64`] read back); a key of another length is damage.
+pub fn log_seq(key: &[u8]) -> crate::error::Result<u64> {
+    key.try_into()
+        .map(u64::from_be_bytes)
+        .map_err(|_| crate::error::Error::CorruptTablet("log key".into()))
+}
+
 fn table_key(sid: u64, t: usize) -> Vec<u8> {
     let mut k = key64(sid).to_vec();
     k.extend_from_slice(&(t as u16).to_be_bytes());

@@ -347,14 +347,19 @@ fn read_removed(dir: &Path, m: &Manifest) -> Result<HashSet<u64>, CliError> {
     Ok(bytes.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect())
 }
 
-/// Checks every file of the backup in `dir` against its manifest: lengths, CRC-32s, frames
-/// and document counts.
-pub fn verify(dir: &Path, m: &Manifest) -> Result<(), CliError> {
-    read_removed(dir, m)?;
+/// Checks every file of the backup in `dir` against its manifest (lengths, CRC-32s, frames
+/// and document counts), handing every frame to `each`; returns the removed ids.
+pub fn verify(
+    dir: &Path,
+    m: &Manifest,
+    mut each: impl FnMut(RestoreRequest),
+) -> Result<HashSet<u64>, CliError> {
+    let removed = read_removed(dir, m)?;
     let mut docs = 0u64;
     for f in &m.files {
         read_frames(dir, f, |msg| {
             docs += msg.docs.len() as u64;
+            each(msg);
             Ok(())
         })?;
     }
@@ -365,26 +370,18 @@ pub fn verify(dir: &Path, m: &Manifest) -> Result<(), CliError> {
             m.documents
         )));
     }
-    Ok(())
+    Ok(removed)
 }
 
 /// The documents of the backup in `dir` as a restore stores them (checked against the
 /// manifest; the removed left out; each id once), with the manifest.
 pub fn read_backup(dir: &Path) -> Result<(Manifest, Vec<BackupDoc>), CliError> {
     let m = read_manifest(dir)?;
-    verify(dir, &m)?;
-    let removed = read_removed(dir, &m)?;
+    let mut all = Vec::new();
+    let removed = verify(dir, &m, |msg| all.extend(msg.docs))?;
     let mut seen = HashSet::new();
-    let mut docs = Vec::new();
-    for f in &m.files {
-        read_frames(dir, f, |msg| {
-            docs.extend(
-                msg.docs.into_iter().filter(|d| !removed.contains(&d.id) && seen.insert(d.id)),
-            );
-            Ok(())
-        })?;
-    }
-    Ok((m, docs))
+    all.retain(|d| !removed.contains(&d.id) && seen.insert(d.id));
+    Ok((m, all))
 }
 
 /// Runs `neardup restore`: checks the whole backup, then sends it; prints what was stored.
@@ -394,10 +391,9 @@ pub async fn run_restore(args: RestoreArgs) -> Result<(), CliError> {
     let m = read_manifest(&dir)?;
     let check = dir.clone();
     let checked = m.clone();
-    tokio::task::spawn_blocking(move || verify(&check, &checked))
+    let removed = tokio::task::spawn_blocking(move || verify(&check, &checked, drop))
         .await
         .map_err(|e| CliError::Backup(format!("the check of the backup failed: {e}")))??;
-    let removed = read_removed(&dir, &m)?;
     let client = args.server.client().await?;
     let (tx, rx) = mpsc::channel::<RestoreRequest>(8);
     let start = RestoreStart {

@@ -17,7 +17,7 @@ use super::caller_ids::{check_doc, plan_doc_put};
 use super::write_path::RecordPlan;
 use crate::data_types::DocInfo;
 use crate::error::{Error, Result};
-use crate::persist::key64;
+use crate::persist::{self, key64};
 use crate::record::{self, Op};
 
 /// Largest internal id a restore accepts: ids are counted up from there, and the log and
@@ -252,9 +252,7 @@ impl BackupCopy {
         let mut next = self.from + 1;
         for e in shard.spaces.log.scan(&from, &to) {
             let (k, v) = e?;
-            let at = u64::from_be_bytes(
-                k.as_slice().try_into().map_err(|_| Error::CorruptTablet("log key".into()))?,
-            );
+            let at = persist::log_seq(&k)?;
             if at != next {
                 return Err(Error::Internal(format!(
                     "log record {next} is missing while a backup holds the log from {}",

@@ -12,7 +12,7 @@ use neardup_core::{Doc, Index};
 use super::{MAX_FROZEN, PendingSeal, Shard, State, Status};
 use crate::doc_table::DocTable;
 use crate::error::{Error, Result};
-use crate::persist::key64;
+use crate::persist::{self, key64};
 use crate::record::{self, Op};
 
 /// The idle compaction waits until the runs besides the largest hold at least
@@ -210,9 +210,7 @@ impl Shard {
         let replay = |fresh: &mut State, upto: u64| -> Result<()> {
             for e in self.spaces.log.scan(&key64(fresh.last_seq + 1), &key64(upto + 1)) {
                 let (k, v) = e?;
-                let seq = u64::from_be_bytes(
-                    k.as_slice().try_into().map_err(|_| Error::CorruptTablet("log key".into()))?,
-                );
+                let seq = persist::log_seq(&k)?;
                 let ops = record::decode(&v)?;
                 Self::apply_index(fresh, seq, &ops)?;
                 fresh.last_seq = seq;

@@ -209,9 +209,7 @@ impl Shard {
         let (mut last_seq, mut log_bytes, mut tail) = (0, 0u64, LogTail::default());
         for e in s.log.scan(&key64(0), &[0xFF; 9]) {
             let (k, v) = e?;
-            let seq = u64::from_be_bytes(
-                k.as_slice().try_into().map_err(|_| Error::CorruptTablet("log key".into()))?,
-            );
+            let seq = persist::log_seq(&k)?;
             log_bytes += v.len() as u64;
             last_seq = last_seq.max(seq);
             if seq > docsnap.covered || seq > after {
