@@ -509,12 +509,17 @@ impl ClusterMap {
             }
             Command::SetState { id, state } => {
                 self.bootstrapped()?;
+                // `apply` gives this change the next epoch (as `NodeDown`).
+                let epoch = self.epoch + 1;
                 let node = self.node_mut(*id)?;
                 if node.state == *state {
                     return Err(MapError::Refused(format!("node {id} is already {state:?}")));
                 }
                 let was = node.state;
                 node.state = *state;
+                if *state == NodeState::Down {
+                    node.down_epoch = epoch;
+                }
                 if was == NodeState::Down && *state == NodeState::Active {
                     self.back(*id);
                 }
@@ -666,13 +671,17 @@ impl ClusterMap {
         start..start.saturating_add(count)
     }
 
-    /// Node `id` is back from down: each unit it serves takes it as filling, if the unit keeps
-    /// a serving replica that is up (to copy from); a leaving replica of it is dropped then.
+    /// Node `id` is back from down: each unit it serves takes it as filling (a leaving
+    /// replica of it is dropped instead), unless it was the unit's last serving replica
+    /// standing. It was if every other serving replica is down and went down before it:
+    /// writes need a serving replica up ([`writers`](Self::writers)), so none was taken
+    /// after it went down, and it holds every acknowledged write. A replica that went down
+    /// earlier missed the writes taken meanwhile: it waits, filling, for the last one.
     fn back(&mut self, id: NodeId) {
         let units: Vec<Unit> =
             self.units().filter(|&u| self.replicas_of(u).0.contains(&id)).collect();
         for unit in units {
-            if !self.kept_without(unit, id) {
+            if self.last_standing(unit, id) {
                 continue;
             }
             let leaving = self.leaving.remove(&(unit, id));
@@ -683,6 +692,15 @@ impl ClusterMap {
                 }
             }
         }
+    }
+
+    /// Whether `id` was the last of `unit`'s serving replicas marked down, every other one
+    /// being down (see [`back`](Self::back)).
+    fn last_standing(&self, unit: Unit, id: NodeId) -> bool {
+        let down_at = |n: NodeId| self.nodes.get(&n).map_or(0, |info| info.down_epoch);
+        let mine = down_at(id);
+        !self.kept_without(unit, id)
+            && self.replicas_of(unit).0.iter().all(|&n| n == id || down_at(n) < mine)
     }
 
     /// Whether `unit` keeps a serving replica that is up when `id` is set aside.
@@ -790,9 +808,14 @@ impl ClusterMap {
     }
 
     /// The replicas of `unit` a write must reach: serving and filling replicas not marked
-    /// down.
+    /// down. None while no serving replica is up: a filling replica alone could not keep
+    /// what it took, since the serving replica that comes back (and serves at once, being
+    /// the last one standing) would lack it.
     pub fn writers(&self, unit: Unit) -> Vec<NodeId> {
         let (nodes, filling) = self.replicas_of(unit);
+        if !nodes.iter().any(|&n| self.is_up(n)) {
+            return Vec::new();
+        }
         nodes.iter().chain(filling).copied().filter(|&n| self.is_up(n)).collect()
     }
 
@@ -1086,21 +1109,36 @@ mod tests {
         map.apply(&Command::SetState { id: 1, state: NodeState::Active }).unwrap();
         map.apply(&Command::NodeDown { id: 1 }).unwrap();
         assert_eq!(map.unavailable_units().len(), 56);
-        // Node 2 back first: it is the only replica up, so it serves at once.
+        assert!(map.units().all(|u| map.writers(u).is_empty()));
+        // Node 2 back first: it missed what node 1 took after node 2 went down, so it
+        // fills, and nothing serves or takes writes until node 1 is back.
         map.apply(&Command::NodeBack { id: 2 }).unwrap();
-        assert_eq!(map.serving(unit), vec![2]);
-        // Node 1 back: it fills from node 2 before serving again.
+        assert_eq!(map.unavailable_units().len(), 56);
+        assert!(map.units().all(|u| map.writers(u).is_empty()));
+        assert_eq!(map.filling_on(2).len(), 56);
+        // Node 1 back: the last serving replica standing, it serves at once; node 2 fills
+        // from it.
         map.apply(&Command::NodeBack { id: 1 }).unwrap();
-        assert_eq!((map.serving(unit), map.writers(unit)), (vec![2], vec![2, 1]));
+        assert_eq!((map.serving(unit), map.writers(unit)), (vec![1], vec![1, 2]));
         assert!(matches!(
-            map.apply(&Command::ReplicaReady { unit, node: 2 }),
+            map.apply(&Command::ReplicaReady { unit, node: 1 }),
             Err(MapError::Refused(_))
         ));
-        assert_eq!(map.filling_on(1).len(), 56);
-        assert!(map.filling_on(2).is_empty() && map.holds(unit, 1) && !map.holds(unit, 3));
-        map.apply(&Command::ReplicaReady { unit, node: 1 }).unwrap();
-        assert_eq!(map.serving(unit), vec![2, 1]);
-        assert_eq!(map.filling_on(1).len(), 55);
+        assert!(map.filling_on(1).is_empty() && map.holds(unit, 2) && !map.holds(unit, 3));
+        map.apply(&Command::ReplicaReady { unit, node: 2 }).unwrap();
+        assert_eq!(map.serving(unit), vec![1, 2]);
+        assert_eq!(map.filling_on(2).len(), 55);
+        all_ready(&mut map);
+        // A filling replica whose only serving replica goes down takes no writes either,
+        // and the serving one back serves at once: it went down last.
+        map.apply(&Command::NodeDown { id: 2 }).unwrap();
+        map.apply(&Command::NodeBack { id: 2 }).unwrap();
+        assert_eq!((map.serving(unit), map.writers(unit)), (vec![1], vec![1, 2]));
+        map.apply(&Command::SetState { id: 1, state: NodeState::Down }).unwrap();
+        assert_eq!(map.nodes[&1].down_epoch, map.epoch, "marked down by SetState too");
+        assert!(map.writers(unit).is_empty() && map.serving(unit).is_empty());
+        map.apply(&Command::SetState { id: 1, state: NodeState::Active }).unwrap();
+        assert_eq!((map.serving(unit), map.writers(unit)), (vec![1], vec![1, 2]));
     }
 
     #[test]
@@ -1142,7 +1180,8 @@ mod tests {
         assert_eq!(map.writers(low), vec![1]);
         assert_eq!(map.serving(Unit::Tablet { table: 0, start: 1 << 63 }), vec![1]);
         assert_eq!(map.serving(Unit::Partition(1)), Vec::<NodeId>::new());
-        assert_eq!(map.writers(Unit::Partition(1)), vec![1]);
+        // Its filling replica alone takes no writes: node 2, back, would lack them.
+        assert_eq!(map.writers(Unit::Partition(1)), Vec::<NodeId>::new());
         assert!(map.serving(Unit::Partition(7)).is_empty());
         // The partition of a name is fixed by its hash, and covers every partition.
         let mut seen = [false; 2];

@@ -380,11 +380,14 @@ impl ClusterRouter {
         suspects.keys().copied().collect()
     }
 
-    /// The writers of a unit; UNAVAILABLE when it has none.
+    /// The writers of a unit; UNAVAILABLE when it has none (no serving replica is up: a
+    /// filling one alone takes no writes, see [`ClusterMap::writers`]).
     fn writers(ctx: &Ctx, unit: Unit) -> DataResult<Vec<NodeId>> {
         let w = ctx.map.writers(unit);
         if w.is_empty() {
-            return Err(DataError::Unavailable(format!("no replica of {unit:?} takes writes")));
+            return Err(DataError::Unavailable(format!(
+                "no serving replica of {unit:?} is up: its writes wait until one is back"
+            )));
         }
         Ok(w)
     }

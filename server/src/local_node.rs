@@ -210,6 +210,11 @@ impl LocalNode {
     /// Checks that this node writes `unit` and that the caller's map (at `epoch`) knows the
     /// unit's writers; true when this node is filling it (record the write).
     fn check_writer(&self, map: &ClusterMap, unit: Unit, epoch: u64) -> DataResult<bool> {
+        if map.serving(unit).is_empty() {
+            return Err(DataError::Unavailable(format!(
+                "no serving replica of {unit:?} is up: its writes wait until one is back"
+            )));
+        }
         if !map.writers(unit).contains(&self.id) {
             return Err(moved(map, format!("node {} does not take writes for {unit:?}", self.id)));
         }
@@ -393,9 +398,8 @@ impl LocalNode {
     /// Forgets what was recorded for units this node now serves or no longer holds.
     pub fn prune_fill_logs(&self) {
         let map = self.map.borrow().clone();
-        self.fills.lock().retain(|unit, _| {
-            map.writers(*unit).contains(&self.id) && !map.serving(*unit).contains(&self.id)
-        });
+        let up = map.is_up(self.id);
+        self.fills.lock().retain(|unit, _| up && map.is_filling_on(*unit, self.id));
     }
 }
 
@@ -956,6 +960,35 @@ mod tests {
         n.tablet_write(3, put_in_0(g(3), 0xC), true, None).await.unwrap();
         n.reconcile(unit, Source::Entries(vec![(g(2), 0xB)])).await.unwrap();
         assert_eq!(held(n), vec![(g(2), 0xB), (g(3), 0xC)]);
+    }
+
+    /// A filling replica whose unit has no serving replica up takes no writes: the serving
+    /// replica back would lack them, and serve at once as the last one standing. What the
+    /// filling recorded before is kept for its reconcile.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_filling_replica_alone_takes_no_writes() {
+        let f = fixture(true);
+        let n = &f.node;
+        let g = |i: u64| make_gid(i, 0);
+        let unit = Unit::Tablet { table: 0, start: 0 };
+        n.tablet_write(1, put_in_0(g(1), 0xA), true, None).await.unwrap();
+        // Node 2, the only serving replica, is marked down at epoch 2.
+        let mut down = map(true, 2);
+        down.nodes.get_mut(&2).unwrap().state = NodeState::Down;
+        let down_p0 = |x: &str| down.partition_of(x) == Some(0);
+        f.map.send_replace(Arc::new(stamped(down.clone(), 2)));
+        let e = n.tablet_write(2, put_in_0(g(2), 0xB), true, None).await.unwrap_err();
+        assert!(matches!(e, DataError::Unavailable(_)), "{e:?}");
+        let name = (0..).map(|i| format!("doc{i}")).find(|x| down_p0(x)).unwrap();
+        let e = n.doc_write(2, vec![DocOp::Put(doc(g(2), &name, 0xB))], None).await.unwrap_err();
+        assert!(matches!(e, DataError::Unavailable(_)), "{e:?}");
+        assert_eq!(held(n), vec![(g(1), 0xA)]);
+        assert!(n.store().scan_partition(0).unwrap().is_empty());
+        n.prune_fill_logs();
+        // Node 2 back (serving: it went down last). The reconcile keeps a, put while filling.
+        f.map.send_replace(Arc::new(stamped(map(true, 3), 3)));
+        n.reconcile(unit, Source::Entries(vec![])).await.unwrap();
+        assert_eq!(held(n), vec![(g(1), 0xA)]);
     }
 
     /// A reconcile is refused once the replica serves (a filler that read a map from before

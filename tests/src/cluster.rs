@@ -108,6 +108,35 @@ impl Member {
         self.child = Some(crate::spawn_server(&mut cmd, &self.log));
     }
 
+    /// Starts the member for the first time, as [`start`](Self::start), and waits (up to
+    /// 20 s) until both its listeners accept connections. On loopback, a port another
+    /// process took between [`free_port`]'s check and the node's bind is chosen again (up to
+    /// 5 times): the node exits saying the address is in use, and starts on new ports.
+    pub async fn start_first(&mut self, extra: &[&str]) {
+        for _ in 0..5 {
+            self.start(extra);
+            if self.netns.is_some() {
+                return;
+            }
+            let limit = Instant::now() + Duration::from_secs(20);
+            while self.running() && Instant::now() < limit {
+                let up = |a: &str| std::net::TcpStream::connect(a).is_ok();
+                if up(&self.public) && up(&self.internal) {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            if self.running() || !self.log_text().contains("in use") {
+                // Listening late, or failed for another reason: the caller's wait says so.
+                return;
+            }
+            self.wait_exit();
+            eprintln!("node {}: a port was taken before it bound; new ports", self.id);
+            self.public = format!("127.0.0.1:{}", free_port());
+            self.internal = format!("127.0.0.1:{}", free_port());
+        }
+    }
+
     /// Whether the process runs (it has not exited).
     pub fn running(&mut self) -> bool {
         self.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_none())
@@ -136,6 +165,24 @@ impl Member {
             unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
             let _ = c.wait();
         }
+    }
+
+    /// SIGSTOP: the process hangs, its connections open and nothing answered, until
+    /// [`resume`](Self::resume) (a `kill -9` ends it too).
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// SIGCONT: a paused process goes on.
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, sig: i32) {
+        let c = self.child.as_ref().unwrap_or_else(|| panic!("node {} is not running", self.id));
+        // SAFETY: kill(2) on our own child, by its pid.
+        let r = unsafe { libc::kill(c.id() as i32, sig) };
+        assert_eq!(r, 0, "signal {sig} to node {}", self.id);
     }
 
     /// SIGTERM, then waits for the exit, which must be a success.
