@@ -313,11 +313,11 @@ async fn a_node_backed_up_under_writes_is_restored_exactly_into_a_fresh_node() {
 async fn form(dir: &Path, n: u64) -> Vec<Member> {
     std::fs::create_dir_all(dir).unwrap();
     let mut members: Vec<Member> = (1..=n).map(|id| Member::on_loopback(id, dir)).collect();
-    members[0].start(&["--bootstrap"]);
+    members[0].start_first(&["--bootstrap"]).await;
     members[0].wait_status("a leader", |s| s.leader == 1).await;
     let via = members[0].internal.clone();
     for m in members.iter_mut().skip(1) {
-        m.start(&["--join", &via]);
+        m.start_first(&["--join", &via]).await;
         let limit = Instant::now() + Duration::from_secs(120);
         while add_node(&via, m).await.is_err() {
             assert!(Instant::now() < limit, "node {} not added:\n{}", m.id, m.log_text());

@@ -41,12 +41,12 @@ fn map_view(s: &StatusResponse) -> MapView {
 /// every node as a voter (up to 5), and a leader. Returns the members and the acknowledged node ids.
 async fn form(dir: &Path, n: u64) -> (Vec<Member>, BTreeSet<u64>) {
     let mut members: Vec<Member> = (1..=n).map(|id| Member::on_loopback(id, dir)).collect();
-    members[0].start(&["--bootstrap"]);
+    members[0].start_first(&["--bootstrap"]).await;
     members[0].wait_status("a leader", |s| s.leader == 1 && s.epoch >= 1).await;
     let mut acked = BTreeSet::from([1]);
     for i in 1..n as usize {
         let via = members[0].internal.clone();
-        members[i].start(&["--join", &via]);
+        members[i].start_first(&["--join", &via]).await;
         let m = &members[i];
         let r = retry(|| add_node(&via, m)).await;
         assert!(r.epoch >= 1);
@@ -217,7 +217,7 @@ async fn grow_to_five_and_remove_one_while_a_client_reads_status() {
     for id in 4..=5 {
         let mut m = Member::on_loopback(id, dir.path());
         let via = follower.clone();
-        m.start(&["--join", &via]);
+        m.start_first(&["--join", &via]).await;
         let r = retry(|| add_node(&via, &m)).await;
         assert!(r.epoch >= 1);
         acked.insert(id);
