@@ -184,6 +184,9 @@ pub struct ClusterSection {
     pub partitions: u32,
     /// The leader marks a node down after this long without hearing from it, milliseconds.
     pub failure_timeout_ms: u64,
+    /// The leader marks a down node lost after this long without hearing from it,
+    /// milliseconds: each unit it held is rebuilt on the other nodes. 0: never.
+    pub rebuild_after_ms: u64,
     /// The cluster CA's certificate (PEM): with `tls_cert_file` and `tls_key_file`, the
     /// internal port takes only connections presenting a certificate it signed, and this node
     /// calls its peers with its own (mutual TLS). Empty: plaintext.
@@ -219,6 +222,7 @@ impl Default for ClusterSection {
             split_bits: 2,
             partitions: 16,
             failure_timeout_ms: 2000,
+            rebuild_after_ms: 300_000,
             tls_ca_file: String::new(),
             tls_cert_file: String::new(),
             tls_key_file: String::new(),

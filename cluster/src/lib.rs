@@ -145,12 +145,15 @@ pub struct ClusterConfig {
     /// The leader marks a node it has not heard from for this long down, and active again
     /// once it hears from it.
     pub failure_timeout: Duration,
+    /// The leader marks a down node it has not heard from for this long lost: its units are
+    /// rebuilt on the other nodes. Zero: never.
+    pub rebuild_after: Duration,
 }
 
 impl ClusterConfig {
     /// A configuration with the defaults: tick 100 ms, election 10 ticks, heartbeat 2 ticks,
     /// 5 voters at most, a snapshot every 1000 entries, no bootstrap, the default
-    /// [`map::Layout`] (2 replicas, 2 split bits, 16 partitions), failure timeout 2 s.
+    /// [`map::Layout`] (2 replicas, 2 split bits, 16 partitions), failure timeout 2 s, rebuild after 5 minutes.
     pub fn new(
         node_id: NodeId,
         public_addr: impl Into<String>,
@@ -170,6 +173,7 @@ impl ClusterConfig {
             snapshot_every: 1000,
             layout: map::Layout::default(),
             failure_timeout: Duration::from_secs(2),
+            rebuild_after: Duration::from_secs(300),
         }
     }
 }

@@ -53,6 +53,11 @@ pub struct NodeInfo {
     /// it was down.
     #[serde(default)]
     pub down_epoch: u64,
+    /// Down for longer than the cluster's rebuild time ([`Command::NodeLost`]): placement
+    /// no longer counts on it, so each unit it held is rebuilt on other nodes, from the
+    /// surviving replicas. Cleared once the node is back.
+    #[serde(default)]
+    pub lost: bool,
 }
 
 impl NodeInfo {
@@ -65,6 +70,7 @@ impl NodeInfo {
             role: Role::Voter,
             state: NodeState::Active,
             down_epoch: 0,
+            lost: false,
         }
     }
 }
@@ -308,6 +314,14 @@ pub enum Command {
         /// The node whose replica is ready.
         node: NodeId,
     },
+    /// Marks a down node lost (down for longer than the rebuild time): placement stops
+    /// counting on it, so its units take new replicas on the other nodes, filled from the
+    /// surviving ones; its own replicas leave once those are ready. Back, it is active again
+    /// and placed like a new node.
+    NodeLost {
+        /// The node.
+        id: NodeId,
+    },
 }
 
 /// Why node `id` cannot be added again.
@@ -371,6 +385,10 @@ impl ClusterMap {
     pub fn apply(&mut self, cmd: &Command) -> Result<(), MapError> {
         let mut next = self.clone();
         next.apply_inner(cmd)?;
+        // Only a node still down stays lost.
+        for n in next.nodes.values_mut().filter(|n| n.state != NodeState::Down) {
+            n.lost = false;
+        }
         next.epoch = self.epoch + 1;
         next.mark_writer_changes(self);
         *self = next;
@@ -475,6 +493,7 @@ impl ClusterMap {
                         role: Role::Learner,
                         state: NodeState::Joining,
                         down_epoch: 0,
+                        lost: false,
                     },
                 );
             }
@@ -634,6 +653,19 @@ impl ClusterMap {
                     nodes.push(*node);
                 }
                 placement::settle(self, *unit);
+            }
+            Command::NodeLost { id } => {
+                self.bootstrapped()?;
+                let node = self.node_mut(*id)?;
+                if node.state != NodeState::Down || node.lost {
+                    let lost = if node.lost { " and lost already" } else { "" };
+                    return Err(MapError::Refused(format!(
+                        "node {id} is {:?}{lost}; only a node marked down is marked lost",
+                        node.state
+                    )));
+                }
+                node.lost = true;
+                placement::rebalance(self);
             }
         }
         Ok(())
@@ -902,6 +934,7 @@ mod tests {
                 role: Role::Learner,
                 state: NodeState::Joining,
                 down_epoch: 0,
+                lost: false,
             },
             layout: Layout::default(),
             min_prefix_bits: Some(26),
@@ -1020,6 +1053,53 @@ mod tests {
         all_ready(&mut map);
         assert!(held_by_3.iter().all(|&u| map.writers_since(u) == back));
         assert!(map.units().all(|u| map.writers_since(u) < back || held_by_3.contains(&u)));
+        assert_eq!(ClusterMap::decode(&map.encode()).unwrap(), map);
+    }
+
+    /// A node down past the rebuild time is marked lost: its units take new replicas on the
+    /// other nodes and drop its own once those are ready; back, it is placed like a new node.
+    #[test]
+    fn a_lost_node_has_its_units_rebuilt_elsewhere() {
+        let mut map = ClusterMap::default();
+        map.apply(&boot()).unwrap();
+        for id in [2, 3] {
+            map.apply(&add(id)).unwrap();
+            map.apply(&Command::Promote { id }).unwrap();
+            all_ready(&mut map);
+        }
+        let held: Vec<Unit> = map.units().filter(|&u| map.holds(u, 3)).collect();
+        assert!(!held.is_empty());
+        let refused = |m: &ClusterMap, id| m.check(&Command::NodeLost { id }).is_err();
+        assert!(refused(&map, 3), "only a down node is marked lost");
+        map.apply(&Command::NodeDown { id: 3 }).unwrap();
+        let before = map.clone();
+        map.apply(&Command::NodeLost { id: 3 }).unwrap();
+        assert!(map.nodes[&3].lost && refused(&map, 3) && refused(&map, 9));
+        assert_eq!(placement::usable(&map), vec![1, 2]);
+        for &u in &held {
+            // The surviving replica serves and takes writes; the new one fills from it.
+            let other: Vec<NodeId> = before.serving(u);
+            assert_eq!(map.serving(u), other, "{u:?}");
+            assert_eq!(map.replicas_of(u).1.len(), 1, "{u:?}: one new replica");
+            assert!(map.leaving.contains(&(u, 3)));
+            assert_eq!(map.writers(u).len(), 2);
+        }
+        all_ready(&mut map);
+        assert!(map.units().all(|u| !map.holds(u, 3) && map.serving(u).len() == 2));
+        // Back: active, no longer lost, and given its share again (filling).
+        map.apply(&Command::NodeBack { id: 3 }).unwrap();
+        assert!(!map.nodes[&3].lost && map.is_up(3));
+        assert!(!map.filling_on(3).is_empty());
+        all_ready(&mut map);
+        assert_eq!(placement::usable(&map), vec![1, 2, 3]);
+        // Back before the rebuild ends: its leaving replicas are dropped, and it is placed
+        // again like any node.
+        map.apply(&Command::NodeDown { id: 3 }).unwrap();
+        map.apply(&Command::NodeLost { id: 3 }).unwrap();
+        map.apply(&Command::NodeBack { id: 3 }).unwrap();
+        assert!(map.leaving.is_empty() && !map.filling_on(3).is_empty());
+        all_ready(&mut map);
+        assert!(map.units().all(|u| map.serving(u).len() == 2));
         assert_eq!(ClusterMap::decode(&map.encode()).unwrap(), map);
     }
 
@@ -1229,6 +1309,7 @@ mod tests {
             (id.clone(), 0u64..3).prop_map(|(node, count)| Command::GrantIds { node, count }),
             id.clone().prop_map(|id| Command::NodeDown { id }),
             id.clone().prop_map(|id| Command::NodeBack { id }),
+            id.clone().prop_map(|id| Command::NodeLost { id }),
             id.clone().prop_map(|id| Command::Evict { id }),
             (id, 0u32..12, 0u64..4, any::<bool>()).prop_map(|(node, i, q, tablet)| {
                 let unit = if tablet {
@@ -1300,6 +1381,7 @@ mod tests {
             })),
             2 => id.clone().prop_map(|id| Op::Cmd(Command::NodeDown { id })),
             2 => id.clone().prop_map(|id| Op::Cmd(Command::NodeBack { id })),
+            1 => id.clone().prop_map(|id| Op::Cmd(Command::NodeLost { id })),
             2 => id.clone().prop_map(|id| Op::Cmd(Command::RemoveNode { id })),
             1 => (id, 1u64..1000).prop_map(|(node, count)| Op::Cmd(Command::GrantIds { node, count })),
             8 => (any::<usize>(), any::<usize>()).prop_map(|(u, n)| Op::Ready(u, n)),

@@ -215,6 +215,11 @@ impl ClusterNode {
                 snapshot_every: cfg.snapshot_every.max(1),
                 catch_up_slack: 2,
                 failure_ticks: failure_ticks(cfg.failure_timeout, cfg.tick),
+                rebuild_ticks: if cfg.rebuild_after.is_zero() {
+                    0
+                } else {
+                    failure_ticks(cfg.rebuild_after, cfg.tick)
+                },
                 fixed_election_timeout: false,
             },
             store,

@@ -4,7 +4,9 @@
 //! # The rule
 //!
 //! The **usable** nodes are the members in state `Active` or `Down` (a down node keeps its
-//! replicas listed: a restart should not copy its data elsewhere; routers skip it). Joining
+//! replicas listed: a restart should not copy its data elsewhere; routers skip it), but not
+//! a down node marked lost (down for longer than the rebuild time: its units are rebuilt
+//! elsewhere, as for a draining node). Joining
 //! nodes get replicas once promoted (or marked active) after catching up with the Raft log;
 //! draining nodes get none and lose theirs.
 //!
@@ -42,7 +44,7 @@ use crate::map::{ClusterMap, NodeState, Unit};
 pub fn usable(map: &ClusterMap) -> Vec<NodeId> {
     map.nodes
         .values()
-        .filter(|n| matches!(n.state, NodeState::Active | NodeState::Down))
+        .filter(|n| n.state == NodeState::Active || (n.state == NodeState::Down && !n.lost))
         .map(|n| n.id)
         .collect()
 }

@@ -36,7 +36,8 @@
 //! handing leadership away first when the draining node is itself), then liveness: an active
 //! node not heard from for `failure_ticks` (counted from when this replica became leader at
 //! the earliest) is proposed `NodeDown`, a down node heard within an election timeout
-//! `NodeBack`. One change at a time.
+//! `NodeBack`, and a down node not heard from for `rebuild_ticks` `NodeLost` (its units are
+//! rebuilt elsewhere). One change at a time.
 //!
 //! Should Raft's configuration drop a node whose `RemoveNode` the map refuses at commit (the
 //! units changed since the proposal), the replicas apply `Command::Evict` instead: the map's
@@ -80,6 +81,9 @@ pub struct ReplicaConfig {
     /// ticks (counted from when it became leader at the earliest), `NodeBack` for a down node
     /// it heard from within an election timeout.
     pub failure_ticks: u64,
+    /// The leader proposes `NodeLost` for a down node it has not heard from for this many
+    /// ticks (counted as `failure_ticks`), so its units are rebuilt on other nodes; 0: never.
+    pub rebuild_ticks: u64,
     /// When true, the election timeout is exactly `election_ticks` instead of Raft's random
     /// pick in `[election_ticks, 2 * election_ticks)` (raft-rs draws it from the thread's
     /// RNG): deterministic simulations vary the ticks themselves.
@@ -741,14 +745,28 @@ impl Replica {
                 {
                     Some((Command::NodeBack { id: n.id }, 0))
                 }
+                NodeState::Down
+                    if !n.lost && self.cfg.rebuild_ticks > 0 && silent > self.cfg.rebuild_ticks =>
+                {
+                    Some((Command::NodeLost { id: n.id }, silent))
+                }
                 _ => None,
             }
         });
         if let Some((cmd, silent)) = change
             && self.map.check(&cmd).is_ok()
         {
-            if let Command::NodeDown { id } = cmd {
-                tracing::warn!(node = id, silent_ticks = silent, "marking a silent node down");
+            match cmd {
+                Command::NodeDown { id } => {
+                    tracing::warn!(node = id, silent_ticks = silent, "marking a silent node down")
+                }
+                Command::NodeLost { id } => tracing::warn!(
+                    node = id,
+                    silent_ticks = silent,
+                    "marking a node lost: down past the rebuild time, its replicas are rebuilt \
+                     on the other nodes"
+                ),
+                _ => {}
             }
             let (index, _) = self.propose(&cmd, Vec::new())?;
             self.duty_wait = index;

@@ -40,6 +40,7 @@ fn replica(voters: Vec<u64>) -> Replica {
         snapshot_every: 4,
         catch_up_slack: 2,
         failure_ticks: 20,
+        rebuild_ticks: 0,
         fixed_election_timeout: true,
     };
     let mut r = Replica::open(cfg, store, &discard_logger()).unwrap();

@@ -142,6 +142,7 @@ fn config(id: NodeId) -> ReplicaConfig {
         snapshot_every: 20,
         catch_up_slack: 2,
         failure_ticks: FAILURE_TICKS,
+        rebuild_ticks: 0,
         fixed_election_timeout: true,
     }
 }

@@ -59,6 +59,7 @@ fn replica(leader: bool) -> Replica {
         snapshot_every: 4,
         catch_up_slack: 2,
         failure_ticks: 20,
+        rebuild_ticks: 0,
         fixed_election_timeout: true,
     };
     let mut r = Replica::open(cfg, store, &discard_logger()).expect("replica");

@@ -526,7 +526,7 @@ pub fn status_response(node: &ClusterNode) -> StatusResponse {
     let nodes = nodes
         .values()
         .map(|n| {
-            let map::NodeInfo { id, public_addr, internal_addr, role, state, .. } = n;
+            let map::NodeInfo { id, public_addr, internal_addr, role, state, lost, .. } = n;
             Node {
                 id: *id,
                 public_addr: public_addr.clone(),
@@ -542,6 +542,7 @@ pub fn status_response(node: &ClusterNode) -> StatusResponse {
                     map::NodeState::Down => NodeState::Down,
                 } as i32,
                 caught_up: s.progress.get(id).copied().unwrap_or(false),
+                lost: *lost,
             }
         })
         .collect();

@@ -37,6 +37,8 @@ pub struct Member {
     pub data: PathBuf,
     /// The namespace it runs in, if any.
     pub netns: Option<String>,
+    /// Arguments every start of it takes (after the addresses, before a start's own).
+    pub args: Vec<String>,
     logs: PathBuf,
     /// Its current log file (stderr).
     pub log: PathBuf,
@@ -68,6 +70,7 @@ impl Member {
             internal,
             data,
             netns,
+            args: Vec::new(),
             logs: dir.to_path_buf(),
             log,
             child: None,
@@ -99,6 +102,7 @@ impl Member {
             .args(["--internal-listen", &self.internal])
             .args(["--node-id", &self.id.to_string()])
             .args(FAST_RAFT)
+            .args(&self.args)
             .args(extra);
         if self.netns.is_some() {
             // Namespace addresses are beyond loopback: these tests are about partitions and

@@ -499,9 +499,12 @@ async fn single_node_kill9_torture() {
 }
 
 /// Starts node 1 with `--bootstrap` and nodes 2..=n with `--join` (and an AddNode of the
-/// test's own, idempotent); waits until each serves its public API.
-async fn form(dir: &Path, n: u64) -> Vec<Member> {
+/// test's own, idempotent), each with `args`; waits until each serves its public API.
+async fn form(dir: &Path, n: u64, args: &[&str]) -> Vec<Member> {
     let mut members: Vec<Member> = (1..=n).map(|id| Member::on_loopback(id, dir)).collect();
+    for m in &mut members {
+        m.args = args.iter().map(|a| a.to_string()).collect();
+    }
     form_members(&mut members).await;
     members
 }
@@ -554,28 +557,37 @@ async fn placed_twice(members: &[Member]) -> Result<(), String> {
 
 /// Waits (up to two minutes, a safety net) until the map of some running member has every
 /// node active and every unit on 2 serving replicas with none filling: the cluster is level
-/// again after a fault. Says what it saw otherwise.
-async fn level(members: &[Member]) -> Result<(), String> {
+/// again after a fault. With `lost`, that node is down and marked lost, and no unit holds
+/// it. Says what it saw otherwise.
+async fn level(members: &[Member], lost: Option<u64>) -> Result<(), String> {
     let limit = Instant::now() + Duration::from_secs(120);
     let mut last = String::from("no status");
     while Instant::now() < limit {
-        for m in members {
+        for m in members.iter().filter(|m| Some(m.id) != lost) {
             let Ok(s) = m.status().await else { continue };
             let active = neardup_proto::admin::NodeState::Active as i32;
-            let down: Vec<u64> =
-                s.nodes.iter().filter(|n| n.state != active).map(|n| n.id).collect();
+            let wrong: Vec<u64> = s
+                .nodes
+                .iter()
+                .filter(|n| if Some(n.id) == lost { !n.lost } else { n.state != active })
+                .map(|n| n.id)
+                .collect();
             let units = s
                 .tablets
                 .iter()
                 .map(|t| (&t.nodes, &t.filling))
                 .chain(s.partitions.iter().map(|p| (&p.nodes, &p.filling)));
-            let uneven = units.filter(|(n, f)| n.len() != 2 || !f.is_empty()).count();
-            if down.is_empty() && uneven == 0 && !s.partitions.is_empty() {
+            let uneven = units
+                .filter(|(n, f)| {
+                    n.len() != 2 || !f.is_empty() || lost.is_some_and(|l| n.contains(&l))
+                })
+                .count();
+            if wrong.is_empty() && uneven == 0 && !s.partitions.is_empty() {
                 return Ok(());
             }
             last = format!(
-                "node {} at epoch {}: nodes not active {down:?}, {uneven} units without 2 \
-                 serving replicas or with filling ones",
+                "node {} at epoch {}: nodes not as expected {wrong:?}, {uneven} units without \
+                 2 serving replicas, with filling ones or on the lost node",
                 m.id, s.epoch
             );
             break;
@@ -595,9 +607,13 @@ async fn wait_public_serving(m: &Member) {
     }
 }
 
-/// Three nodes formed and placed, and the client tasks writing and reading through all.
-async fn three_with_clients(dir: &Path) -> (Vec<Member>, Vec<String>, Arc<Shared>, Tasks) {
-    let members = form(dir, 3).await;
+/// Three nodes formed (each with `args`) and placed, and the client tasks writing and
+/// reading through all.
+async fn three_with_clients(
+    dir: &Path,
+    args: &[&str],
+) -> (Vec<Member>, Vec<String>, Arc<Shared>, Tasks) {
+    let members = form(dir, 3, args).await;
     let addrs: Vec<String> = members.iter().map(|m| m.public.clone()).collect();
     let shared = Shared::new();
     if let Err(e) = placed_twice(&members).await {
@@ -612,7 +628,7 @@ type Tasks = Vec<tokio::task::JoinHandle<()>>;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_kill9_torture() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut members, addrs, shared, tasks) = three_with_clients(dir.path()).await;
+    let (mut members, addrs, shared, tasks) = three_with_clients(dir.path(), &[]).await;
     let mut rng = SplitMix64::new(7);
     for round in 0..faults() {
         let_run(&shared, 1500).await;
@@ -641,7 +657,7 @@ async fn three_nodes_kill9_torture() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overlapping_faults_lose_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut members, addrs, shared, tasks) = three_with_clients(dir.path()).await;
+    let (mut members, addrs, shared, tasks) = three_with_clients(dir.path(), &[]).await;
     for round in 0..faults().min(3) {
         let_run(&shared, 1500).await;
         let (a, b) = (round % 3, (round + 1) % 3);
@@ -654,7 +670,7 @@ async fn overlapping_faults_lose_nothing() {
         tokio::time::sleep(DOWN_FOR).await;
         members[b].resume();
         wait_public_serving(&members[a]).await;
-        if let Err(e) = level(&members).await {
+        if let Err(e) = level(&members, None).await {
             shared.violation(e);
         }
         eprintln!(
@@ -670,6 +686,43 @@ async fn overlapping_faults_lose_nothing() {
     verdict(&shared, dir.path());
 }
 
+/// A node killed and kept down past `cluster.rebuild_after_ms` (4 s here) is marked lost:
+/// every unit it held is rebuilt on the other two from the surviving replicas, while clients
+/// write and read, until the cluster is level on two nodes, as `neardup cluster status`
+/// shows. Started again, the node is placed like a new one, and the cluster is level on
+/// three. Every answer throughout is checked against the acknowledged writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_node_is_rebuilt_elsewhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let rebuild = ["--set", "cluster.rebuild_after_ms=4000"];
+    let (mut members, addrs, shared, tasks) = three_with_clients(dir.path(), &rebuild).await;
+    let_run(&shared, 1500).await;
+    members[2].kill9();
+    if let Err(e) = level(&members, Some(3)).await {
+        shared.violation(format!("rebuild: {e}"));
+    }
+    let status = members[0].status_cli().unwrap();
+    assert_eq!(status["nodes"][2]["lost"], true, "{status}");
+    let r = &status["redundancy"];
+    assert_eq!(r["fully_replicated"], r["units"], "{status}");
+    assert_eq!(r["replicas_filling"], 0, "{status}");
+    eprintln!("rebuilt without node 3: {}; {}", r, shared.report());
+    let_run(&shared, 1000).await;
+    members[2].start(&[]);
+    wait_public_serving(&members[2]).await;
+    if let Err(e) = level(&members, None).await {
+        shared.violation(format!("node 3 back: {e}"));
+    }
+    let held = members[0].status().await.unwrap();
+    let on_3 = held.partitions.iter().filter(|p| p.nodes.contains(&3)).count();
+    assert!(on_3 > 0, "node 3 back holds no partition");
+    eprintln!("node 3 back, {on_3} partitions on it; {}", shared.report());
+    let_run(&shared, 1500).await;
+    stop_clients(&shared, tasks).await;
+    final_check(&addrs, &shared).await;
+    verdict(&shared, dir.path());
+}
+
 /// A rolling upgrade: each node in turn stopped (SIGTERM) and started again on its data as a
 /// newer version (the hidden `--report-version`), while clients write and read through all
 /// three. The others go on answering while each is down, every answer is checked against the
@@ -679,7 +732,7 @@ async fn overlapping_faults_lose_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_upgrade_keeps_the_cluster_serving() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut members, addrs, shared, tasks) = three_with_clients(dir.path()).await;
+    let (mut members, addrs, shared, tasks) = three_with_clients(dir.path(), &[]).await;
     let newer = format!("{}+upgraded", env!("CARGO_PKG_VERSION"));
     let progress =
         |s: &Shared| s.checked.load(Ordering::Relaxed) + s.acked_writes.load(Ordering::Relaxed);
@@ -697,7 +750,7 @@ async fn a_rolling_upgrade_keeps_the_cluster_serving() {
         );
         m.start(&["--report-version", &newer]);
         wait_public_serving(m).await;
-        if let Err(e) = level(&members).await {
+        if let Err(e) = level(&members, None).await {
             shared.violation(e);
         }
         eprintln!("node {} upgraded; {}", members[i].id, shared.report());
@@ -767,7 +820,7 @@ async fn python_client_through_each_of_three_nodes() {
         .output()
         .unwrap();
     assert!(generated.status.success(), "{}", String::from_utf8_lossy(&generated.stderr));
-    let members = form(dir.path(), 3).await;
+    let members = form(dir.path(), 3, &[]).await;
     placed_twice(&members).await.unwrap();
     let script = root.join("tests/python/cluster_client_test.py");
     let addrs: Vec<String> = members.iter().map(|m| m.public.clone()).collect();

@@ -230,7 +230,7 @@ pub fn status_json(r: &StatusResponse) -> Value {
     let nodes: Vec<Value> = nodes
         .iter()
         .map(|n| {
-            let Node { id, public_addr, internal_addr, role, state, caught_up } = n;
+            let Node { id, public_addr, internal_addr, role, state, caught_up, lost } = n;
             let caught_up = is_leader.then_some(*caught_up);
             json!({
                 "id": id,
@@ -239,6 +239,7 @@ pub fn status_json(r: &StatusResponse) -> Value {
                 "role": role_name(*role),
                 "state": state_name(*state),
                 "caught_up": caught_up,
+                "lost": lost,
             })
         })
         .collect();
@@ -267,6 +268,7 @@ pub fn status_json(r: &StatusResponse) -> Value {
         let Design { name, tables, max_k } = d;
         json!({ "name": name, "tables": tables, "max_k": max_k })
     });
+    let redundancy = redundancy(r);
     json!({
         "node_id": node_id,
         "leader": if *leader == 0 { Value::Null } else { json!(leader) },
@@ -283,7 +285,31 @@ pub fn status_json(r: &StatusResponse) -> Value {
         "replicas": replicas,
         "split_bits": split_bits,
         "removed": removed,
+        "redundancy": redundancy,
     })
+}
+
+/// How far the cluster is from full redundancy: the units, those with their full count of
+/// serving replicas on nodes up, and the replicas filling (copies under way, whether for a
+/// node back, a node added or a lost node's units rebuilt).
+fn redundancy(r: &StatusResponse) -> Value {
+    let down = NodeState::Down as i32;
+    let up = |n: &u64| r.nodes.iter().any(|x| x.id == *n && x.state != down);
+    let active = NodeState::Active as i32;
+    let usable = r.nodes.iter().filter(|n| n.state == active || (n.state == down && !n.lost));
+    let want = (r.replicas as usize).min(usable.count()).max(1);
+    let units = r
+        .tablets
+        .iter()
+        .map(|t| (&t.nodes, &t.filling))
+        .chain(r.partitions.iter().map(|p| (&p.nodes, &p.filling)));
+    let (mut total, mut full, mut filling) = (0, 0, 0);
+    for (nodes, fill) in units {
+        total += 1;
+        full += usize::from(nodes.iter().filter(|n| up(n)).count() >= want);
+        filling += fill.len();
+    }
+    json!({ "units": total, "fully_replicated": full, "replicas_filling": filling })
 }
 
 #[cfg(test)]
@@ -309,6 +335,7 @@ mod tests {
                 role: Role::Voter as i32,
                 state: NodeState::Active as i32,
                 caught_up: true,
+                lost: false,
             }],
             tablets: vec![Tablet {
                 table: 0,
@@ -325,6 +352,12 @@ mod tests {
         };
         let v = status_json(&r);
         assert_eq!(v["removed"], json!([4]));
+        // One node usable: both units have their one serving replica; node 2 fills two.
+        assert_eq!(
+            v["redundancy"],
+            json!({ "units": 2, "fully_replicated": 2, "replicas_filling": 2 })
+        );
+        assert_eq!(v["nodes"][0]["lost"], false);
         assert_eq!(v["leader"], 1);
         assert_eq!(v["epoch"], 5);
         assert_eq!(v["applied"], 9);

@@ -178,6 +178,7 @@ pub async fn start(
         snapshot_every: c.snapshot_every,
         layout: Layout { replicas: c.replicas, split_bits: c.split_bits, partitions: c.partitions },
         failure_timeout: Duration::from_millis(c.failure_timeout_ms),
+        rebuild_after: Duration::from_millis(c.rebuild_after_ms),
         ..ClusterConfig::new(id, public_addr.clone(), internal_addr.clone(), dir)
     };
     let metrics = ClusterMetrics::default();
