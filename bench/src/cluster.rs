@@ -25,6 +25,16 @@
 //!    killed with `kill -9` one second in, and a writer sending one-document inserts every
 //!    10 ms: the time from the kill until writes succeed again (0 when none failed).
 //!
+//! 6. the cluster only: node 3 killed again and kept down past `--rebuild-after-ms` (the
+//!    nodes' `cluster.rebuild_after_ms`), so the leader marks it lost and its units are
+//!    rebuilt on nodes 1 and 2 from the surviving replicas: the time from the kill until it
+//!    is marked lost, then until every unit has two serving replicas on nodes 1 and 2 with
+//!    none filling, and the rebuild rate: the in-memory bytes of node 3's replicas
+//!    (`Stats.index_bytes` times its share of the tablet replicas, plus
+//!    `Stats.document_bytes` times its share of the partition replicas) over that time.
+//!    Node 3 is then started again: the time until placement has settled on three nodes
+//!    (it is placed like a new node).
+//!
 //! Before the kill it also reads the nodes' logs: the Raft thread's stalls of 250 ms or more
 //! (a sync of the Raft store, one round of Raft's work, or a delivery of Raft messages to a
 //! peer), the leaders that stepped down for want of a quorum's answers, and the nodes the
@@ -89,6 +99,10 @@ pub struct ClusterArgs {
     /// Seconds of the kill phase (the kill comes one second in).
     #[arg(long, default_value_t = 10)]
     kill_seconds: u64,
+    /// The nodes' `cluster.rebuild_after_ms`: longer than the kill phase, so only the rebuild
+    /// phase marks node 3 lost.
+    #[arg(long, default_value_t = 30_000)]
+    rebuild_after_ms: u64,
     /// Raft tick of the nodes, ms (the service's default is 100).
     #[arg(long, default_value_t = 100)]
     tick_ms: u64,
@@ -146,6 +160,7 @@ impl Proc {
         if let Some(internal) = &self.internal {
             cmd.args(["--internal-listen", internal, "--node-id", &self.id.to_string()]);
             cmd.args(["--set", &format!("cluster.tick_ms={}", args.tick_ms)]);
+            cmd.args(["--set", &format!("cluster.rebuild_after_ms={}", args.rebuild_after_ms)]);
         }
         // Compact as soon as loading stops, as `neardup-bench service` does.
         cmd.args(["--set", "storage.compact_idle_secs=1"]);
@@ -530,6 +545,65 @@ async fn kill_phase(
     }))
 }
 
+/// The map as the member at `internal` has it.
+async fn status(internal: &str) -> Result<neardup_proto::admin::StatusResponse, String> {
+    use neardup_proto::admin::StatusRequest;
+    use neardup_proto::admin::admin_client::AdminClient;
+    let mut c =
+        AdminClient::connect(format!("http://{internal}")).await.map_err(|e| e.to_string())?;
+    Ok(c.status(StatusRequest {}).await.map_err(|e| e.to_string())?.into_inner())
+}
+
+/// Phase 6 (see the module docs).
+async fn rebuild_phase(
+    args: &ClusterArgs,
+    router: &str,
+    internal: &str,
+    victim: &mut Proc,
+) -> Result<Value, String> {
+    placed(internal, 3, Duration::from_secs(600)).await?;
+    let map = status(internal).await?;
+    let share = |units: Vec<&Vec<u64>>| {
+        let all: usize = units.iter().map(|n| n.len()).sum();
+        let mine = units.iter().filter(|n| n.contains(&victim.id)).count();
+        mine as f64 / all.max(1) as f64
+    };
+    let tablet_share = share(map.tablets.iter().map(|t| &t.nodes).collect());
+    let partition_share = share(map.partitions.iter().map(|p| &p.nodes).collect());
+    let stats = Client::connect(router).await.map_err(|e| e.to_string())?;
+    let st = stats.stats().await.map_err(|e| e.to_string())?;
+    let bytes = st.index_bytes as f64 * tablet_share + st.document_bytes as f64 * partition_share;
+    let killed = Instant::now();
+    victim.kill9();
+    let limit = Duration::from_millis(args.rebuild_after_ms) + Duration::from_secs(120);
+    let lost = loop {
+        if killed.elapsed() > limit {
+            return Err(format!("node {} not marked lost within {limit:?}", victim.id));
+        }
+        if let Ok(s) = status(internal).await
+            && s.nodes.iter().any(|n| n.id == victim.id && n.lost)
+        {
+            break killed.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    placed(internal, 2, Duration::from_secs(1800)).await?;
+    let rebuilt = killed.elapsed() - lost;
+    let back = Instant::now();
+    victim.start(args, &[])?;
+    victim.serving(Duration::from_secs(120)).await?;
+    placed(internal, 3, Duration::from_secs(1800)).await?;
+    let secs = rebuilt.as_secs_f64();
+    Ok(json!({
+        "victim": victim.id,
+        "marked_lost_after_seconds": lost.as_secs_f64(),
+        "rebuild_seconds": secs,
+        "rebuilt_bytes": bytes,
+        "rebuild_mb_per_second": bytes / 1e6 / secs.max(1e-9),
+        "settled_after_return_seconds": back.elapsed().as_secs_f64(),
+    }))
+}
+
 async fn run(args: ClusterArgs) -> Result<(), String> {
     let base = tempfile_dir()?.join("cluster");
     let _ = std::fs::remove_dir_all(&base);
@@ -557,6 +631,10 @@ async fn run(args: ClusterArgs) -> Result<(), String> {
     eprintln!("3 nodes: kill -9 of node 3 under {} queries/s", args.kill_rate);
     let kill = kill_phase(&args, &inputs, &router, &mut procs[2]).await?;
     cluster.insert("kill".into(), kill);
+    eprintln!("3 nodes: node 3 killed and kept down until it is rebuilt elsewhere");
+    let internal = procs[0].internal.clone().expect("a cluster node");
+    let rebuild = rebuild_phase(&args, &router, &internal, &mut procs[2]).await?;
+    cluster.insert("rebuild".into(), rebuild);
     for p in procs.iter_mut() {
         p.terminate();
     }
@@ -663,6 +741,17 @@ fn print_table(args: &ClusterArgs, r: &Value) {
         "| writes failed after the kill; succeeding again after, s | {}; {} | - |",
         k["writes_failed"],
         num(&k["writes_back_after_seconds"], 2)
+    );
+    let b = &c["rebuild"];
+    println!(
+        "| node {} lost: marked lost after, s; rebuilt on the other two in, s; rebuilt, MB; \
+         rate, MB/s; settled on three after its return, s | {}; {}; {}; {}; {} | - |",
+        b["victim"],
+        num(&b["marked_lost_after_seconds"], 1),
+        num(&b["rebuild_seconds"], 2),
+        num(&(b["rebuilt_bytes"].as_f64().unwrap_or(0.0) / 1e6).into(), 1),
+        num(&b["rebuild_mb_per_second"], 1),
+        num(&b["settled_after_return_seconds"], 2)
     );
     println!(
         "| documents (Stats through each node) | {} | {} |",
