@@ -952,6 +952,18 @@ mod tests {
         }
     }
 
+    /// A bootstrapped map of three voters, every replica ready.
+    fn three_voters() -> ClusterMap {
+        let mut map = ClusterMap::default();
+        map.apply(&boot()).unwrap();
+        for id in [2, 3] {
+            map.apply(&add(id)).unwrap();
+            map.apply(&Command::Promote { id }).unwrap();
+            all_ready(&mut map);
+        }
+        map
+    }
+
     fn add(id: NodeId) -> Command {
         Command::AddNode { id, public_addr: format!("p{id}"), internal_addr: format!("i{id}") }
     }
@@ -1025,13 +1037,7 @@ mod tests {
     /// leave the stamp alone, so a node that skipped maps refuses the same writes.
     #[test]
     fn writer_changes_are_stamped_with_their_epoch() {
-        let mut map = ClusterMap::default();
-        map.apply(&boot()).unwrap();
-        for id in [2, 3] {
-            map.apply(&add(id)).unwrap();
-            map.apply(&Command::Promote { id }).unwrap();
-            all_ready(&mut map);
-        }
+        let mut map = three_voters();
         let stamps = |m: &ClusterMap| m.units().map(|u| m.writers_since(u)).collect::<Vec<_>>();
         let before = stamps(&map);
         let held_by_3: Vec<Unit> = map.units().filter(|&u| map.holds(u, 3)).collect();
@@ -1060,13 +1066,7 @@ mod tests {
     /// other nodes and drop its own once those are ready; back, it is placed like a new node.
     #[test]
     fn a_lost_node_has_its_units_rebuilt_elsewhere() {
-        let mut map = ClusterMap::default();
-        map.apply(&boot()).unwrap();
-        for id in [2, 3] {
-            map.apply(&add(id)).unwrap();
-            map.apply(&Command::Promote { id }).unwrap();
-            all_ready(&mut map);
-        }
+        let mut map = three_voters();
         let held: Vec<Unit> = map.units().filter(|&u| map.holds(u, 3)).collect();
         assert!(!held.is_empty());
         let refused = |m: &ClusterMap, id| m.check(&Command::NodeLost { id }).is_err();

@@ -706,6 +706,14 @@ mod tests {
         m
     }
 
+    /// [`map`] at `epoch` with node `id` marked down then, every unit's writers stamped.
+    fn down_map(filling: bool, epoch: u64, id: NodeId) -> ClusterMap {
+        let mut m = map(filling, epoch);
+        let node = m.nodes.get_mut(&id).unwrap();
+        (node.state, node.down_epoch) = (NodeState::Down, epoch);
+        stamped(m, epoch)
+    }
+
     fn config() -> NodeStoreConfig {
         NodeStoreConfig { cache_bytes: 8 << 20, min_free_bytes: 0, ..Default::default() }
     }
@@ -798,18 +806,14 @@ mod tests {
         assert!(matches!(e, DataError::Unavailable(_)), "{e}");
         f.contact.store(true, Ordering::Release);
         // Marked down in its own map: neither reads nor writes.
-        let mut down = map(false, 3);
-        down.nodes.get_mut(&1).unwrap().state = NodeState::Down;
-        f.map.send_replace(Arc::new(stamped(down, 3)));
+        f.map.send_replace(Arc::new(down_map(false, 3, 1)));
         assert!(is_moved(&n.tablet_probe(3, vec![(0, 0)], 3, 100, false, None).await.unwrap_err()));
         let put = all_tables(|t| (t, TabletOp::Put { gid: make_gid(9, 0), fp: 1 }));
         assert!(is_moved(&n.tablet_write(3, put.clone(), true, None).await.unwrap_err()));
         // Node 2 down instead: the writers changed at epoch 4, so a write sent under an older
         // map (which would still send to node 2 and wait for it, or worse, miss a writer) is
         // refused, and one sent under the new map is taken.
-        let mut other = map(false, 4);
-        other.nodes.get_mut(&2).unwrap().state = NodeState::Down;
-        f.map.send_replace(Arc::new(stamped(other, 4)));
+        f.map.send_replace(Arc::new(down_map(false, 4, 2)));
         assert!(is_moved(&n.tablet_write(3, put.clone(), true, None).await.unwrap_err()));
         n.tablet_write(4, put, true, None).await.unwrap();
         // A caller ahead of the node: it waits for its map, then answers by it.
@@ -947,10 +951,7 @@ mod tests {
         let unit = Unit::Tablet { table: 0, start: 0 };
         n.tablet_write(1, put_in_0(g(1), 0xA), true, None).await.unwrap();
         // Down at epoch 2 (a is deleted on the serving replica meanwhile), back at 3.
-        let mut down = map(true, 2);
-        let node = down.nodes.get_mut(&1).unwrap();
-        (node.state, node.down_epoch) = (NodeState::Down, 2);
-        f.map.send_replace(Arc::new(stamped(down, 2)));
+        f.map.send_replace(Arc::new(down_map(true, 2, 1)));
         let mut back = map(true, 3);
         back.nodes.get_mut(&1).unwrap().down_epoch = 2;
         f.map.send_replace(Arc::new(stamped(back, 3)));
@@ -973,10 +974,9 @@ mod tests {
         let unit = Unit::Tablet { table: 0, start: 0 };
         n.tablet_write(1, put_in_0(g(1), 0xA), true, None).await.unwrap();
         // Node 2, the only serving replica, is marked down at epoch 2.
-        let mut down = map(true, 2);
-        down.nodes.get_mut(&2).unwrap().state = NodeState::Down;
+        let down = down_map(true, 2, 2);
         let down_p0 = |x: &str| down.partition_of(x) == Some(0);
-        f.map.send_replace(Arc::new(stamped(down.clone(), 2)));
+        f.map.send_replace(Arc::new(down.clone()));
         let e = n.tablet_write(2, put_in_0(g(2), 0xB), true, None).await.unwrap_err();
         assert!(matches!(e, DataError::Unavailable(_)), "{e:?}");
         let name = (0..).map(|i| format!("doc{i}")).find(|x| down_p0(x)).unwrap();
@@ -1007,10 +1007,7 @@ mod tests {
         assert!(matches!(e, DataError::EpochMoved { .. }), "{e:?}");
         assert_eq!(held(n), vec![(g(1), 0xA), (g(2), 0xB)]);
         // Nor while the node is marked down.
-        let mut down = map(true, 2);
-        let node = down.nodes.get_mut(&1).unwrap();
-        (node.state, node.down_epoch) = (NodeState::Down, 2);
-        f.map.send_replace(Arc::new(stamped(down, 2)));
+        f.map.send_replace(Arc::new(down_map(true, 2, 1)));
         assert!(n.reconcile(unit, Source::Entries(vec![])).await.is_err());
         assert_eq!(held(n), vec![(g(1), 0xA), (g(2), 0xB)]);
     }
