@@ -88,6 +88,9 @@ pub fn node_snapshot(
     tx: &mpsc::Sender<Result<SnapshotChunk, Status>>,
 ) {
     let send = |c: SnapshotChunk| tx.blocking_send(Ok(c)).is_ok();
+    let send_docs = |docs: Vec<DocInfo>| {
+        chunks(docs).into_iter().all(|docs| send(SnapshotChunk { docs, ..Default::default() }))
+    };
     let fail = |e: neardup_server::Error| {
         let _ = tx.blocking_send(Err(Status::from(neardup_server::DataError::from(e))));
     };
@@ -101,10 +104,8 @@ pub fn node_snapshot(
     loop {
         match copy.next_docs(4096) {
             Ok(Some(docs)) => {
-                for c in chunks(docs) {
-                    if !send(SnapshotChunk { docs: c, ..Default::default() }) {
-                        return;
-                    }
+                if !send_docs(docs) {
+                    return;
                 }
             }
             Ok(None) => break,
@@ -115,10 +116,8 @@ pub fn node_snapshot(
         Ok(t) => t,
         Err(e) => return fail(e),
     };
-    for c in chunks(tail.puts) {
-        if !send(SnapshotChunk { docs: c, ..Default::default() }) {
-            return;
-        }
+    if !send_docs(tail.puts) {
+        return;
     }
     let end = SnapshotEnd { removed: tail.removed, seq: tail.seq, documents: tail.documents };
     send(SnapshotChunk { end: Some(end), ..Default::default() });

@@ -186,28 +186,26 @@ impl<S: ShardRpc> ShardApi for InProcess<S> {
     }
 
     async fn snapshot(&self, tx: mpsc::Sender<Result<SnapshotChunk, Status>>) {
-        let shard = match self.backups() {
-            Ok(s) => s.clone(),
-            Err(e) => {
-                let _ = tx.send(Err(e)).await;
-                return;
-            }
-        };
-        let info = match self.stats(None).await {
-            Ok(s) => SnapshotInfo {
+        let start = async {
+            let shard = self.backups()?.clone();
+            let s = self.stats(None).await?;
+            let info = SnapshotInfo {
                 kind: "node".into(),
                 design: s.design,
                 partitions: 0,
                 documents: s.documents,
-            },
+            };
+            Ok::<_, Status>((shard, info))
+        };
+        match start.await {
+            Ok((shard, info)) => {
+                let copy = move || crate::backup::node_snapshot(&shard, info, &tx);
+                let _ = tokio::task::spawn_blocking(copy).await;
+            }
             Err(e) => {
                 let _ = tx.send(Err(e)).await;
-                return;
             }
-        };
-        let _ =
-            tokio::task::spawn_blocking(move || crate::backup::node_snapshot(&shard, info, &tx))
-                .await;
+        }
     }
 
     async fn restore(

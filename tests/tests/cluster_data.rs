@@ -530,31 +530,6 @@ async fn form_members(members: &mut [Member]) {
     }
 }
 
-/// Waits (up to 30 s, a safety net) until node 1's map places every tablet and every
-/// document partition on 2 distinct serving nodes (R = 2); says what it saw otherwise.
-async fn placed_twice(members: &[Member]) -> Result<(), String> {
-    let limit = Instant::now() + Duration::from_secs(30);
-    let mut last = String::from("no status");
-    while Instant::now() < limit {
-        if let Ok(s) = members[0].status().await {
-            let two = |nodes: &[u64]| nodes.len() == 2 && nodes[0] != nodes[1];
-            let tablets_ok = s.tablets.iter().all(|t| two(&t.nodes));
-            let parts_ok = !s.partitions.is_empty() && s.partitions.iter().all(|p| two(&p.nodes));
-            if s.replicas == 2 && tablets_ok && parts_ok {
-                return Ok(());
-            }
-            last = format!(
-                "replicas {}, tablet nodes {:?}, partition nodes {:?}",
-                s.replicas,
-                s.tablets.iter().map(|t| t.nodes.clone()).collect::<Vec<_>>(),
-                s.partitions.iter().map(|p| p.nodes.clone()).collect::<Vec<_>>()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Err(format!("placement: not every unit on 2 serving nodes after 30 s: {last}"))
-}
-
 /// Waits (up to two minutes, a safety net) until the map of some running member has every
 /// node active and every unit on 2 serving replicas with none filling: the cluster is level
 /// again after a fault. With `lost`, that node is down and marked lost, and no unit holds
@@ -616,7 +591,7 @@ async fn three_with_clients(
     let members = form(dir, 3, args).await;
     let addrs: Vec<String> = members.iter().map(|m| m.public.clone()).collect();
     let shared = Shared::new();
-    if let Err(e) = placed_twice(&members).await {
+    if let Err(e) = level(&members, None).await {
         shared.violation(e);
     }
     let tasks = start_clients(&addrs, &shared);
@@ -821,7 +796,7 @@ async fn python_client_through_each_of_three_nodes() {
         .unwrap();
     assert!(generated.status.success(), "{}", String::from_utf8_lossy(&generated.stderr));
     let members = form(dir.path(), 3, &[]).await;
-    placed_twice(&members).await.unwrap();
+    level(&members, None).await.unwrap();
     let script = root.join("tests/python/cluster_client_test.py");
     let addrs: Vec<String> = members.iter().map(|m| m.public.clone()).collect();
     let out = tokio::task::spawn_blocking(move || {
