@@ -29,6 +29,30 @@ use crate::data_types::{DocInfo, DocOp, NodeStats, ProbeAnswer, TabletHit, Table
 /// Entries or documents per message of a scan stream.
 pub const SCAN_CHUNK: usize = 4096;
 
+/// Entries in a page of a tablet scan when the caller names no limit, and the most it may.
+pub const TABLET_PAGE: usize = 1 << 16;
+
+/// Documents in a page of a partition scan when the caller names no limit, and the most it
+/// may.
+pub const PARTITION_PAGE: usize = 1 << 13;
+
+/// A page of a scan, and where the next one starts (`None`: the scan is done).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScanPage<T> {
+    /// The page's entries or documents.
+    pub items: Vec<T>,
+    /// The next page's start, to send back as its `from` or `cursor`.
+    pub next: Option<u64>,
+}
+
+/// A scan's page size: `limit` (0: `default`), at most `default`.
+pub fn page_limit(limit: u32, default: usize) -> usize {
+    match limit as usize {
+        0 => default,
+        n => n.min(default),
+    }
+}
+
 /// Why a data operation failed. Mapped to a gRPC status once, by `From<DataError> for
 /// Status`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -189,23 +213,32 @@ pub trait NodeApi: Send + Sync + 'static {
         gids: Vec<u64>,
         deadline: Option<Instant>,
     ) -> DataResult<Vec<Option<DocInfo>>>;
-    /// Entries `(gid, fp)` of `table` with permuted value in `[start, end]`, in permuted
-    /// order.
+    /// A page of the entries `(gid, fp)` of the tablet `[start, end]` of `table`: those with
+    /// permuted value in `[max(start, from), end]`, in permuted order, about `limit` (see
+    /// [`page_limit`]; [`TABLET_PAGE`]) and cut between two permuted values, so the page
+    /// covers `[from, next - 1]`.
+    #[allow(clippy::too_many_arguments)]
     async fn tablet_scan(
         &self,
         epoch: u64,
         table: u32,
         start: u64,
         end: u64,
+        from: u64,
+        limit: u32,
         deadline: Option<Instant>,
-    ) -> DataResult<Vec<(u64, u64)>>;
-    /// Every document of partition `partition`.
+    ) -> DataResult<ScanPage<(u64, u64)>>;
+    /// A page of the documents of partition `partition` from `cursor` (0 to start), at most
+    /// `limit` ([`page_limit`]; [`PARTITION_PAGE`]), in no particular order. The pages of
+    /// one pass hold every document there throughout it, once.
     async fn partition_scan(
         &self,
         epoch: u64,
         partition: u32,
+        cursor: u64,
+        limit: u32,
         deadline: Option<Instant>,
-    ) -> DataResult<Vec<DocInfo>>;
+    ) -> DataResult<ScanPage<DocInfo>>;
     /// The node's own statistics (each of its replicas counted once; routers sum them) and
     /// its documents per partition.
     async fn stats(&self, epoch: u64, deadline: Option<Instant>) -> DataResult<NodeStats>;
@@ -342,15 +375,21 @@ fn deadline_of<T>(req: &Request<T>) -> Option<Instant> {
 
 type ScanStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
-/// Items as a stream of chunks of [`SCAN_CHUNK`].
+/// A page as a stream of chunks of [`SCAN_CHUNK`] items (one, maybe empty, at least); the
+/// last one carries the page's `next`.
 fn chunked<I: Send + 'static, T: Send + 'static>(
-    items: Vec<I>,
-    wrap: impl Fn(Vec<I>) -> T + Send + 'static,
+    page: ScanPage<I>,
+    wrap: impl Fn(Vec<I>, Option<u64>) -> T + Send + 'static,
 ) -> ScanStream<T> {
     let mut chunks = Vec::new();
-    let mut rest = items.into_iter().peekable();
-    while rest.peek().is_some() {
-        chunks.push(Ok(wrap(rest.by_ref().take(SCAN_CHUNK).collect())));
+    let mut rest = page.items.into_iter().peekable();
+    loop {
+        let chunk: Vec<I> = rest.by_ref().take(SCAN_CHUNK).collect();
+        let last = rest.peek().is_none();
+        chunks.push(Ok(wrap(chunk, if last { page.next } else { None })));
+        if last {
+            break;
+        }
     }
     Box::pin(tokio_stream::iter(chunks))
 }
@@ -430,10 +469,11 @@ impl Data for DataService {
         req: Request<TabletScanRequest>,
     ) -> Result<Response<Self::TabletScanStream>, Status> {
         let deadline = deadline_of(&req);
-        let TabletScanRequest { epoch, table, start, end } = req.into_inner();
-        let entries = self.api.tablet_scan(epoch, table, start, end, deadline).await?;
-        Ok(Response::new(chunked(entries, |c| TabletScanChunk {
+        let TabletScanRequest { epoch, table, start, end, from, limit } = req.into_inner();
+        let page = self.api.tablet_scan(epoch, table, start, end, from, limit, deadline).await?;
+        Ok(Response::new(chunked(page, |c, next| TabletScanChunk {
             entries: c.into_iter().map(|(gid, fp)| TabletEntry { gid, fp }).collect(),
+            next,
         })))
     }
 
@@ -458,10 +498,11 @@ impl Data for DataService {
         req: Request<PartitionScanRequest>,
     ) -> Result<Response<Self::PartitionScanStream>, Status> {
         let deadline = deadline_of(&req);
-        let PartitionScanRequest { epoch, partition } = req.into_inner();
-        let docs = self.api.partition_scan(epoch, partition, deadline).await?;
-        Ok(Response::new(chunked(docs, |c| PartitionScanChunk {
+        let PartitionScanRequest { epoch, partition, cursor, limit } = req.into_inner();
+        let page = self.api.partition_scan(epoch, partition, cursor, limit, deadline).await?;
+        Ok(Response::new(chunked(page, |c, next| PartitionScanChunk {
             docs: c.into_iter().map(doc_to_wire).collect(),
+            next,
         })))
     }
 }

@@ -247,6 +247,29 @@ impl DocTable {
         (out, s)
     }
 
+    /// Live entries whose id satisfies `keep`, in slot order from slot `from`: at most `max`
+    /// of them, visiting at most `visits` slots; with the slot to go on from (`None` once
+    /// every slot is visited).
+    pub fn entries_where_from(
+        &self,
+        from: usize,
+        max: usize,
+        visits: usize,
+        keep: impl Fn(u64) -> bool,
+    ) -> (Vec<&DocEntry>, Option<usize>) {
+        let end = self.slots.len().min(from.saturating_add(visits));
+        let mut out = Vec::new();
+        let mut s = from;
+        while s < end && out.len() < max {
+            let e = &self.slots[s];
+            if e.id != 0 && keep(e.id) {
+                out.push(e);
+            }
+            s += 1;
+        }
+        (out, (s < self.slots.len()).then_some(s))
+    }
+
     /// Live documents whose internal id's low byte is `b` (on a cluster node: the documents
     /// of partition `b`).
     pub fn count_with_low_byte(&self, b: u8) -> u64 {

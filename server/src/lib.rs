@@ -54,7 +54,7 @@ pub mod tls;
 pub mod transport;
 pub mod wal;
 
-pub use data_api::{DataError, DataResult, DataService, NodeApi};
+pub use data_api::{DataError, DataResult, DataService, NodeApi, ScanPage};
 pub use data_types::{DocInfo, DocOp, NodeStats, ProbeAnswer, TabletHit, TabletOp};
 pub use error::{Error, ErrorClass, Result};
 pub use metrics::ShardMetrics;

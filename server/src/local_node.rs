@@ -52,7 +52,9 @@ use neardup_core::Design;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use crate::data_api::{DataError, DataResult, NodeApi};
+use crate::data_api::{
+    DataError, DataResult, NodeApi, PARTITION_PAGE, ScanPage, TABLET_PAGE, page_limit,
+};
 use crate::data_types::{
     DocInfo, DocOp, NodeStats, ProbeAnswer, TabletOp, gid_partition, hits_to_resolve,
 };
@@ -95,7 +97,9 @@ pub struct LocalNode {
     design: Design,
     map: watch::Receiver<Arc<ClusterMap>>,
     in_contact: Arc<dyn Fn() -> bool + Send + Sync>,
-    fills: Mutex<HashMap<Unit, FillLog>>,
+    /// Shared with the store's write path: a reconcile's puts are judged new under the
+    /// table's write lock ([`NodeStore::append_tablets_deciding`]).
+    fills: Arc<Mutex<HashMap<Unit, FillLog>>>,
     /// Writes hold it shared from their check to their store write; a scan takes it
     /// exclusively once, to wait for the writes accepted under older maps.
     gate: tokio::sync::RwLock<()>,
@@ -124,7 +128,7 @@ impl LocalNode {
             design,
             map,
             in_contact,
-            fills: Mutex::new(HashMap::new()),
+            fills: Arc::new(Mutex::new(HashMap::new())),
             gate: tokio::sync::RwLock::new(()),
             reads: AtomicBool::new(false),
         }
@@ -306,12 +310,10 @@ impl LocalNode {
         blocking(move || append(&store)).await?.wait().await.map_err(DataError::from)
     }
 
-    /// Brings this node's replica of `unit` level with `source` (a serving replica's copy:
-    /// `(gid, fp)` entries for a tablet, documents for a partition), as the module docs say.
-    /// The caller then reports the replica ready.
-    pub async fn reconcile(&self, unit: Unit, source: Source) -> DataResult<()> {
-        // Only a filling replica: one that serves records none of the writes it takes, so
-        // its copy would lose those that arrived after the source's scan.
+    /// This node's map, unless it holds no filling replica of `unit` or is marked down: a
+    /// replica that serves is never reconciled, since it records none of the writes it
+    /// takes: a copy would remove those that arrived after the source's scan.
+    fn filling(&self, unit: Unit) -> DataResult<Arc<ClusterMap>> {
         let now = self.map.borrow().clone();
         if !now.is_filling_on(unit, self.id) || !now.is_up(self.id) {
             return Err(moved(
@@ -319,52 +321,157 @@ impl LocalNode {
                 format!("node {} holds no filling replica of {unit:?} to reconcile", self.id),
             ));
         }
-        let store = self.store.clone();
+        Ok(now)
+    }
+
+    /// Brings this node's replica of `unit` level with `source`, a serving replica's whole
+    /// copy, in one step: [`reconcile_tablet`](Self::reconcile_tablet) over the whole
+    /// tablet, or a [`PartitionFill`] of one page. The caller then reports the replica ready.
+    pub async fn reconcile(&self, unit: Unit, source: Source) -> DataResult<()> {
         match (unit, source) {
             (Unit::Tablet { table, start }, Source::Entries(theirs)) => {
-                let map = self.map.borrow().clone();
+                let map = self.filling(unit)?;
                 let end = map
                     .tablet(table, start)
                     .map(|t| t.end)
                     .ok_or_else(|| moved(&map, format!("no tablet {table}/{start:#x}")))?;
-                let ours = blocking(move || store.scan_tablet(table, start, end)).await?;
-                let gid = |e: &(u64, u64)| e.0;
-                let (puts, removes) = self.plan(unit, ours, theirs, gid);
-                let op = |put: bool| {
-                    move |(gid, fp): (u64, u64)| {
-                        let op = if put {
-                            TabletOp::Put { gid, fp }
-                        } else {
-                            TabletOp::Remove { gid, fp }
-                        };
-                        (table, op)
-                    }
-                };
-                let write = |items: Vec<(u64, u64)>, put: bool| {
-                    let ops: Vec<_> = items.into_iter().map(op(put)).collect();
-                    self.write(move |s| s.append_tablets(ops, &[]))
-                };
-                write(removes, false).await?;
-                write(puts.clone(), true).await?;
-                write(self.raced(unit, puts, gid), false).await?;
+                self.reconcile_tablet(unit, start, end, theirs).await
             }
-            (Unit::Partition(p), Source::Docs(theirs)) => {
-                let ours = blocking(move || store.scan_partition(p)).await?;
-                let gid = |d: &DocInfo| d.gid;
-                let (puts, removes) = self.plan(unit, ours, theirs, gid);
-                let remove = |d: DocInfo| DocOp::Remove { gid: d.gid, name: d.name };
-                let removes: Vec<_> = removes.into_iter().map(remove).collect();
-                self.write(move |s| s.append_docs(&removes)).await?;
-                let put_ops: Vec<_> = puts.iter().cloned().map(DocOp::Put).collect();
-                self.write(move |s| s.append_docs(&put_ops)).await?;
-                let again: Vec<_> = self.raced(unit, puts, gid).into_iter().map(remove).collect();
-                self.write(move |s| s.append_docs(&again)).await?;
+            (Unit::Partition(_), Source::Docs(theirs)) => {
+                let mut fill = self.partition_fill(unit).await?;
+                self.reconcile_docs(&mut fill, theirs).await?;
+                self.finish_partition_fill(fill).await
             }
-            (unit, _) => {
-                return Err(DataError::Internal(format!("a copy of another kind for {unit:?}")));
-            }
+            (unit, _) => Err(DataError::Internal(format!("a copy of another kind for {unit:?}"))),
         }
-        Ok(())
+    }
+
+    /// Brings the part `[from, to]` (permuted values) of this node's filling replica of the
+    /// tablet `unit` level with `theirs`, a page of a serving replica's copy that covers
+    /// exactly that part (as the module docs say). A tablet is filled page by page, in any
+    /// order: each page's plan concerns its own part alone.
+    pub async fn reconcile_tablet(
+        &self,
+        unit: Unit,
+        from: u64,
+        to: u64,
+        theirs: Vec<(u64, u64)>,
+    ) -> DataResult<()> {
+        let Unit::Tablet { table, .. } = unit else {
+            return Err(DataError::Internal(format!("{unit:?} is no tablet")));
+        };
+        self.filling(unit)?;
+        let store = self.store.clone();
+        let ours = blocking(move || store.scan_tablet(table, from, to)).await?;
+        self.reconcile_tablet_with(unit, ours, theirs).await
+    }
+
+    /// [`reconcile_tablet`](Self::reconcile_tablet) with `ours`, this replica's entries of
+    /// the part as scanned before (writes may have been stored since).
+    async fn reconcile_tablet_with(
+        &self,
+        unit: Unit,
+        ours: Vec<(u64, u64)>,
+        theirs: Vec<(u64, u64)>,
+    ) -> DataResult<()> {
+        let Unit::Tablet { table, .. } = unit else {
+            return Err(DataError::Internal(format!("{unit:?} is no tablet")));
+        };
+        let map = self.filling(unit)?;
+        let held: HashSet<u64> = ours.iter().map(|e| e.0).collect();
+        let gid = |e: &(u64, u64)| e.0;
+        let (puts, removes) = self.plan(unit, ours, theirs, gid);
+        let ops = |items: Vec<(u64, u64)>, put: bool| -> Vec<(u32, TabletOp)> {
+            let op = |(gid, fp)| {
+                if put { TabletOp::Put { gid, fp } } else { TabletOp::Remove { gid, fp } }
+            };
+            items.into_iter().map(|e| (table, op(e))).collect()
+        };
+        let removes = ops(removes, false);
+        self.write(move |s| s.append_tablets(removes, &[])).await?;
+        // A put of a gid neither held here when the page was scanned nor put here since is
+        // stored without the lookup that makes puts idempotent. "Put here since" is asked
+        // under the table's write lock: a router's put is recorded before it is stored, so
+        // one stored before this put is known by then, and one stored after it looks this
+        // one up (puts to a filling replica always do).
+        let (fills, down) = (self.fills.clone(), self.down_epoch(&map));
+        let decide = move |gid: u64| {
+            !held.contains(&gid)
+                && fills
+                    .lock()
+                    .get(&unit)
+                    .is_none_or(|log| log.current(down) && !log.put.contains(&gid))
+        };
+        let put_ops = ops(puts.clone(), true);
+        self.write(move |s| s.append_tablets_deciding(put_ops, &[], decide)).await?;
+        let again = ops(self.raced(unit, puts, gid), false);
+        self.write(move |s| s.append_tablets(again, &[])).await
+    }
+
+    /// Starts filling this node's filling replica of the partition `unit` from a serving
+    /// replica's copy, given a page at a time to [`reconcile_docs`](Self::reconcile_docs)
+    /// and finished by [`finish_partition_fill`](Self::finish_partition_fill). It holds the
+    /// gids this replica had when it started (none on a new replica), 8 bytes each.
+    pub async fn partition_fill(&self, unit: Unit) -> DataResult<PartitionFill> {
+        let Unit::Partition(p) = unit else {
+            return Err(DataError::Internal(format!("{unit:?} is no partition")));
+        };
+        self.filling(unit)?;
+        let store = self.store.clone();
+        let ours = blocking(move || store.partition_gids(p)).await?;
+        Ok(PartitionFill { unit, ours: ours.into_iter().collect() })
+    }
+
+    /// Puts a page of the source's documents: those not removed here since filling began
+    /// and not held here already.
+    pub async fn reconcile_docs(
+        &self,
+        fill: &mut PartitionFill,
+        theirs: Vec<DocInfo>,
+    ) -> DataResult<()> {
+        let unit = fill.unit;
+        self.filling(unit)?;
+        let puts: Vec<DocInfo> = {
+            let fills = self.fills.lock();
+            let empty = FillLog::default();
+            let log = self.fill_log(&fills, unit).unwrap_or(&empty);
+            // Held here and at the source: kept (and no longer a candidate for removal).
+            theirs
+                .into_iter()
+                .filter(|d| !fill.ours.remove(&d.gid) && !log.removed.contains(&d.gid))
+                .collect()
+        };
+        let put_ops: Vec<_> = puts.iter().cloned().map(DocOp::Put).collect();
+        self.write(move |s| s.append_docs(&put_ops)).await?;
+        let again: Vec<_> = self
+            .raced(unit, puts, |d: &DocInfo| d.gid)
+            .into_iter()
+            .map(|d| DocOp::Remove { gid: d.gid, name: d.name })
+            .collect();
+        self.write(move |s| s.append_docs(&again)).await
+    }
+
+    /// Ends a partition's fill once every page of the source's copy is reconciled: removes
+    /// what this replica held when it started and the source lacks (deleted while this node
+    /// was away), unless put here since.
+    pub async fn finish_partition_fill(&self, fill: PartitionFill) -> DataResult<()> {
+        self.filling(fill.unit)?;
+        let gone: Vec<u64> = {
+            let fills = self.fills.lock();
+            let log = self.fill_log(&fills, fill.unit);
+            fill.ours.into_iter().filter(|g| !log.is_some_and(|l| l.put.contains(g))).collect()
+        };
+        if gone.is_empty() {
+            return Ok(());
+        }
+        let store = self.store.clone();
+        let docs = blocking(move || store.resolve(&gone)).await?;
+        let removes: Vec<_> = docs
+            .into_iter()
+            .flatten()
+            .map(|d| DocOp::Remove { gid: d.gid, name: d.name })
+            .collect();
+        self.write(move |s| s.append_docs(&removes)).await
     }
 
     /// What reconciling `unit` puts (the source's items not removed here since filling
@@ -401,6 +508,14 @@ impl LocalNode {
         let up = map.is_up(self.id);
         self.fills.lock().retain(|unit, _| up && map.is_filling_on(*unit, self.id));
     }
+}
+
+/// A partition being filled page by page: see [`LocalNode::partition_fill`].
+#[derive(Debug)]
+pub struct PartitionFill {
+    unit: Unit,
+    /// The gids this replica held when the fill started that no page has brought yet.
+    ours: HashSet<u64>,
 }
 
 /// A serving replica's copy of a unit, for [`LocalNode::reconcile`].
@@ -586,8 +701,10 @@ impl NodeApi for LocalNode {
         table: u32,
         start: u64,
         end: u64,
+        from: u64,
+        limit: u32,
         deadline: Option<Instant>,
-    ) -> DataResult<Vec<(u64, u64)>> {
+    ) -> DataResult<ScanPage<(u64, u64)>> {
         check_deadline(deadline)?;
         let map = self.map_for_scan(epoch, deadline).await?;
         self.check_contact()?;
@@ -597,23 +714,26 @@ impl NodeApi for LocalNode {
             .ok_or_else(|| moved(&map, format!("no tablet {table} [{start:#x}, {end:#x}]")))?;
         self.check_reader(&map, Unit::Tablet { table, start: tablet.start })?;
         drop(self.gate.write().await);
-        let store = self.store.clone();
-        blocking(move || store.scan_tablet(table, start, end)).await
+        let (store, from, limit) =
+            (self.store.clone(), from.max(start), page_limit(limit, TABLET_PAGE));
+        blocking(move || store.scan_tablet_page(table, from, end, limit)).await
     }
 
     async fn partition_scan(
         &self,
         epoch: u64,
         partition: u32,
+        cursor: u64,
+        limit: u32,
         deadline: Option<Instant>,
-    ) -> DataResult<Vec<DocInfo>> {
+    ) -> DataResult<ScanPage<DocInfo>> {
         check_deadline(deadline)?;
         let map = self.map_for_scan(epoch, deadline).await?;
         self.check_contact()?;
         self.check_reader(&map, Self::partition_unit(&map, partition)?)?;
         drop(self.gate.write().await);
-        let store = self.store.clone();
-        blocking(move || store.scan_partition(partition)).await
+        let (store, limit) = (self.store.clone(), page_limit(limit, PARTITION_PAGE));
+        blocking(move || store.scan_partition_page(partition, cursor, limit)).await
     }
 
     async fn stats(&self, _epoch: u64, _deadline: Option<Instant>) -> DataResult<NodeStats> {
@@ -777,7 +897,7 @@ mod tests {
         let e = n.tablet_probe(1, vec![(0, 0)], 3, 100, false, None).await.unwrap_err();
         assert!(is_moved(&e), "{e}");
         assert!(is_moved(&n.doc_resolve(1, vec![make_gid(1, 0)], None).await.unwrap_err()));
-        assert!(is_moved(&n.tablet_scan(1, 0, 0, u64::MAX, None).await.unwrap_err()));
+        assert!(is_moved(&n.tablet_scan(1, 0, 0, u64::MAX, 0, 0, None).await.unwrap_err()));
         // Serving: every table's probe equals a scan of what was written.
         f.map.send_replace(Arc::new(map(false, 2)));
         let probes: Vec<(u32, u64)> = (0..4).map(|t| (t, 0)).collect();
@@ -876,16 +996,16 @@ mod tests {
         let f = fixture(false);
         let n = &f.node;
         let soon = || Some(Instant::now() + Duration::from_millis(50));
-        let e = n.tablet_scan(3, 0, 0, u64::MAX, soon()).await.unwrap_err();
+        let e = n.tablet_scan(3, 0, 0, u64::MAX, 0, 0, soon()).await.unwrap_err();
         assert!(matches!(e, DataError::Unavailable(_)), "{e}");
-        let e = n.partition_scan(3, 0, soon()).await.unwrap_err();
+        let e = n.partition_scan(3, 0, 0, 0, soon()).await.unwrap_err();
         assert!(matches!(e, DataError::Unavailable(_)), "{e}");
         // A write under epoch 1; then epoch 2 (node 2 marked down: writers {1}) never reaches
         // this node, and epoch 3 (node 2 back) has the writers of epoch 1 again, changed at 3.
         let first = all_tables(|t| (t, TabletOp::Put { gid: make_gid(2, 0), fp: 2 }));
         n.tablet_write(1, first, true, None).await.unwrap();
         f.map.send_replace(Arc::new(stamped(map(false, 3), 3)));
-        assert_eq!(n.tablet_scan(3, 0, 0, u64::MAX, soon()).await.unwrap().len(), 1);
+        assert_eq!(n.tablet_scan(3, 0, 0, u64::MAX, 0, 0, soon()).await.unwrap().items.len(), 1);
         let put = all_tables(|t| (t, TabletOp::Put { gid: make_gid(1, 0), fp: 1 }));
         assert!(is_moved(&n.tablet_write(2, put.clone(), true, None).await.unwrap_err()));
         let d = doc(make_gid(1, 0), "a", 1);
@@ -938,6 +1058,80 @@ mod tests {
         let mut want = vec![pdoc(1).gid, pdoc(2).gid, pdoc(4).gid];
         want.sort_unstable();
         assert_eq!(docs, want);
+    }
+
+    /// A fill in pages, with writes between them: each tablet page is level with its own
+    /// part of the source; a partition fill keeps what was written meanwhile and removes,
+    /// at its end, what this replica held and the source lacks.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fill_in_pages_keeps_the_writes_between_pages() {
+        let f = fixture(false);
+        let n = &f.node;
+        let g = |i: u64| make_gid(i, 0);
+        let perm = Design::parse(DESIGN).unwrap().tables()[0].perm.clone();
+        // Fingerprints whose permuted values in table 0 fall in the lower or upper half.
+        let (low, high): (Vec<u64>, Vec<u64>) = (1..40u64)
+            .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            .partition(|&fp| perm.apply(fp) >> 63 == 0);
+        let mid = 1u64 << 63;
+        // Before it went down the node held a (low) and b (high).
+        n.tablet_write(1, put_in_0(g(1), low[0]), true, None).await.unwrap();
+        n.tablet_write(1, put_in_0(g(2), high[0]), true, None).await.unwrap();
+        let name = |i: u64| format!("doc{i}");
+        let in_p0: Vec<u64> =
+            (1..400).filter(|&i| map(false, 1).partition_of(&name(i)) == Some(0)).take(6).collect();
+        let pdoc = |k: usize| doc(g(in_p0[k]), &name(in_p0[k]), k as u64);
+        n.doc_write(1, vec![DocOp::Put(pdoc(0)), DocOp::Put(pdoc(1))], None).await.unwrap();
+        f.map.send_replace(Arc::new(map(true, 2)));
+        let unit = Unit::Tablet { table: 0, start: 0 };
+        // The source lacks a and holds c (low) and d, e (high).
+        n.reconcile_tablet(unit, 0, mid - 1, vec![(g(3), low[1])]).await.unwrap();
+        assert_eq!(held(n), {
+            let mut v = vec![(g(2), high[0]), (g(3), low[1])];
+            v.sort_unstable();
+            v
+        });
+        // Between pages: f is put in the upper half, d removed.
+        n.tablet_write(2, put_in_0(g(6), high[3]), true, None).await.unwrap();
+        n.tablet_write(2, vec![(0, TabletOp::Remove { gid: g(4), fp: high[1] })], false, None)
+            .await
+            .unwrap();
+        // The source's page holds f too (its scan came after f): f is stored once.
+        let upper = vec![(g(4), high[1]), (g(5), high[2]), (g(6), high[3])];
+        n.reconcile_tablet(unit, mid, u64::MAX, upper.clone()).await.unwrap();
+        let mut want = vec![(g(3), low[1]), (g(5), high[2]), (g(6), high[3])];
+        want.sort_unstable();
+        assert_eq!(held(n), want);
+        // A put stored between the scan of this replica's part and the page's own puts:
+        // known from the fill log, so the page's put of it is looked up, not stored twice.
+        let before = n.store().scan_tablet(0, mid, u64::MAX).unwrap();
+        n.tablet_write(2, put_in_0(g(7), high[4]), true, None).await.unwrap();
+        let mut upper = upper;
+        upper.push((g(7), high[4]));
+        n.reconcile_tablet_with(unit, before, upper).await.unwrap();
+        want.push((g(7), high[4]));
+        want.sort_unstable();
+        assert_eq!(held(n), want);
+        // The partition: the node held docs 0 and 1; the source holds 1, 2, 3, 4.
+        let mut fill = n.partition_fill(Unit::Partition(0)).await.unwrap();
+        n.reconcile_docs(&mut fill, vec![pdoc(1), pdoc(2)]).await.unwrap();
+        // Between pages: 5 is put, 3 removed (before its page arrives), 2 removed (after).
+        n.doc_write(2, vec![DocOp::Put(pdoc(5))], None).await.unwrap();
+        for d in [pdoc(3), pdoc(2)] {
+            n.doc_write(2, vec![DocOp::Remove { gid: d.gid, name: d.name }], None).await.unwrap();
+        }
+        n.reconcile_docs(&mut fill, vec![pdoc(3), pdoc(4)]).await.unwrap();
+        n.finish_partition_fill(fill).await.unwrap();
+        let mut docs: Vec<u64> =
+            n.store().scan_partition(0).unwrap().into_iter().map(|d| d.gid).collect();
+        docs.sort_unstable();
+        let mut want = vec![pdoc(1).gid, pdoc(4).gid, pdoc(5).gid];
+        want.sort_unstable();
+        assert_eq!(docs, want);
+        // A page for a replica that serves by now is refused.
+        f.map.send_replace(Arc::new(map(false, 3)));
+        assert!(is_moved(&n.reconcile_tablet(unit, 0, mid - 1, vec![]).await.unwrap_err()));
+        assert!(is_moved(&n.partition_fill(Unit::Partition(0)).await.unwrap_err()));
     }
 
     /// A node filling a unit that is marked down and back before its record of that filling

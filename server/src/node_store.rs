@@ -45,6 +45,7 @@ use std::time::Duration;
 use neardup_core::Design;
 use neardup_core::index::QueryScratch;
 
+use crate::data_api::ScanPage;
 use crate::data_types::{DocInfo, DocOp, TabletHit, TabletOp, gid_partition};
 use crate::error::{Error, Result};
 use crate::metrics::ShardMetrics;
@@ -354,6 +355,17 @@ impl NodeStore {
     /// to this node before: it is stored without the lookup that makes puts idempotent
     /// ([`EntryOp::new`]). Only a caller that knows it may say so.
     pub fn append_tablets(&self, ops: Vec<(u32, TabletOp)>, new: &[bool]) -> Result<Durable> {
+        self.append_tablets_deciding(ops, new, |_| false)
+    }
+
+    /// [`append_tablets`](Self::append_tablets), where `decide(gid)` may also say a put is of
+    /// a new gid: asked under the table's write lock (see [`Shard::write_entries_deciding`]).
+    pub fn append_tablets_deciding(
+        &self,
+        ops: Vec<(u32, TabletOp)>,
+        new: &[bool],
+        decide: impl Fn(u64) -> bool,
+    ) -> Result<Durable> {
         let mut by_table: BTreeMap<u32, Vec<EntryOp>> = BTreeMap::new();
         for (i, (t, op)) in ops.iter().enumerate() {
             let perm = &self.design.tables()[self.table_index(*t)?].perm;
@@ -370,7 +382,7 @@ impl NodeStore {
         let mut waits = Vec::with_capacity(by_table.len());
         for (t, entries) in by_table {
             let shard = self.table(t)?;
-            waits.push((shard.clone(), shard.write_entries(&entries)?));
+            waits.push((shard.clone(), shard.write_entries_deciding(&entries, &decide)?));
         }
         Ok(Durable(waits))
     }
@@ -429,16 +441,22 @@ impl NodeStore {
     /// permuted order (then by gid), with `fp` as callers send it (not permuted): what a
     /// [`TabletOp::Put`] on another node takes (for copying a tablet there).
     pub fn scan_tablet(&self, table: u32, start: u64, end: u64) -> Result<Vec<(u64, u64)>> {
+        Ok(self.scan_tablet_page(table, start, end, usize::MAX)?.items)
+    }
+
+    /// A page of [`scan_tablet`](Self::scan_tablet): the entries whose permuted value is in
+    /// `[from, end]`, about `limit` of them, cut between two permuted values; with the first
+    /// permuted value of the next page (`None`: done). The page covers `[from, next - 1]`.
+    pub fn scan_tablet_page(
+        &self,
+        table: u32,
+        from: u64,
+        end: u64,
+        limit: usize,
+    ) -> Result<ScanPage<(u64, u64)>> {
         let perm = &self.design.tables()[self.table_index(table)?].perm;
-        let mut found: Vec<(u64, u64)> = self
-            .table(table)?
-            .entries()?
-            .into_iter()
-            .filter(|d| (start..=end).contains(&d.fp))
-            .map(|d| (d.fp, d.id))
-            .collect();
-        found.sort_unstable();
-        Ok(found.into_iter().map(|(p, gid)| (gid, perm.invert(p))).collect())
+        let (found, next) = self.table(table)?.entries_in(from, end, limit)?;
+        Ok(ScanPage { items: found.into_iter().map(|d| (d.id, perm.invert(d.fp))).collect(), next })
     }
 
     /// Removes every entry of `table` whose permuted value is in `[start, end]` (a tablet
@@ -446,9 +464,9 @@ impl NodeStore {
     pub async fn drop_tablet(&self, table: u32, start: u64, end: u64) -> Result<()> {
         let shard = self.table(table)?;
         let gone: Vec<EntryOp> = shard
-            .entries()?
+            .entries_in(start, end, usize::MAX)?
+            .0
             .into_iter()
-            .filter(|d| (start..=end).contains(&d.fp))
             .map(|d| EntryOp { put: false, id: d.id, fp: d.fp, new: false })
             .collect();
         let seq = shard.write_entries(&gone)?;
@@ -484,6 +502,27 @@ impl NodeStore {
     pub fn scan_partition(&self, p: u32) -> Result<Vec<DocInfo>> {
         Self::check_partition(p)?;
         self.docs.docs_where(|gid| gid_partition(gid) == p)
+    }
+
+    /// A page of [`scan_partition`](Self::scan_partition)'s documents, in no particular
+    /// order, from `cursor` (0 to start): at most `limit`, and the cursor of the next page
+    /// (`None`: done). A pass holds every document of the partition that was there
+    /// throughout it, once; one written or removed meanwhile may be in it or not.
+    pub fn scan_partition_page(
+        &self,
+        p: u32,
+        cursor: u64,
+        limit: usize,
+    ) -> Result<ScanPage<DocInfo>> {
+        Self::check_partition(p)?;
+        let (items, next) = self.docs.docs_page(|gid| gid_partition(gid) == p, cursor, limit)?;
+        Ok(ScanPage { items, next })
+    }
+
+    /// The gids of partition `p`'s documents, in no particular order.
+    pub fn partition_gids(&self, p: u32) -> Result<Vec<u64>> {
+        Self::check_partition(p)?;
+        self.docs.ids_where(|gid| gid_partition(gid) == p)
     }
 
     /// Removes every document of partition `p`, durably.

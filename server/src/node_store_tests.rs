@@ -292,6 +292,27 @@ fn scan_and_drop_tablets_by_range() {
             want.sort_unstable();
             let want: Vec<(u64, u64)> = want.into_iter().map(|(_, gid, fp)| (gid, fp)).collect();
             assert_eq!(got, want, "table {t} range {start:#x}");
+            // Paged: the pages in order are the range, each cut between permuted values.
+            for limit in [1, 5, 64] {
+                let (mut paged, mut from) = (Vec::new(), Some(start));
+                while let Some(f) = from {
+                    let ScanPage { items: page, next } =
+                        node.scan_tablet_page(t, f, end, limit).unwrap();
+                    if let Some(n) = next {
+                        assert!(n > f && n <= end && !page.is_empty());
+                        let last = perm.apply(page.last().unwrap().1);
+                        assert!(
+                            last < n,
+                            "table {t}: a page from {f:#x} holds {last:#x} >= {n:#x}"
+                        );
+                        let rest = node.scan_tablet(t, n, end).unwrap();
+                        assert!(rest.iter().all(|e| perm.apply(e.1) > last));
+                    }
+                    paged.extend(page);
+                    from = next;
+                }
+                assert_eq!(paged, want, "table {t} range {start:#x}, pages of {limit}");
+            }
             seen.extend(got);
         }
         assert_eq!(seen.len(), model.0.iter().filter(|e| e.0 == t).count());
@@ -378,6 +399,22 @@ fn check_docs(node: &NodeStore, model: &Docs, gids: &[u64]) {
             model.0.values().filter(|d| gid_partition(d.gid) == p).cloned().collect();
         want.sort_unstable_by_key(|d| d.gid);
         assert_eq!(node.scan_partition(p).unwrap(), want, "partition {p}");
+        let mut gids = node.partition_gids(p).unwrap();
+        gids.sort_unstable();
+        assert_eq!(gids, want.iter().map(|d| d.gid).collect::<Vec<_>>(), "partition {p}");
+        // Paged: every document once, at most `limit` a page.
+        for limit in [1, 3, 1000] {
+            let (mut paged, mut cursor) = (Vec::new(), Some(0));
+            while let Some(c) = cursor {
+                let ScanPage { items: page, next } = node.scan_partition_page(p, c, limit).unwrap();
+                assert!(page.len() <= limit);
+                assert!(next.is_none_or(|n| n > c), "partition {p}: from {c} to {next:?}");
+                paged.extend(page);
+                cursor = next;
+            }
+            paged.sort_unstable_by_key(|d| d.gid);
+            assert_eq!(paged, want, "partition {p}, pages of {limit}");
+        }
     }
     assert_eq!(node.stats().documents, model.0.len() as u64);
 }

@@ -163,6 +163,14 @@ impl EncodedTable {
         }
     }
 
+    /// [`scan_range`](Self::scan_range) until `visit` returns false.
+    pub fn scan_range_while(&self, lo: u64, hi: u64, visit: impl FnMut(u64, usize) -> bool) {
+        match self {
+            EncodedTable::Blocks(hx) => hx.scan_range_while(lo, hi, visit),
+            EncodedTable::Packed(p) => p.scan_range_while(lo, hi, visit),
+        }
+    }
+
     /// Every value, in order.
     pub fn to_vec(&self) -> Vec<u64> {
         match self {

@@ -266,17 +266,32 @@ impl HxTable {
 
     /// Calls `visit(value, rank)` for every value in `lo..=hi`, in increasing order.
     #[inline]
-    pub fn scan_range(&self, lo: u64, hi: u64, visit: impl FnMut(u64, usize)) {
+    pub fn scan_range(&self, lo: u64, hi: u64, mut visit: impl FnMut(u64, usize)) {
+        self.scan_range_while(lo, hi, |v, r| {
+            visit(v, r);
+            true
+        });
+    }
+
+    /// [`scan_range`](Self::scan_range) until `visit` returns false.
+    #[inline]
+    pub fn scan_range_while(&self, lo: u64, hi: u64, visit: impl FnMut(u64, usize) -> bool) {
         if self.len == 0 || lo > hi {
             return;
         }
         self.scan_from(self.block_for(lo), lo, hi, visit);
     }
 
-    /// [`scan_range`](Self::scan_range) from block `b`, which must be where a scan for `lo`
-    /// starts.
+    /// [`scan_range_while`](Self::scan_range_while) from block `b`, which must be where a
+    /// scan for `lo` starts.
     #[inline]
-    pub(super) fn scan_from(&self, b: usize, lo: u64, hi: u64, visit: impl FnMut(u64, usize)) {
+    pub(super) fn scan_from(
+        &self,
+        b: usize,
+        lo: u64,
+        hi: u64,
+        visit: impl FnMut(u64, usize) -> bool,
+    ) {
         match self.opts.codec {
             Codec::Xor => self.scan_with::<XorCode>(b, lo, hi, visit),
             Codec::Gap => self.scan_with::<GapCode>(b, lo, hi, visit),
@@ -290,7 +305,7 @@ impl HxTable {
         mut b: usize,
         lo: u64,
         hi: u64,
-        mut visit: impl FnMut(u64, usize),
+        mut visit: impl FnMut(u64, usize) -> bool,
     ) {
         let bb = self.opts.block_bytes;
         let lut = self.huffman.lut();
@@ -302,8 +317,8 @@ impl HxTable {
                 return;
             }
             let rank0 = self.ranks.get(b).map_or(NO_RANK as usize, |&r| r as usize);
-            if v >= lo {
-                visit(v, rank0);
+            if v >= lo && !visit(v, rank0) {
+                return;
             }
             let mut cur = Cursor::new(block);
             for j in 1..count as usize {
@@ -311,8 +326,8 @@ impl HxTable {
                 if v > hi {
                     return;
                 }
-                if v >= lo {
-                    visit(v, rank0.saturating_add(j));
+                if v >= lo && !visit(v, rank0.saturating_add(j)) {
+                    return;
                 }
             }
             b += 1;
@@ -357,7 +372,10 @@ impl HxTable {
             return None;
         }
         let mut found = None;
-        self.scan_from(self.block_in(candidates, value), value, value, |_, r| found = Some(r));
+        self.scan_from(self.block_in(candidates, value), value, value, |_, r| {
+            found = Some(r);
+            false
+        });
         found
     }
 

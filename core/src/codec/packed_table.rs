@@ -230,6 +230,15 @@ impl PackedTable {
 
     /// Calls `visit(value, rank)` for every value in `lo..=hi`, in increasing order.
     pub fn scan_range(&self, lo: u64, hi: u64, mut visit: impl FnMut(u64, usize)) {
+        self.scan_range_while(lo, hi, |v, i| {
+            visit(v, i);
+            true
+        });
+    }
+
+    /// [`scan_range`](Self::scan_range) until `visit` returns false.
+    #[inline]
+    pub fn scan_range_while(&self, lo: u64, hi: u64, mut visit: impl FnMut(u64, usize) -> bool) {
         if self.len == 0 || lo > hi {
             return;
         }
@@ -245,10 +254,9 @@ impl PackedTable {
                 next = self.dir.get(t + 1).unwrap_or(self.len);
             }
             let v = self.top(t) | self.low(i);
-            if v > hi {
+            if v > hi || !visit(v, i) {
                 return;
             }
-            visit(v, i);
             i += 1;
         }
     }

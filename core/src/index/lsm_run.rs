@@ -258,6 +258,22 @@ impl Run {
         });
     }
 
+    /// Calls `f(fp, id, ts)` for every live document whose fingerprint is in `lo..=hi`, in
+    /// fingerprint order, until `f` returns false.
+    pub(crate) fn for_each_live_in(
+        &self,
+        lo: u64,
+        hi: u64,
+        mut f: impl FnMut(u64, u64, i64) -> bool,
+    ) {
+        self.fps.scan_range_while(lo, hi, |fp, rank| {
+            self.docs
+                .range_of_rank(rank)
+                .filter(|&pos| !self.docs.is_deleted(pos))
+                .all(|pos| f(fp, self.docs.id(pos), self.docs.ts(pos)))
+        });
+    }
+
     /// Calls `f(fp)` for every distinct fingerprint, in order.
     pub(crate) fn for_each_fp(&self, mut f: impl FnMut(u64)) {
         self.fps.scan_range(0, u64::MAX, |fp, _| f(fp));

@@ -886,6 +886,40 @@ impl Index {
         }
     }
 
+    /// A page of the live documents whose fingerprint is in `lo..=hi`, by fingerprint then
+    /// id, and where the next page starts (`None`: the range is done). A page holds every
+    /// document of each fingerprint it reaches, about `limit` of them at most in each run
+    /// (and the write buffers'): it ends between two fingerprints, so that `lo..=next - 1`
+    /// and `next..=hi` split the range. Costs a seek and the page's decoding in each run.
+    pub fn live_in(&self, lo: u64, hi: u64, limit: usize) -> (Vec<Doc>, Option<u64>) {
+        let limit = limit.max(1);
+        let mut out = Vec::new();
+        // The page's last fingerprint, once a run had more than `limit` in the range.
+        let mut cut: Option<u64> = None;
+        for r in &self.runs {
+            let (mut n, mut last, mut stopped) = (0usize, None, false);
+            r.for_each_live_in(lo, cut.unwrap_or(hi), |fp, id, ts| {
+                if n >= limit && last != Some(fp) {
+                    stopped = true;
+                    return false;
+                }
+                out.push(Doc { id, fp, ts });
+                (n, last) = (n + 1, Some(fp));
+                true
+            });
+            if let (true, Some(l)) = (stopped, last) {
+                cut = Some(cut.map_or(l, |c| c.min(l)));
+            }
+        }
+        let end = cut.unwrap_or(hi);
+        let buffered = self.frozen.iter().flat_map(|(_, b)| b.docs()).chain(self.buffer.docs());
+        out.extend(buffered.filter(|d| (lo..=end).contains(&d.fp)));
+        out.retain(|d| d.fp <= end);
+        out.sort_unstable_by_key(|d| (d.fp, d.id));
+        // A run stopped before a fingerprint above `end`, so `end < hi`.
+        (out, cut.map(|c| c + 1))
+    }
+
     /// Every live document within `k` of `fp`, each once, ordered by distance, then
     /// timestamp, then id.
     pub fn query(&self, fp: u64, k: u32) -> Result<Vec<Match>> {

@@ -737,6 +737,25 @@ proptest::proptest! {
                     for (&q, out) in qs.iter().zip(&outs) {
                         proptest::prop_assert_eq!(out, &model.query(q, k));
                     }
+                    // Paged range scans: the pages, in order, are the live documents of the
+                    // range, each page cut between two fingerprints.
+                    let r = q.rotate_left(7);
+                    for (lo, hi) in [(q.min(r), q.max(r)), (0, u64::MAX)] {
+                        let mut want: Vec<Doc> =
+                            model.docs.iter().filter(|d| (lo..=hi).contains(&d.fp)).copied().collect();
+                        want.sort_unstable_by_key(|d| (d.fp, d.id));
+                        let (mut got, mut from) = (Vec::new(), Some(lo));
+                        while let Some(f) = from {
+                            let (page, next) = index.live_in(f, hi, k as usize + 1);
+                            if let Some(n) = next {
+                                proptest::prop_assert!(n > f && n <= hi && !page.is_empty());
+                                proptest::prop_assert!(page.iter().all(|d| d.fp < n));
+                            }
+                            got.extend(page);
+                            from = next;
+                        }
+                        proptest::prop_assert_eq!(got, want);
+                    }
                 }
                 _ => {}
             }

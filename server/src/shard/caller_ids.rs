@@ -100,6 +100,18 @@ impl Shard {
     /// held costs a lookup in every run, under the write lock: a put marked
     /// [`new`](EntryOp::new) skips it.
     pub fn write_entries(&self, ops: &[EntryOp]) -> Result<u64> {
+        self.write_entries_deciding(ops, |_| false)
+    }
+
+    /// [`write_entries`](Self::write_entries), where `new(id)`, asked under the write lock
+    /// for each put not marked [`new`](EntryOp::new), may say that the id is new too: a
+    /// caller whose knowledge of that changes as other writes arrive decides it here, where
+    /// no other write to the shard can come between the decision and the put.
+    pub fn write_entries_deciding(
+        &self,
+        ops: &[EntryOp],
+        new: impl Fn(u64) -> bool,
+    ) -> Result<u64> {
         self.check_serving()?;
         self.check_nameless()?;
         if let Some(op) = ops.iter().find(|o| o.id == 0) {
@@ -117,7 +129,7 @@ impl Shard {
         for op in ops {
             let held = match decided.get(&(op.id, op.fp)) {
                 Some(&h) => h,
-                None if op.put && op.new => false,
+                None if op.put && (op.new || new(op.id)) => false,
                 None => Self::holds(&st.index, op.id, op.fp, &mut out)?,
             };
             if held == op.put {
@@ -136,14 +148,11 @@ impl Shard {
         self.append(st, &plan)
     }
 
-    /// Every live entry `(id, fp)` of the index, in no particular order (timestamps are
-    /// the caller's; a shard without names stores 0).
-    pub fn entries(&self) -> Result<Vec<Doc>> {
+    /// A page of the live entries whose value is in `lo..=hi`, in value order (then id), and
+    /// where the next page starts: see [`Index::live_in`](neardup_core::Index::live_in).
+    pub fn entries_in(&self, lo: u64, hi: u64, limit: usize) -> Result<(Vec<Doc>, Option<u64>)> {
         self.check_serving()?;
-        let st = self.state.read();
-        let mut out = Vec::with_capacity(st.index.len());
-        st.index.for_each_live(|d| out.push(d));
-        Ok(out)
+        Ok(self.state.read().index.live_in(lo, hi, limit))
     }
 
     /// The raw matches of each query within `k`, by distance, then timestamp, then id, into
@@ -236,6 +245,40 @@ impl Shard {
             ids.iter().map(|&id| st.docs.by_id(id).cloned()).collect()
         };
         found.into_iter().map(|e| e.map(|e| self.info(e)).transpose()).collect()
+    }
+
+    /// A page of the documents whose id satisfies `keep`, from `cursor` (0 to start): at most
+    /// `limit`, fewer when the page met its bound of slots visited (so that no page holds the
+    /// table's lock for long); with the cursor of the next page, `None` at the end. The pages
+    /// of one pass hold every document that was there throughout it, once.
+    pub fn docs_page(
+        &self,
+        keep: impl Fn(u64) -> bool,
+        cursor: u64,
+        limit: usize,
+    ) -> Result<(Vec<DocInfo>, Option<u64>)> {
+        /// Slots a page visits at most.
+        const VISITS: usize = 1 << 20;
+        self.check_serving()?;
+        self.check_names()?;
+        let from = usize::try_from(cursor)
+            .map_err(|_| Error::InvalidInput(format!("no document slot {cursor}")))?;
+        let (found, next): (Vec<DocEntry>, _) = {
+            let st = self.state.read();
+            let (page, next) = st.docs.entries_where_from(from, limit.max(1), VISITS, keep);
+            (page.into_iter().cloned().collect(), next)
+        };
+        let docs = found.into_iter().map(|e| self.info(e)).collect::<Result<_>>()?;
+        Ok((docs, next.map(|n| n as u64)))
+    }
+
+    /// The ids of the documents whose id satisfies `keep`, in no particular order.
+    pub fn ids_where(&self, keep: impl Fn(u64) -> bool) -> Result<Vec<u64>> {
+        self.check_serving()?;
+        self.check_names()?;
+        let st = self.state.read();
+        let (found, _) = st.docs.entries_where_from(0, usize::MAX, usize::MAX, keep);
+        Ok(found.into_iter().map(|e| e.id).collect())
     }
 
     /// Every document whose id satisfies `keep`, by id.
