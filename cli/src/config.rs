@@ -187,6 +187,12 @@ pub struct ClusterSection {
     /// The leader marks a down node lost after this long without hearing from it,
     /// milliseconds: each unit it held is rebuilt on the other nodes. 0: never.
     pub rebuild_after_ms: u64,
+    /// Most megabytes a second this node copies into each replica it fills (a rebuild, a
+    /// move, a node back), so that copies leave room for queries. 0: unlimited.
+    pub copy_rate_mb: u64,
+    /// Entries a page of a tablet copy holds (a partition's pages hold an eighth as many
+    /// documents): the memory a copy takes on each side. 0: the source's default, 65536.
+    pub copy_page_entries: u32,
     /// The cluster CA's certificate (PEM): with `tls_cert_file` and `tls_key_file`, the
     /// internal port takes only connections presenting a certificate it signed, and this node
     /// calls its peers with its own (mutual TLS). Empty: plaintext.
@@ -223,6 +229,8 @@ impl Default for ClusterSection {
             partitions: 16,
             failure_timeout_ms: 2000,
             rebuild_after_ms: 300_000,
+            copy_rate_mb: 0,
+            copy_page_entries: 65536,
             tls_ca_file: String::new(),
             tls_cert_file: String::new(),
             tls_key_file: String::new(),

@@ -30,7 +30,7 @@ use neardup_proto::v1::neardup_server::Neardup;
 use neardup_proto::{admin, v1};
 use neardup_router::{Limits, Router, RpcMetrics, ShardApi, ShardHealth};
 use neardup_server::data_types::{DocInfo, DocOp, NodeStats, ProbeAnswer, TabletOp};
-use neardup_server::{DataResult, DataService, NodeApi};
+use neardup_server::{DataResult, DataService, NodeApi, ScanPage};
 use prost::Message;
 use tokio::sync::watch;
 use tonic::{Request, Status};
@@ -127,12 +127,21 @@ impl NodeApi for StubNode {
         _: u32,
         _: u64,
         _: u64,
+        _: u64,
+        _: u32,
         _: Option<Instant>,
-    ) -> DataResult<Vec<(u64, u64)>> {
-        Ok(Vec::new())
+    ) -> DataResult<ScanPage<(u64, u64)>> {
+        Ok(ScanPage { items: Vec::new(), next: None })
     }
-    async fn partition_scan(&self, _: u64, _: u32, _: Option<Instant>) -> DataResult<Vec<DocInfo>> {
-        Ok(Vec::new())
+    async fn partition_scan(
+        &self,
+        _: u64,
+        _: u32,
+        _: u64,
+        _: u32,
+        _: Option<Instant>,
+    ) -> DataResult<ScanPage<DocInfo>> {
+        Ok(ScanPage { items: Vec::new(), next: None })
     }
     async fn stats(&self, _: u64, _: Option<Instant>) -> DataResult<NodeStats> {
         Ok(NodeStats { stats: Default::default(), partitions: Vec::new() })

@@ -1375,6 +1375,30 @@ macro_rules! with_retry {
 
 /// `work`, given up at `deadline` (DEADLINE_EXCEEDED), so a slow node never holds a caller
 /// past its deadline whatever the node does with it.
+/// Every document of partition `p` on `node`, a page at a time (for a backup, which sends
+/// them all).
+async fn scan_all(
+    node: &dyn NodeApi,
+    epoch: u64,
+    p: u32,
+    deadline: Option<Instant>,
+) -> Result<Vec<DocInfo>, DataError> {
+    let (mut docs, mut cursor) = (Vec::new(), 0);
+    loop {
+        let page = node.partition_scan(epoch, p, cursor, 0, deadline).await?;
+        docs.extend(page.items);
+        match page.next {
+            Some(next) if next > cursor => cursor = next,
+            Some(next) => {
+                return Err(DataError::Internal(format!(
+                    "a page of partition {p} from {cursor} ends at {next}"
+                )));
+            }
+            None => return Ok(docs),
+        }
+    }
+}
+
 async fn within<T>(
     deadline: Option<Instant>,
     work: impl std::future::Future<Output = Result<T, Status>>,
@@ -1557,7 +1581,7 @@ impl ClusterRouter {
             let ctx = self.ctx().map_err(final_status)?;
             for node in readable(&ctx.map, Unit::Partition(p), &HashSet::new()) {
                 let deadline = Some(Instant::now() + crate::fill::COPY_DEADLINE);
-                match (self.nodes)(node).partition_scan(ctx.map.epoch, p, deadline).await {
+                match scan_all(&*(self.nodes)(node), ctx.map.epoch, p, deadline).await {
                     Ok(docs) => return Ok(docs),
                     Err(DataError::EpochMoved { epoch, why }) => {
                         self.wait_epoch(epoch, None).await;

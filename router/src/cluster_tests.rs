@@ -8,8 +8,8 @@ use neardup_cluster::map::{
     ClusterMap, DesignInfo, NodeInfo, NodeState, Partition, Tablet, TabletState,
 };
 use neardup_proto::internal::ShardDocument;
-use neardup_server::ProbeAnswer;
 use neardup_server::data_types::hits_to_resolve;
+use neardup_server::{ProbeAnswer, ScanPage};
 use tonic::{Code, Request};
 
 use super::*;
@@ -190,35 +190,54 @@ impl NodeApi for MemNode {
         Ok(gids.iter().map(|g| docs.values().find(|d| d.gid == *g).cloned()).collect())
     }
 
+    /// Pages of at most `limit` (3 when 0) entries, cut between permuted values.
     async fn tablet_scan(
         &self,
         _: u64,
         table: u32,
         start: u64,
         end: u64,
+        from: u64,
+        limit: u32,
         _: Option<Instant>,
-    ) -> DataResult<Vec<(u64, u64)>> {
+    ) -> DataResult<ScanPage<(u64, u64)>> {
         self.gate().await?;
         let spec = &self.design.tables()[table as usize];
         let e = Self::lock(&self.entries);
+        let from = from.max(start);
         let mut out: Vec<(u64, u64, u64)> = e
             .iter()
-            .filter(|(t, _, fp)| *t == table && (start..=end).contains(&spec.perm.apply(*fp)))
+            .filter(|(t, _, fp)| *t == table && (from..=end).contains(&spec.perm.apply(*fp)))
             .map(|&(_, gid, fp)| (spec.perm.apply(fp), gid, fp))
             .collect();
         out.sort_unstable();
-        Ok(out.into_iter().map(|(_, g, f)| (g, f)).collect())
+        let limit = if limit == 0 { 3 } else { limit as usize };
+        let mut next = None;
+        if let Some(&(cut, ..)) = out.get(limit) {
+            out.retain(|&(p, ..)| p < cut);
+            next = Some(cut);
+        }
+        Ok(ScanPage { items: out.into_iter().map(|(_, g, f)| (g, f)).collect(), next })
     }
 
+    /// Pages of at most `limit` (2 when 0) documents, by gid.
     async fn partition_scan(
         &self,
         _: u64,
         partition: u32,
+        cursor: u64,
+        limit: u32,
         _: Option<Instant>,
-    ) -> DataResult<Vec<DocInfo>> {
+    ) -> DataResult<ScanPage<DocInfo>> {
         self.gate().await?;
         let docs = Self::lock(&self.docs);
-        Ok(docs.values().filter(|d| gid_partition(d.gid) == partition).cloned().collect())
+        let mut all: Vec<DocInfo> =
+            docs.values().filter(|d| gid_partition(d.gid) == partition).cloned().collect();
+        all.sort_unstable_by_key(|d| d.gid);
+        let limit = if limit == 0 { 2 } else { limit as usize };
+        let items: Vec<DocInfo> = all.into_iter().skip(cursor as usize).take(limit + 1).collect();
+        let next = (items.len() > limit).then_some(cursor + limit as u64);
+        Ok(ScanPage { items: items.into_iter().take(limit).collect(), next })
     }
 
     async fn stats(&self, _: u64, _: Option<Instant>) -> DataResult<NodeStats> {
@@ -744,15 +763,23 @@ async fn the_data_service_round_trips_over_grpc() {
         node.doc_resolve(1, vec![d.gid, 7], None).await.unwrap(),
         vec![Some(d.clone()), None]
     );
-    assert_eq!(node.tablet_scan(1, 0, 0, u64::MAX, None).await.unwrap(), vec![(d.gid, 99)]);
-    assert_eq!(node.partition_scan(1, 3, None).await.unwrap(), vec![d.clone()]);
+    let page = node.tablet_scan(1, 0, 0, u64::MAX, 0, 10, None).await.unwrap();
+    assert_eq!(page, ScanPage { items: vec![(d.gid, 99)], next: None });
+    let page = node.partition_scan(1, 3, 0, 10, None).await.unwrap();
+    assert_eq!(page, ScanPage { items: vec![d.clone()], next: None });
     let st = node.stats(1, None).await.unwrap();
     assert_eq!((st.stats.documents, st.partitions), (1, vec![(3, 1)]));
     // Many entries come back in several chunks, all of them.
     let ops: Vec<(u32, TabletOp)> =
         (0..10_000u64).map(|i| (1, TabletOp::Put { gid: i << 8, fp: i * 7919 })).collect();
     node.tablet_write(1, ops, false, None).await.unwrap();
-    assert_eq!(node.tablet_scan(1, 1, 0, u64::MAX, None).await.unwrap().len(), 10_000);
+    let page = node.tablet_scan(1, 1, 0, u64::MAX, 0, 10_000, None).await.unwrap();
+    assert_eq!((page.items.len(), page.next), (10_000, None));
+    // A page says where the next starts, across the wire too.
+    let page = node.tablet_scan(1, 1, 0, u64::MAX, 0, 9_000, None).await.unwrap();
+    assert_eq!(page.items.len(), 9_000);
+    let rest = node.tablet_scan(1, 1, 0, u64::MAX, page.next.unwrap(), 0, None).await.unwrap();
+    assert_eq!(rest.items.len(), 3);
     // "Epoch moved" keeps its epoch across the wire.
     mem.moved_epoch.store(77, Ordering::SeqCst);
     moved.store(1, Ordering::SeqCst);

@@ -4,15 +4,19 @@
 //! A replica is filling when placement adds it to a unit (a new node, a move) and when its
 //! node comes back after being marked down ([`neardup_cluster::map::Command::NodeBack`]).
 //! It takes writes from the moment its node's map lists it as filling; the copy is then
-//! reconciled with what it took ([`LocalNode::reconcile`]). Units are filled one at a time.
+//! reconciled with what it took, a page of the source's copy at a time
+//! ([`LocalNode::reconcile_tablet`], [`LocalNode::reconcile_docs`]). Units are filled one at
+//! a time.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use neardup_cluster::map::{ClusterMap, Unit};
 use neardup_cluster::{ClusterNode, NodeId};
-use neardup_server::local_node::{LocalNode, Source};
-use neardup_server::{DataError, DataResult};
+use neardup_server::local_node::LocalNode;
+#[cfg(doc)]
+use neardup_server::local_node::PartitionFill;
+use neardup_server::{DataError, DataResult, DocInfo};
 use tokio::sync::watch;
 
 use crate::cluster::NodeResolver;
@@ -22,11 +26,64 @@ pub(crate) const COPY_DEADLINE: Duration = Duration::from_secs(300);
 /// How often the filler looks at the map when nothing changes.
 const POLL: Duration = Duration::from_millis(500);
 
-/// Fills this node's filling replicas until `stop` turns true.
+/// Keeps a copy at most `rate` bytes a second (0: unlimited), counted from its start.
+#[derive(Debug)]
+struct Pace {
+    rate: u64,
+    started: Instant,
+    bytes: u64,
+}
+
+impl Pace {
+    fn new(rate: u64) -> Pace {
+        Pace { rate, started: Instant::now(), bytes: 0 }
+    }
+
+    /// How long to wait, `elapsed` after the start, once `bytes` more are copied.
+    fn wait_after(&mut self, bytes: u64, elapsed: Duration) -> Duration {
+        self.bytes = self.bytes.saturating_add(bytes);
+        if self.rate == 0 {
+            return Duration::ZERO;
+        }
+        Duration::from_secs_f64(self.bytes as f64 / self.rate as f64).saturating_sub(elapsed)
+    }
+
+    /// Waits as [`wait_after`](Self::wait_after) says.
+    async fn copied(&mut self, bytes: u64) {
+        let wait = self.wait_after(bytes, self.started.elapsed());
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// Bytes a page of tablet entries costs: a gid and a fingerprint each.
+fn entries_bytes(n: usize) -> u64 {
+    n as u64 * 16
+}
+
+/// Bytes a page of documents costs, about: name, sketch and the fixed fields.
+fn docs_bytes(docs: &[DocInfo]) -> u64 {
+    docs.iter().map(|d| (d.name.len() + d.sketch.as_ref().map_or(0, Vec::len) + 32) as u64).sum()
+}
+
+/// How a node copies the replicas it fills.
+#[derive(Debug, Clone, Copy)]
+pub struct CopyConfig {
+    /// Most bytes a second copied into each replica (`cluster.copy_rate_mb`; 0: unlimited).
+    pub rate: u64,
+    /// Entries per page of a tablet, and documents per page of a partition over 8
+    /// (`cluster.copy_page_entries`; 0: the source's default, at most
+    /// [`TABLET_PAGE`](neardup_server::data_api::TABLET_PAGE)).
+    pub page: u32,
+}
+
+/// Fills this node's filling replicas, as `copy` says, until `stop` turns true.
 pub async fn run(
     local: Arc<LocalNode>,
     cluster: ClusterNode,
     nodes: NodeResolver,
+    copy: CopyConfig,
     mut stop: watch::Receiver<bool>,
 ) {
     let me = cluster.id();
@@ -50,7 +107,7 @@ pub async fn run(
                 continue;
             }
             let started = Instant::now();
-            match fill_one(&local, &map, unit, me, &nodes).await {
+            match fill_one(&local, &map, unit, me, &nodes, copy).await {
                 Ok(()) => match cluster.replica_ready(unit).await {
                     Ok(_) => tracing::info!(
                         ?unit,
@@ -74,29 +131,100 @@ pub async fn run(
     }
 }
 
-/// Copies `unit` from one of its serving replicas and reconciles this node's replica.
+/// Copies `unit` from one of its serving replicas a page at a time and reconciles this
+/// node's replica with each page ([`LocalNode::reconcile_tablet`], [`PartitionFill`]): a
+/// copy holds one page in memory, whatever the unit's size.
 async fn fill_one(
     local: &LocalNode,
     map: &ClusterMap,
     unit: Unit,
     me: NodeId,
     nodes: &NodeResolver,
+    copy: CopyConfig,
 ) -> DataResult<()> {
+    let mut pace = Pace::new(copy.rate);
     let sources: Vec<NodeId> = map.serving(unit).into_iter().filter(|&n| n != me).collect();
     let Some(&from) = sources.first() else {
         return Err(DataError::Unavailable(format!("no serving replica of {unit:?} to copy")));
     };
     let deadline = Some(Instant::now() + COPY_DEADLINE);
     let api = nodes(from);
-    let source = match unit {
+    let epoch = map.epoch;
+    match unit {
         Unit::Tablet { table, start } => {
             let end = map
                 .tablet(table, start)
                 .map(|t| t.end)
                 .ok_or_else(|| DataError::Internal(format!("no tablet {unit:?} in the map")))?;
-            Source::Entries(api.tablet_scan(map.epoch, table, start, end, deadline).await?)
+            let mut at = start;
+            loop {
+                let page =
+                    api.tablet_scan(epoch, table, start, end, at, copy.page, deadline).await?;
+                let to = match page.next {
+                    Some(next) if next > at && next <= end => next - 1,
+                    Some(next) => {
+                        return Err(DataError::Internal(format!(
+                            "node {from} sent a page of {unit:?} from {at:#x} that ends at {next:#x}"
+                        )));
+                    }
+                    None => end,
+                };
+                let bytes = entries_bytes(page.items.len());
+                local.reconcile_tablet(unit, at, to, page.items).await?;
+                pace.copied(bytes).await;
+                match page.next {
+                    Some(next) => at = next,
+                    None => return Ok(()),
+                }
+            }
         }
-        Unit::Partition(p) => Source::Docs(api.partition_scan(map.epoch, p, deadline).await?),
-    };
-    local.reconcile(unit, source).await
+        Unit::Partition(p) => {
+            let mut fill = local.partition_fill(unit).await?;
+            let mut cursor = 0;
+            loop {
+                let page =
+                    api.partition_scan(epoch, p, cursor, copy.page.div_ceil(8), deadline).await?;
+                let bytes = docs_bytes(&page.items);
+                local.reconcile_docs(&mut fill, page.items).await?;
+                pace.copied(bytes).await;
+                match page.next {
+                    Some(next) if next > cursor => cursor = next,
+                    Some(next) => {
+                        return Err(DataError::Internal(format!(
+                            "node {from} sent a page of {unit:?} from {cursor} that ends at {next}"
+                        )));
+                    }
+                    None => return local.finish_partition_fill(fill).await,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pace_waits_until_the_bytes_fit_the_rate() {
+        let ms = Duration::from_millis;
+        let mut unlimited = Pace::new(0);
+        assert_eq!(unlimited.wait_after(1 << 40, ms(1)), Duration::ZERO);
+        // 1 MB a second: 500 kB after 100 ms waits until 500 ms; 500 kB more after 1.2 s
+        // is late already.
+        let mut pace = Pace::new(1_000_000);
+        assert_eq!(pace.wait_after(500_000, ms(100)), ms(400));
+        assert_eq!(pace.wait_after(500_000, ms(1200)), Duration::ZERO);
+        assert_eq!(pace.wait_after(1_000_000, ms(1200)), ms(800));
+        let doc = DocInfo {
+            gid: 1,
+            name: "ab".into(),
+            fp: 0,
+            ts_ms: 0,
+            cluster: 1,
+            sketch: Some(vec![0; 6]),
+        };
+        assert_eq!(docs_bytes(&[doc]), 40);
+        assert_eq!(entries_bytes(3), 48);
+    }
 }

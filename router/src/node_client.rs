@@ -18,7 +18,7 @@ use neardup_server::data_api::{
 };
 use neardup_server::tls::{ClusterTls, peer_endpoint};
 use neardup_server::{
-    DataError, DataResult, DocInfo, DocOp, NodeApi, NodeStats, ProbeAnswer, TabletOp,
+    DataError, DataResult, DocInfo, DocOp, NodeApi, NodeStats, ProbeAnswer, ScanPage, TabletOp,
 };
 use tokio::sync::watch;
 use tonic::transport::Channel;
@@ -133,11 +133,20 @@ impl NodeApi for Unreachable {
         _: u32,
         _: u64,
         _: u64,
+        _: u64,
+        _: u32,
         _: Option<Instant>,
-    ) -> DataResult<Vec<(u64, u64)>> {
+    ) -> DataResult<ScanPage<(u64, u64)>> {
         Err(DataError::Unavailable(self.0.clone()))
     }
-    async fn partition_scan(&self, _: u64, _: u32, _: Option<Instant>) -> DataResult<Vec<DocInfo>> {
+    async fn partition_scan(
+        &self,
+        _: u64,
+        _: u32,
+        _: u64,
+        _: u32,
+        _: Option<Instant>,
+    ) -> DataResult<ScanPage<DocInfo>> {
         Err(DataError::Unavailable(self.0.clone()))
     }
     async fn stats(&self, _: u64, _: Option<Instant>) -> DataResult<NodeStats> {
@@ -262,32 +271,38 @@ impl NodeApi for GrpcNode {
         table: u32,
         start: u64,
         end: u64,
+        from: u64,
+        limit: u32,
         deadline: Option<Instant>,
-    ) -> DataResult<Vec<(u64, u64)>> {
-        let req = request(TabletScanRequest { epoch, table, start, end }, deadline);
+    ) -> DataResult<ScanPage<(u64, u64)>> {
+        let req = request(TabletScanRequest { epoch, table, start, end, from, limit }, deadline);
         let mut stream =
             self.client.clone().tablet_scan(req).await.map_err(status_error)?.into_inner();
-        let mut out = Vec::new();
+        let mut page = ScanPage { items: Vec::new(), next: None };
         while let Some(chunk) = stream.message().await.map_err(status_error)? {
-            out.extend(chunk.entries.into_iter().map(|e| (e.gid, e.fp)));
+            page.items.extend(chunk.entries.into_iter().map(|e| (e.gid, e.fp)));
+            page.next = chunk.next;
         }
-        Ok(out)
+        Ok(page)
     }
 
     async fn partition_scan(
         &self,
         epoch: u64,
         partition: u32,
+        cursor: u64,
+        limit: u32,
         deadline: Option<Instant>,
-    ) -> DataResult<Vec<DocInfo>> {
-        let req = request(PartitionScanRequest { epoch, partition }, deadline);
+    ) -> DataResult<ScanPage<DocInfo>> {
+        let req = request(PartitionScanRequest { epoch, partition, cursor, limit }, deadline);
         let mut stream =
             self.client.clone().partition_scan(req).await.map_err(status_error)?.into_inner();
-        let mut out = Vec::new();
+        let mut page = ScanPage { items: Vec::new(), next: None };
         while let Some(chunk) = stream.message().await.map_err(status_error)? {
-            out.extend(chunk.docs.into_iter().map(doc_from_wire));
+            page.items.extend(chunk.docs.into_iter().map(doc_from_wire));
+            page.next = chunk.next;
         }
-        Ok(out)
+        Ok(page)
     }
 
     async fn stats(&self, epoch: u64, deadline: Option<Instant>) -> DataResult<NodeStats> {

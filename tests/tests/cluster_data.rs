@@ -628,11 +628,14 @@ async fn three_nodes_kill9_torture() {
 /// with B have no serving replica up to fill from, and B is marked down in turn. A must not
 /// serve what it missed, and no write may be acknowledged by a filling replica alone (B,
 /// back, would lack it and serve at once). B then goes on; once the cluster is level, and
-/// at the end, every answer is checked against the acknowledged writes.
+/// at the end, every answer is checked against the acknowledged writes. Copies go in pages
+/// of 64 entries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overlapping_faults_lose_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut members, addrs, shared, tasks) = three_with_clients(dir.path(), &[]).await;
+    // Copies in small pages, so that writes land between the pages of a fill.
+    let pages = ["--set", "cluster.copy_page_entries=64"];
+    let (mut members, addrs, shared, tasks) = three_with_clients(dir.path(), &pages).await;
     for round in 0..faults().min(3) {
         let_run(&shared, 1500).await;
         let (a, b) = (round % 3, (round + 1) % 3);
@@ -662,14 +665,16 @@ async fn overlapping_faults_lose_nothing() {
 }
 
 /// A node killed and kept down past `cluster.rebuild_after_ms` (4 s here) is marked lost:
-/// every unit it held is rebuilt on the other two from the surviving replicas, while clients
+/// every unit it held is rebuilt on the other two from the surviving replicas (in pages of
+/// 64 entries, so writes land between them), while clients
 /// write and read, until the cluster is level on two nodes, as `neardup cluster status`
 /// shows. Started again, the node is placed like a new one, and the cluster is level on
 /// three. Every answer throughout is checked against the acknowledged writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_node_is_rebuilt_elsewhere() {
     let dir = tempfile::tempdir().unwrap();
-    let rebuild = ["--set", "cluster.rebuild_after_ms=4000"];
+    let rebuild =
+        ["--set", "cluster.rebuild_after_ms=4000", "--set", "cluster.copy_page_entries=64"];
     let (mut members, addrs, shared, tasks) = three_with_clients(dir.path(), &rebuild).await;
     let_run(&shared, 1500).await;
     members[2].kill9();

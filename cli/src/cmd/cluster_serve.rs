@@ -144,8 +144,12 @@ pub async fn run(
     } else {
         tokio::spawn(mark_for_catching_up(node.clone(), local.clone(), stopped.clone()));
     }
+    let copy = neardup_router::fill::CopyConfig {
+        rate: config.cluster.copy_rate_mb.saturating_mul(1_000_000),
+        page: config.cluster.copy_page_entries,
+    };
     let filler =
-        tokio::spawn(neardup_router::fill::run(local, node.clone(), nodes, stopped.clone()));
+        tokio::spawn(neardup_router::fill::run(local, node.clone(), nodes, copy, stopped.clone()));
     // A joining node asks a member to add it once its internal listener serves (the leader
     // then replicates the map to it); a refused join stops the process.
     let joined = cluster.join().await;
