@@ -32,8 +32,11 @@
 //!    none filling, and the rebuild rate: the in-memory bytes of node 3's replicas
 //!    (`Stats.index_bytes` times its share of the tablet replicas, plus
 //!    `Stats.document_bytes` times its share of the partition replicas) over that time.
-//!    Node 3 is then started again: the time until placement has settled on three nodes
-//!    (it is placed like a new node).
+//!    Unary queries at `--kill-rate` run for `--kill-seconds` from the mark (while the
+//!    rebuild runs, when it lasts that long), then as long again once it is done, the
+//!    baseline on the same nodes: `--server-set cluster.copy_rate_mb=N` shows what a cap
+//!    on the copies buys. Node 3 is then started again: the time until placement has
+//!    settled on three nodes (it is placed like a new node).
 //!
 //! Before the kill it also reads the nodes' logs: the Raft thread's stalls of 250 ms or more
 //! (a sync of the Raft store, one round of Raft's work, or a delivery of Raft messages to a
@@ -557,6 +560,7 @@ async fn status(internal: &str) -> Result<neardup_proto::admin::StatusResponse, 
 /// Phase 6 (see the module docs).
 async fn rebuild_phase(
     args: &ClusterArgs,
+    inputs: &Inputs,
     router: &str,
     internal: &str,
     victim: &mut Proc,
@@ -587,8 +591,23 @@ async fn rebuild_phase(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
+    // Unary queries at `--kill-rate` from the mark for `--kill-seconds` (during the rebuild,
+    // or as much of it as lasts that long), then as long again once it is done: the
+    // baseline, on the same two nodes and data.
+    let load = Load {
+        addr: router.to_string(),
+        queries: inputs.queries.clone(),
+        k: args.k,
+        rate: args.kill_rate,
+        seconds: args.kill_seconds.max(2),
+        kinds: vec![Kind::Query],
+        server_pid: None,
+    };
+    let during = tokio::spawn(load.clone().measure());
     placed(internal, 2, Duration::from_secs(1800)).await?;
     let rebuilt = killed.elapsed() - lost;
+    let during = during.await.map_err(|e| e.to_string())??;
+    let after = load.measure().await?;
     let back = Instant::now();
     victim.start(args, &[])?;
     victim.serving(Duration::from_secs(120)).await?;
@@ -600,6 +619,8 @@ async fn rebuild_phase(
         "rebuild_seconds": secs,
         "rebuilt_bytes": bytes,
         "rebuild_mb_per_second": bytes / 1e6 / secs.max(1e-9),
+        "query_during": during[Kind::Query.name()],
+        "query_after": after[Kind::Query.name()],
         "settled_after_return_seconds": back.elapsed().as_secs_f64(),
     }))
 }
@@ -633,7 +654,7 @@ async fn run(args: ClusterArgs) -> Result<(), String> {
     cluster.insert("kill".into(), kill);
     eprintln!("3 nodes: node 3 killed and kept down until it is rebuilt elsewhere");
     let internal = procs[0].internal.clone().expect("a cluster node");
-    let rebuild = rebuild_phase(&args, &router, &internal, &mut procs[2]).await?;
+    let rebuild = rebuild_phase(&args, &inputs, &router, &internal, &mut procs[2]).await?;
     cluster.insert("rebuild".into(), rebuild);
     for p in procs.iter_mut() {
         p.terminate();
@@ -753,6 +774,20 @@ fn print_table(args: &ClusterArgs, r: &Value) {
         num(&b["rebuild_mb_per_second"], 1),
         num(&b["settled_after_return_seconds"], 2)
     );
+    let windows =
+        [("from the mark, rebuilding", &b["query_during"]), ("once rebuilt", &b["query_after"])];
+    for (when, q) in windows {
+        println!(
+            "| Query at {}/s for {} s {when}, p50/p99/p999 us (errors) | \
+             {} / {} / {} ({}) | - |",
+            args.kill_rate,
+            args.kill_seconds.max(2),
+            num(&q["p50_us"], 0),
+            num(&q["p99_us"], 0),
+            num(&q["p999_us"], 0),
+            q["errors"]
+        );
+    }
     println!(
         "| documents (Stats through each node) | {} | {} |",
         c["documents_per_node"], s["documents_per_node"]

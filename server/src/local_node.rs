@@ -730,7 +730,22 @@ impl NodeApi for LocalNode {
         check_deadline(deadline)?;
         let map = self.map_for_scan(epoch, deadline).await?;
         self.check_contact()?;
-        self.check_reader(&map, Self::partition_unit(&map, partition)?)?;
+        let unit = Self::partition_unit(&map, partition)?;
+        self.check_reader(&map, unit)?;
+        // A cursor names a slot of this node's document table, which a restart renumbers.
+        // A node that restarts is marked down first, which changes its units' writers, so a
+        // pass begun under a map from before that is refused from its second page on, and
+        // the copier begins it again.
+        if cursor != 0 && map.writers_since(unit) > epoch {
+            return Err(moved(
+                &map,
+                format!(
+                    "the writers of partition {partition} changed at epoch {}, after the \
+                     copy's first page (epoch {epoch}): begin it again",
+                    map.writers_since(unit)
+                ),
+            ));
+        }
         drop(self.gate.write().await);
         let (store, limit) = (self.store.clone(), page_limit(limit, PARTITION_PAGE));
         blocking(move || store.scan_partition_page(partition, cursor, limit)).await
@@ -1015,6 +1030,13 @@ mod tests {
         n.tablet_write(3, put, true, None).await.unwrap();
         n.doc_write(3, vec![DocOp::Put(d)], None).await.unwrap();
         assert_eq!(n.store().scan_tablet(0, 0, u64::MAX).unwrap().len(), 2);
+        // A pass over a partition begun under epoch 2 goes on only while the partition's
+        // writers have not changed since (they changed at 3: this node may have restarted,
+        // renumbering the slots a cursor names); a pass begun under epoch 3 goes on.
+        let e = n.partition_scan(2, p, 1, 0, soon()).await.unwrap_err();
+        assert!(is_moved(&e), "{e}");
+        assert_eq!(n.partition_scan(2, p, 0, 0, soon()).await.unwrap().items.len(), 1);
+        n.partition_scan(3, p, 1, 0, soon()).await.unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
