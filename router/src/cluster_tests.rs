@@ -767,8 +767,17 @@ async fn the_data_service_round_trips_over_grpc() {
     assert_eq!(page, ScanPage { items: vec![(d.gid, 99)], next: None });
     let page = node.partition_scan(1, 3, 0, 10, None).await.unwrap();
     assert_eq!(page, ScanPage { items: vec![d.clone()], next: None });
+    // A whole partition a page at a time (2 documents a page here), as a backup reads it.
+    let more: Vec<DocOp> = (2..=5u64)
+        .map(|i| DocOp::Put(DocInfo { gid: (i << 8) + 3, name: format!("p{i}"), ..d.clone() }))
+        .collect();
+    node.doc_write(1, more, None).await.unwrap();
+    let all = scan_all(&node, 1, 3, None).await.unwrap();
+    let mut gids: Vec<u64> = all.iter().map(|d| d.gid).collect();
+    gids.sort_unstable();
+    assert_eq!(gids, vec![259, 515, 771, 1027, 1283]);
     let st = node.stats(1, None).await.unwrap();
-    assert_eq!((st.stats.documents, st.partitions), (1, vec![(3, 1)]));
+    assert_eq!((st.stats.documents, st.partitions), (5, vec![(3, 5)]));
     // Many entries come back in several chunks, all of them.
     let ops: Vec<(u32, TabletOp)> =
         (0..10_000u64).map(|i| (1, TabletOp::Put { gid: i << 8, fp: i * 7919 })).collect();

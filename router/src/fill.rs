@@ -21,7 +21,7 @@ use tokio::sync::watch;
 
 use crate::cluster::NodeResolver;
 
-/// How long a copy of one unit may take.
+/// How long a page of a copy may take (a backup's scan of a partition: all its pages).
 pub(crate) const COPY_DEADLINE: Duration = Duration::from_secs(300);
 /// How often the filler looks at the map when nothing changes.
 const POLL: Duration = Duration::from_millis(500);
@@ -147,9 +147,10 @@ async fn fill_one(
     let Some(&from) = sources.first() else {
         return Err(DataError::Unavailable(format!("no serving replica of {unit:?} to copy")));
     };
-    let deadline = Some(Instant::now() + COPY_DEADLINE);
     let api = nodes(from);
     let epoch = map.epoch;
+    // Each page within its own deadline: a capped copy of a large unit takes longer than one.
+    let deadline = || Some(Instant::now() + COPY_DEADLINE);
     match unit {
         Unit::Tablet { table, start } => {
             let end = map
@@ -159,7 +160,7 @@ async fn fill_one(
             let mut at = start;
             loop {
                 let page =
-                    api.tablet_scan(epoch, table, start, end, at, copy.page, deadline).await?;
+                    api.tablet_scan(epoch, table, start, end, at, copy.page, deadline()).await?;
                 let to = match page.next {
                     Some(next) if next > at && next <= end => next - 1,
                     Some(next) => {
@@ -183,7 +184,7 @@ async fn fill_one(
             let mut cursor = 0;
             loop {
                 let page =
-                    api.partition_scan(epoch, p, cursor, copy.page.div_ceil(8), deadline).await?;
+                    api.partition_scan(epoch, p, cursor, copy.page.div_ceil(8), deadline()).await?;
                 let bytes = docs_bytes(&page.items);
                 local.reconcile_docs(&mut fill, page.items).await?;
                 pace.copied(bytes).await;
