@@ -485,6 +485,19 @@ async fn insert_batches(
     Ok(stored)
 }
 
+/// Unary queries through `router` at `--kill-rate` for `--kill-seconds` (2 at least).
+fn query_load(args: &ClusterArgs, inputs: &Inputs, router: &str) -> Load {
+    Load {
+        addr: router.to_string(),
+        queries: inputs.queries.clone(),
+        k: args.k,
+        rate: args.kill_rate,
+        seconds: args.kill_seconds.max(2),
+        kinds: vec![Kind::Query],
+        server_pid: None,
+    }
+}
+
 /// Phase 5: queries through `router` while `victim` is killed; writes retried until they
 /// succeed again.
 async fn kill_phase(
@@ -493,15 +506,7 @@ async fn kill_phase(
     router: &str,
     victim: &mut Proc,
 ) -> Result<Value, String> {
-    let load = Load {
-        addr: router.to_string(),
-        queries: inputs.queries.clone(),
-        k: args.k,
-        rate: args.kill_rate,
-        seconds: args.kill_seconds.max(2),
-        kinds: vec![Kind::Query],
-        server_pid: None,
-    };
+    let load = query_load(args, inputs, router);
     let reads = tokio::spawn(load.measure());
     let options =
         ClientOptions { timeout: Duration::from_secs(1), attempts: 1, ..ClientOptions::default() };
@@ -594,15 +599,7 @@ async fn rebuild_phase(
     // Unary queries at `--kill-rate` from the mark for `--kill-seconds` (during the rebuild,
     // or as much of it as lasts that long), then as long again once it is done: the
     // baseline, on the same two nodes and data.
-    let load = Load {
-        addr: router.to_string(),
-        queries: inputs.queries.clone(),
-        k: args.k,
-        rate: args.kill_rate,
-        seconds: args.kill_seconds.max(2),
-        kinds: vec![Kind::Query],
-        server_pid: None,
-    };
+    let load = query_load(args, inputs, router);
     let during = tokio::spawn(load.clone().measure());
     placed(internal, 2, Duration::from_secs(1800)).await?;
     let rebuilt = killed.elapsed() - lost;
