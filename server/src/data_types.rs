@@ -124,6 +124,13 @@ pub enum DocOp {
     },
 }
 
+impl DocOp {
+    /// The removal of `d` (by its gid and name).
+    pub fn remove_of(d: DocInfo) -> DocOp {
+        DocOp::Remove { gid: d.gid, name: d.name }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -360,7 +360,6 @@ impl LocalNode {
         let Unit::Tablet { table, .. } = unit else {
             return Err(DataError::Internal(format!("{unit:?} is no tablet")));
         };
-        self.filling(unit)?;
         let store = self.store.clone();
         let ours = blocking(move || store.scan_tablet(table, from, to)).await?;
         self.reconcile_tablet_with(unit, ours, theirs).await
@@ -443,11 +442,8 @@ impl LocalNode {
         };
         let put_ops: Vec<_> = puts.iter().cloned().map(DocOp::Put).collect();
         self.write(move |s| s.append_docs(&put_ops)).await?;
-        let again: Vec<_> = self
-            .raced(unit, puts, |d: &DocInfo| d.gid)
-            .into_iter()
-            .map(|d| DocOp::Remove { gid: d.gid, name: d.name })
-            .collect();
+        let again: Vec<_> =
+            self.raced(unit, puts, |d: &DocInfo| d.gid).into_iter().map(DocOp::remove_of).collect();
         self.write(move |s| s.append_docs(&again)).await
     }
 
@@ -466,11 +462,7 @@ impl LocalNode {
         }
         let store = self.store.clone();
         let docs = blocking(move || store.resolve(&gone)).await?;
-        let removes: Vec<_> = docs
-            .into_iter()
-            .flatten()
-            .map(|d| DocOp::Remove { gid: d.gid, name: d.name })
-            .collect();
+        let removes: Vec<_> = docs.into_iter().flatten().map(DocOp::remove_of).collect();
         self.write(move |s| s.append_docs(&removes)).await
     }
 

@@ -527,11 +527,7 @@ impl NodeStore {
 
     /// Removes every document of partition `p`, durably.
     pub async fn drop_partition(&self, p: u32) -> Result<()> {
-        let gone: Vec<DocOp> = self
-            .scan_partition(p)?
-            .into_iter()
-            .map(|d| DocOp::Remove { gid: d.gid, name: d.name })
-            .collect();
+        let gone: Vec<DocOp> = self.scan_partition(p)?.into_iter().map(DocOp::remove_of).collect();
         self.write_docs(gone).await
     }
 

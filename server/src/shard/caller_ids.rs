@@ -287,8 +287,8 @@ impl Shard {
         self.check_names()?;
         let mut found: Vec<DocEntry> = {
             let st = self.state.read();
-            let (all, _) = st.docs.entries_from(0, usize::MAX);
-            all.into_iter().filter(|e| keep(e.id)).cloned().collect()
+            let (found, _) = st.docs.entries_where_from(0, usize::MAX, usize::MAX, keep);
+            found.into_iter().cloned().collect()
         };
         found.sort_unstable_by_key(|e| e.id);
         found.into_iter().map(|e| self.info(e)).collect()
