@@ -7,7 +7,12 @@
 //! reconciled with what it took, a page of the source's copy at a time
 //! ([`LocalNode::reconcile_tablet`], [`LocalNode::reconcile_docs`]). Units are filled one at
 //! a time.
+//!
+//! The same task drops the copies the map took away from this node, after each pass of
+//! fills ([`LocalNode::drop_released`]): a unit given back is filled only once its drop is
+//! over, so the fill brings back whatever a write sent meanwhile put and the drop removed.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -64,7 +69,7 @@ fn entries_bytes(n: usize) -> u64 {
 
 /// Bytes a page of documents costs, about: name, sketch and the fixed fields.
 fn docs_bytes(docs: &[DocInfo]) -> u64 {
-    docs.iter().map(|d| (d.name.len() + d.sketch.as_ref().map_or(0, Vec::len) + 32) as u64).sum()
+    docs.iter().map(DocInfo::approx_bytes).sum()
 }
 
 /// How a node copies the replicas it fills.
@@ -88,6 +93,8 @@ pub async fn run(
 ) {
     let me = cluster.id();
     let mut map_rx = cluster.watch_map();
+    // Units this node does not hold and has no data of.
+    let mut clean = HashSet::new();
     loop {
         if *stop.borrow() {
             return;
@@ -123,12 +130,75 @@ pub async fn run(
                 }
             }
         }
+        let map = map_rx.borrow().clone();
+        drop_released(&local, &map, me, copy, &mut clean).await;
         tokio::select! {
             _ = map_rx.changed() => {}
             _ = tokio::time::sleep(POLL) => {}
             _ = stop.changed() => {}
         }
     }
+}
+
+/// Drops this node's copies of the units `map` does not give it ([`LocalNode::drop_page`]),
+/// a page at a time, paced as copies are: at the first pass, every such unit it has data of
+/// (a restart may have cut a drop short); later, those taken away since (`clean` holds the
+/// units known to have no data here). A failed drop is tried again at the next pass.
+async fn drop_released(
+    local: &LocalNode,
+    map: &ClusterMap,
+    me: NodeId,
+    copy: CopyConfig,
+    clean: &mut HashSet<Unit>,
+) {
+    let mut released = Vec::new();
+    for unit in map.units() {
+        if map.holds(unit, me) {
+            clean.remove(&unit);
+        } else if !clean.contains(&unit) {
+            match local.holds_data(unit).await {
+                Ok(true) => released.push(unit),
+                Ok(false) => {
+                    clean.insert(unit);
+                }
+                Err(e) => {
+                    tracing::warn!(?unit, error = %e, "cannot tell whether a unit moved away is held here")
+                }
+            }
+        }
+    }
+    if released.is_empty() {
+        return;
+    }
+    let started = Instant::now();
+    local.fence_reads().await;
+    let mut pace = Pace::new(copy.rate);
+    for unit in released {
+        let mut cursor = Some(0);
+        while let Some(at) = cursor {
+            match local.drop_page(unit, at).await {
+                Ok((bytes, next)) => {
+                    pace.copied(bytes).await;
+                    cursor = next;
+                }
+                Err(e) => {
+                    tracing::warn!(?unit, error = %e, "cannot drop a copy the map took away yet; retrying");
+                    break;
+                }
+            }
+        }
+        // Known clean once nothing is left (a unit given back meanwhile was left alone).
+        if cursor.is_none()
+            && let Ok(false) = local.holds_data(unit).await
+        {
+            clean.insert(unit);
+        }
+    }
+    tracing::info!(
+        bytes = pace.bytes,
+        ms = started.elapsed().as_millis() as u64,
+        "copies the map took away dropped"
+    );
 }
 
 /// Copies `unit` from one of its serving replicas a page at a time and reconciles this

@@ -108,6 +108,13 @@ pub struct DocInfo {
     pub sketch: Option<Vec<u8>>,
 }
 
+impl DocInfo {
+    /// Bytes the document costs to copy, about: name, sketch and the fixed fields.
+    pub fn approx_bytes(&self) -> u64 {
+        (self.name.len() + self.sketch.as_ref().map_or(0, Vec::len) + 32) as u64
+    }
+}
+
 /// A change to a partition's documents.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DocOp {

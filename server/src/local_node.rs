@@ -40,6 +40,11 @@
 //! what the source holds is put, unless removed here since; what this node holds and the
 //! source does not is removed (deleted while this node was down), unless put here since.
 //! Gids are never reused, so those two sets decide every case.
+//!
+//! # Dropping
+//! A copy the map takes away from this node (a replica moved elsewhere, or rebuilt elsewhere
+//! after this node was marked lost) is removed by [`LocalNode::drop_released`], once the
+//! reads checked under older maps, which may still read it, are done.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -103,6 +108,10 @@ pub struct LocalNode {
     /// Writes hold it shared from their check to their store write; a scan takes it
     /// exclusively once, to wait for the writes accepted under older maps.
     gate: tokio::sync::RwLock<()>,
+    /// Reads hold it shared from their map check to their last store read; dropping the
+    /// copies the map took away takes it exclusively once, to wait for the reads checked
+    /// under older maps.
+    reading: tokio::sync::RwLock<()>,
     reads: AtomicBool,
 }
 
@@ -130,6 +139,7 @@ impl LocalNode {
             in_contact,
             fills: Arc::new(Mutex::new(HashMap::new())),
             gate: tokio::sync::RwLock::new(()),
+            reading: tokio::sync::RwLock::new(()),
             reads: AtomicBool::new(false),
         }
     }
@@ -494,6 +504,71 @@ impl LocalNode {
         puts.into_iter().filter(|x| log.removed.contains(&gid(x))).collect()
     }
 
+    /// Whether this node's store holds anything of `unit`: an entry in the tablet's range,
+    /// a document of the partition.
+    pub async fn holds_data(&self, unit: Unit) -> DataResult<bool> {
+        let store = self.store.clone();
+        match unit {
+            Unit::Tablet { table, start } => {
+                let Some(end) = self.map.borrow().tablet(table, start).map(|t| t.end) else {
+                    return Ok(false);
+                };
+                let page = blocking(move || store.scan_tablet_page(table, start, end, 1)).await?;
+                Ok(!page.items.is_empty())
+            }
+            Unit::Partition(p) => Ok(store.partition_documents(p) > 0),
+        }
+    }
+
+    /// Waits for the reads checked under maps older than this node's current one: after it,
+    /// no read touches a copy that map took away (later reads are refused by the map), so
+    /// [`drop_page`](Self::drop_page) may remove it.
+    pub async fn fence_reads(&self) {
+        drop(self.reading.write().await);
+    }
+
+    /// Removes a page of this node's copy of `unit`, which its map no longer gives it (a
+    /// replica moved away, or taken from a node marked lost), from `cursor` (0 to start),
+    /// durably, once [`fence_reads`](Self::fence_reads) was called under a map that had
+    /// taken it away: the entries or documents removed (their bytes, about), and the cursor
+    /// of the next page (`None`: done). A unit given back to this node meanwhile is left as
+    /// it is (`None` at once): its fill brings it level. Writes sent under older maps are
+    /// refused once the node's map dropped it from the unit's writers; one accepted just
+    /// before may leave an entry behind, never read.
+    pub async fn drop_page(&self, unit: Unit, cursor: u64) -> DataResult<(u64, Option<u64>)> {
+        let map = self.map.borrow().clone();
+        if map.holds(unit, self.id) {
+            return Ok((0, None));
+        }
+        let store = self.store.clone();
+        match unit {
+            Unit::Tablet { table, start } => {
+                let Some(end) = map.tablet(table, start).map(|t| t.end) else {
+                    return Ok((0, None));
+                };
+                let from = cursor.max(start);
+                let page =
+                    blocking(move || store.scan_tablet_page(table, from, end, TABLET_PAGE)).await?;
+                let bytes = page.items.len() as u64 * 16;
+                let ops: Vec<(u32, TabletOp)> = page
+                    .items
+                    .into_iter()
+                    .map(|(gid, fp)| (table, TabletOp::Remove { gid, fp }))
+                    .collect();
+                self.write(move |s| s.append_tablets(ops, &[])).await?;
+                Ok((bytes, page.next))
+            }
+            Unit::Partition(p) => {
+                let page =
+                    blocking(move || store.scan_partition_page(p, cursor, PARTITION_PAGE)).await?;
+                let bytes = page.items.iter().map(DocInfo::approx_bytes).sum();
+                let ops: Vec<DocOp> = page.items.into_iter().map(DocOp::remove_of).collect();
+                self.write(move |s| s.append_docs(&ops)).await?;
+                Ok((bytes, page.next))
+            }
+        }
+    }
+
     /// Forgets what was recorded for units this node now serves or no longer holds.
     pub fn prune_fill_logs(&self) {
         let map = self.map.borrow().clone();
@@ -585,6 +660,7 @@ impl NodeApi for LocalNode {
         deadline: Option<Instant>,
     ) -> DataResult<ProbeAnswer> {
         check_deadline(deadline)?;
+        let _reading = self.reading.read().await;
         let map = self.map_at(epoch, deadline).await;
         self.check_contact()?;
         // Of every probe (thousands in a QueryBatch call): a fast hash.
@@ -656,6 +732,7 @@ impl NodeApi for LocalNode {
         deadline: Option<Instant>,
     ) -> DataResult<Vec<Option<DocInfo>>> {
         check_deadline(deadline)?;
+        let _reading = self.reading.read().await;
         let map = self.map_at(epoch, deadline).await;
         let mut checked = HashMap::new();
         for name in &names {
@@ -677,6 +754,7 @@ impl NodeApi for LocalNode {
         deadline: Option<Instant>,
     ) -> DataResult<Vec<Option<DocInfo>>> {
         check_deadline(deadline)?;
+        let _reading = self.reading.read().await;
         let map = self.map_at(epoch, deadline).await;
         self.check_contact()?;
         let units: HashSet<u32> = gids.iter().map(|&g| gid_partition(g)).collect();
@@ -698,6 +776,7 @@ impl NodeApi for LocalNode {
         deadline: Option<Instant>,
     ) -> DataResult<ScanPage<(u64, u64)>> {
         check_deadline(deadline)?;
+        let _reading = self.reading.read().await;
         let map = self.map_for_scan(epoch, deadline).await?;
         self.check_contact()?;
         let tablet = map
@@ -720,6 +799,7 @@ impl NodeApi for LocalNode {
         deadline: Option<Instant>,
     ) -> DataResult<ScanPage<DocInfo>> {
         check_deadline(deadline)?;
+        let _reading = self.reading.read().await;
         let map = self.map_for_scan(epoch, deadline).await?;
         self.check_contact()?;
         let unit = Self::partition_unit(&map, partition)?;
@@ -1244,5 +1324,80 @@ mod tests {
         assert_eq!(held(n), vec![(g(1), 0xA), (g(2), 0xB)]);
         n.tablet_write(2, put_in_0(g(2), 0xB), true, None).await.unwrap();
         assert_eq!(held(n), vec![(g(1), 0xA), (g(2), 0xB), (g(2), 0xB)]);
+    }
+
+    /// Drops every page of `unit` here, as the fill task does once the reads are fenced.
+    async fn drop_all(n: &LocalNode, unit: Unit) -> u64 {
+        let (mut bytes, mut cursor) = (0, Some(0));
+        while let Some(at) = cursor {
+            let (b, next) = n.drop_page(unit, at).await.unwrap();
+            (bytes, cursor) = (bytes + b, next);
+        }
+        bytes
+    }
+
+    /// A copy the map took away is dropped once the reads checked before are done, and
+    /// only it: the units still held, and a unit given back, keep what they hold.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_copy_the_map_took_away_is_dropped_after_the_reads_in_flight() {
+        let f = fixture(false);
+        let n = &f.node;
+        let name = |i: u64| format!("doc{i}");
+        let docs: Vec<DocInfo> = (1..60u64)
+            .map(|i| {
+                let p = map(false, 1).partition_of(&name(i)).unwrap();
+                doc(make_gid(i, p), &name(i), i.wrapping_mul(0x9E37_79B9_7F4A_7C15))
+            })
+            .collect();
+        for d in &docs {
+            let (gid, fp) = (d.gid, d.fp);
+            n.tablet_write(1, all_tables(|t| (t, TabletOp::Put { gid, fp })), true, None)
+                .await
+                .unwrap();
+        }
+        n.doc_write(1, docs.iter().cloned().map(DocOp::Put).collect(), None).await.unwrap();
+        let in_p1 = docs.iter().filter(|d| gid_partition(d.gid) == 1).count() as u64;
+        assert!(in_p1 > 0 && in_p1 < docs.len() as u64);
+        // Epoch 2: table 0's tablet and partition 0 moved to node 2 alone.
+        let mut moved = map(false, 2);
+        moved.tablets[0].nodes = vec![2];
+        moved.partitions[0].nodes = vec![2];
+        let moved = stamped(moved, 2);
+        let (tablet, part) = (Unit::Tablet { table: 0, start: 0 }, Unit::Partition(0));
+        // A read checked under epoch 1 is still in flight: the fence waits for it.
+        let reading = n.reading.read().await;
+        f.map.send_replace(Arc::new(moved.clone()));
+        let fence = n.fence_reads();
+        tokio::pin!(fence);
+        let early = tokio::time::timeout(Duration::from_millis(50), &mut fence).await;
+        assert!(early.is_err(), "the fence passed a read in flight");
+        drop(reading);
+        fence.await;
+        // Reads under the new map are refused; the copies are dropped, nothing else.
+        let e = n.tablet_probe(2, vec![(0, 0)], 3, 100, false, None).await.unwrap_err();
+        assert!(is_moved(&e), "{e}");
+        assert!(n.holds_data(tablet).await.unwrap() && n.holds_data(part).await.unwrap());
+        assert_eq!(drop_all(n, tablet).await, docs.len() as u64 * 16);
+        assert!(drop_all(n, part).await > 0);
+        assert!(!n.holds_data(tablet).await.unwrap() && !n.holds_data(part).await.unwrap());
+        assert!(held(n).is_empty());
+        for t in 1..4 {
+            assert_eq!(n.store().scan_tablet(t, 0, u64::MAX).unwrap().len(), docs.len());
+        }
+        assert_eq!(n.store().partition_documents(0), 0);
+        assert_eq!(n.store().partition_documents(1), in_p1);
+        // A unit still held keeps its data.
+        assert_eq!(n.drop_page(Unit::Tablet { table: 1, start: 0 }, 0).await.unwrap(), (0, None));
+        assert_eq!(n.drop_page(Unit::Partition(1), 0).await.unwrap(), (0, None));
+        assert_eq!(n.store().scan_tablet(1, 0, u64::MAX).unwrap().len(), docs.len());
+        // Given back (filling) before its drop: left to its fill.
+        let (gid, fp) = (docs[0].gid, docs[0].fp);
+        let mut back = moved;
+        back.epoch = 3;
+        back.tablets[0].filling = vec![1];
+        f.map.send_replace(Arc::new(stamped(back, 3)));
+        n.tablet_write(3, put_in_0(gid, fp), false, None).await.unwrap();
+        assert_eq!(n.drop_page(tablet, 0).await.unwrap(), (0, None));
+        assert_eq!(held(n), vec![(gid, fp)]);
     }
 }
