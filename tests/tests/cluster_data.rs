@@ -9,12 +9,15 @@
 //! - `three_nodes_kill9_torture`, `three_nodes_partition_torture`,
 //!   `python_client_through_each_of_three_nodes`: a cluster of 3 (bootstrap and 2 joins,
 //!   every tablet and partition on 2 nodes), called through any node.
+//! - `grow_from_one_node_to_four_then_remove_one_and_kill_one`: one node grown to four with
+//!   each join's moves interrupted, then one node removed and one lost.
 //!
 //! Kills and partitions per test: `NEARDUP_TORTURE_FAULTS` (default 6). A violation names
 //! the id's writes and the read's start (ticks of the model's clock);
 //! `NEARDUP_TORTURE_KEEP=DIR` keeps a failed test's node logs and data under DIR. Every loop
 //! is bounded in count and time; nothing asserts on time.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use neardup_client::{Client, ClientOptions, Target};
 use neardup_core::util::SplitMix64;
+use neardup_proto::admin::StatusResponse;
 use neardup_proto::v1::{
     CheckAndInsertRequest, DeleteRequest, Document, InsertRequest, QueryBatchRequest, QueryRequest,
     QueryTarget, document, query_target,
@@ -535,6 +539,11 @@ async fn form_members(members: &mut [Member]) {
 /// again after a fault. With `lost`, that node is down and marked lost, and no unit holds
 /// it. Says what it saw otherwise.
 async fn level(members: &[Member], lost: Option<u64>) -> Result<(), String> {
+    level_on(members, lost, 2).await
+}
+
+/// [`level`] with every unit on `replicas` serving replicas.
+async fn level_on(members: &[Member], lost: Option<u64>, replicas: usize) -> Result<(), String> {
     let limit = Instant::now() + Duration::from_secs(120);
     let mut last = String::from("no status");
     while Instant::now() < limit {
@@ -554,7 +563,7 @@ async fn level(members: &[Member], lost: Option<u64>) -> Result<(), String> {
                 .chain(s.partitions.iter().map(|p| (&p.nodes, &p.filling)));
             let uneven = units
                 .filter(|(n, f)| {
-                    n.len() != 2 || !f.is_empty() || lost.is_some_and(|l| n.contains(&l))
+                    n.len() != replicas || !f.is_empty() || lost.is_some_and(|l| n.contains(&l))
                 })
                 .count();
             if wrong.is_empty() && uneven == 0 && !s.partitions.is_empty() {
@@ -562,7 +571,7 @@ async fn level(members: &[Member], lost: Option<u64>) -> Result<(), String> {
             }
             last = format!(
                 "node {} at epoch {}: nodes not as expected {wrong:?}, {uneven} units without \
-                 2 serving replicas, with filling ones or on the lost node",
+                 {replicas} serving replicas, with filling ones or on the lost node",
                 m.id, s.epoch
             );
             break;
@@ -700,6 +709,206 @@ async fn a_lost_node_is_rebuilt_elsewhere() {
     let_run(&shared, 1500).await;
     stop_clients(&shared, tasks).await;
     final_check(&addrs, &shared).await;
+    verdict(&shared, dir.path());
+}
+
+/// Restarts the client tasks on `addrs` (the same ids, model and clock).
+async fn clients_on(shared: &Arc<Shared>, tasks: Tasks, addrs: &[String]) -> Tasks {
+    stop_clients(shared, tasks).await;
+    shared.stop.store(false, Ordering::Relaxed);
+    start_clients(addrs, shared)
+}
+
+/// Starts `m` with `--join` through `via`, adds it (idempotent, retried for up to two
+/// minutes) and waits until it serves its public API.
+async fn join(m: &mut Member, via: &str) {
+    m.start_first(&["--join", via]).await;
+    let limit = Instant::now() + Duration::from_secs(120);
+    while add_node(via, m).await.is_err() {
+        assert!(Instant::now() < limit, "node {} not added:\n{}", m.id, m.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    wait_public_serving(m).await;
+}
+
+/// Waits (up to 60 s) until the map `m` sees has units moving to `node`: some filling on it
+/// and, with `flipped`, some already served by it too (the move is between its flips).
+/// The status seen then, or None when it was not seen in time (the moves were done first).
+async fn moving_to(m: &Member, node: u64, flipped: bool) -> Option<StatusResponse> {
+    let limit = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < limit {
+        if let Ok(s) = m.status().await {
+            let units = || {
+                s.tablets
+                    .iter()
+                    .map(|t| (&t.nodes, &t.filling))
+                    .chain(s.partitions.iter().map(|p| (&p.nodes, &p.filling)))
+            };
+            let filling = units().any(|(_, f)| f.contains(&node));
+            if filling && (!flipped || units().any(|(n, _)| n.contains(&node))) {
+                return Some(s);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    None
+}
+
+/// Tablet and partition replicas per node, as `s` places them.
+fn replicas_per_node(s: &StatusResponse) -> BTreeMap<u64, (usize, usize)> {
+    let mut per: BTreeMap<u64, (usize, usize)> = BTreeMap::new();
+    for n in s.tablets.iter().flat_map(|t| &t.nodes) {
+        per.entry(*n).or_default().0 += 1;
+    }
+    for n in s.partitions.iter().flat_map(|p| &p.nodes) {
+        per.entry(*n).or_default().1 += 1;
+    }
+    per
+}
+
+/// Waits (up to 60 s, a safety net) until the documents the `members` hold, each its own
+/// (`NodeStats` over the internal API), are twice the cluster's (`Stats` through the
+/// first): every partition on two nodes, and no node keeps a copy the map took away. The
+/// caller stops writes first. Says what it saw otherwise.
+async fn copies_dropped(members: &[&Member]) -> Result<(), String> {
+    use neardup_proto::internal::NodeStatsRequest;
+    use neardup_proto::internal::data_client::DataClient;
+    let limit = Instant::now() + Duration::from_secs(60);
+    let mut last = String::from("no answer");
+    while Instant::now() < limit {
+        let mut held = Vec::new();
+        for m in members {
+            let Ok(mut c) = DataClient::connect(format!("http://{}", m.internal)).await else {
+                break;
+            };
+            let Ok(r) = c.node_stats(NodeStatsRequest { epoch: 0 }).await else { break };
+            held.push(r.into_inner().stats.unwrap_or_default().documents);
+        }
+        let whole = match Client::connect(&members[0].public).await {
+            Ok(c) => c.stats().await.map(|s| s.documents).unwrap_or(0),
+            Err(_) => 0,
+        };
+        if held.len() == members.len() && whole > 0 && held.iter().sum::<u64>() == 2 * whole {
+            return Ok(());
+        }
+        last = format!("nodes hold {held:?} documents, the cluster {whole}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Err(format!("copies not dropped after 60 s: {last}"))
+}
+
+/// The cluster grows from one node to four while clients write and read through the nodes
+/// that serve, and each join's moves are interrupted: node 2's by killing it (the target)
+/// while it fills, node 3's by killing it once some of its units flipped and others still
+/// fill, node 4's by killing a source (a serving replica of a unit it fills) for longer than
+/// the failure timeout. At four nodes every node holds its share, and no node keeps a copy
+/// it gave away. Then node 2 is removed
+/// (`neardup cluster remove`: drained, its units moved, then removed), and node 3 is killed
+/// and kept down until it is marked lost and its units are rebuilt on nodes 1 and 4. Every
+/// answer throughout, and at the end through the two left, is checked against the
+/// acknowledged writes. Copies go in pages of 64 entries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grow_from_one_node_to_four_then_remove_one_and_kill_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--set", "cluster.rebuild_after_ms=4000", "--set", "cluster.copy_page_entries=64"];
+    let mut members: Vec<Member> = (1..=4).map(|id| Member::on_loopback(id, dir.path())).collect();
+    for m in &mut members {
+        m.args = args.iter().map(|a| a.to_string()).collect();
+    }
+    form_members(&mut members[..1]).await;
+    let shared = Shared::new();
+    if let Err(e) = level_on(&members[..1], None, 1).await {
+        shared.violation(format!("one node: {e}"));
+    }
+    let publics = |ms: &[Member]| ms.iter().map(|m| m.public.clone()).collect::<Vec<_>>();
+    let mut tasks = start_clients(&publics(&members[..1]), &shared);
+    let_run(&shared, 1500).await;
+    let via = members[0].internal.clone();
+    for i in 1..4 {
+        let id = members[i].id;
+        join(&mut members[i], &via).await;
+        let interrupted = match i {
+            1 | 2 => match moving_to(&members[0], id, i == 2).await {
+                Some(_) => {
+                    members[i].kill9();
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    members[i].start(&[]);
+                    wait_public_serving(&members[i]).await;
+                    format!("killed node {id} (the target) while it filled")
+                }
+                None => "its moves were done before they could be interrupted".into(),
+            },
+            _ => {
+                let source = moving_to(&members[0], id, false).await.and_then(|s| {
+                    let units = s
+                        .tablets
+                        .iter()
+                        .map(|t| (&t.nodes, &t.filling))
+                        .chain(s.partitions.iter().map(|p| (&p.nodes, &p.filling)));
+                    units
+                        .filter(|(_, f)| f.contains(&id))
+                        .find_map(|(n, _)| n.iter().copied().find(|&n| n != 1))
+                });
+                match source {
+                    Some(source) => {
+                        let k = source as usize - 1;
+                        members[k].kill9();
+                        let_run(&shared, 300).await;
+                        tokio::time::sleep(DOWN_FOR).await;
+                        members[k].start(&[]);
+                        wait_public_serving(&members[k]).await;
+                        format!("killed node {source} (a source) while node {id} filled")
+                    }
+                    None => "its moves were done before they could be interrupted".into(),
+                }
+            }
+        };
+        tasks = clients_on(&shared, tasks, &publics(&members[..=i])).await;
+        if let Err(e) = level_on(&members[..=i], None, 2).await {
+            shared.violation(format!("node {id} joined: {e}"));
+        }
+        eprintln!("node {id} joined, {interrupted}; {}", shared.report());
+        let_run(&shared, 1000).await;
+    }
+    let per = replicas_per_node(&members[0].status().await.unwrap());
+    let spread = |f: fn(&(usize, usize)) -> usize| {
+        per.values().map(f).max().unwrap_or(0) - per.values().map(f).min().unwrap_or(0)
+    };
+    assert!(per.len() == 4 && spread(|p| p.0) <= 1 && spread(|p| p.1) <= 1, "shares: {per:?}");
+    eprintln!("four nodes, (tablet, partition) replicas per node: {per:?}");
+    // The nodes that gave units away dropped their copies (writes paused meanwhile).
+    stop_clients(&shared, tasks).await;
+    if let Err(e) = copies_dropped(&members.iter().collect::<Vec<_>>()).await {
+        shared.violation(e);
+    }
+    shared.stop.store(false, Ordering::Relaxed);
+    tasks = start_clients(&publics(&members), &shared);
+    // Node 2 removed: drained first, its units moved to the others.
+    let limit = Instant::now() + Duration::from_secs(120);
+    while let Err(e) = members[0].cli(&["cluster", "remove", "2", "--addr", &via]) {
+        assert!(Instant::now() < limit, "node 2 not removed: {e}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    members[0].wait_status("node 2 removed", |s| s.nodes.iter().all(|n| n.id != 2)).await;
+    members[1].kill9();
+    let rest = [&members[0], &members[2], &members[3]].map(|m| m.public.clone());
+    tasks = clients_on(&shared, tasks, &rest).await;
+    if let Err(e) = level_on(&members, None, 2).await {
+        shared.violation(format!("node 2 removed: {e}"));
+    }
+    eprintln!("node 2 removed; {}", shared.report());
+    let_run(&shared, 1000).await;
+    // Node 3 lost: its units rebuilt on nodes 1 and 4.
+    members[2].kill9();
+    let last = [&members[0], &members[3]].map(|m| m.public.clone());
+    tasks = clients_on(&shared, tasks, &last).await;
+    if let Err(e) = level_on(&members, Some(3), 2).await {
+        shared.violation(format!("node 3 lost: {e}"));
+    }
+    eprintln!("node 3 lost and rebuilt; {}", shared.report());
+    let_run(&shared, 1500).await;
+    stop_clients(&shared, tasks).await;
+    final_check(&last, &shared).await;
     verdict(&shared, dir.path());
 }
 
