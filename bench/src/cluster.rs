@@ -60,6 +60,8 @@ use crate::cpu::{cpu_of, cpu_per};
 use crate::load::{Kind, Load, stall_probe};
 use crate::service::{free_port, load_average, name, settle, tempfile_dir, workload};
 
+mod grow;
+
 /// Options of `neardup-bench cluster`.
 #[derive(Debug, clap::Args)]
 pub struct ClusterArgs {
@@ -118,6 +120,14 @@ pub struct ClusterArgs {
     /// Keep the nodes' data directories and logs (under the directory printed at the end).
     #[arg(long)]
     keep: bool,
+    /// Grow instead: one node loaded, then nodes 2 to 4 joined, figures at 1, 2 and 4 nodes
+    /// and each join's rebalance timed (see `grow.rs`).
+    #[arg(long)]
+    grow: bool,
+    /// `--grow`: documents inserted at each size, for the insert cost there [default: a
+    /// tenth of `--docs`].
+    #[arg(long)]
+    grow_inserts: Option<usize>,
     /// Seed of the generated workload.
     #[arg(long, default_value_t = 20070508)]
     seed: u64,
@@ -365,7 +375,7 @@ async fn measure(
     let inserted = insert_batches(
         &writer,
         inputs.fps.clone(),
-        args.docs,
+        0..args.docs,
         args.insert_streams,
         args.insert_batch,
     )
@@ -401,6 +411,20 @@ async fn measure(
     out.insert("memory_bytes_per_doc".into(), json!(per(memory)));
     out.insert("document_table_bytes_per_doc".into(), json!(per(documents)));
     out.insert("disk_bytes_per_doc".into(), json!(per(disk)));
+    out.extend(query_figures(args, inputs, router, pids).await?);
+    Ok(out)
+}
+
+/// Phases 3 and 4 through `router`: unary latency at each `--rates` value with the floors,
+/// then QueryBatch throughput and the CPU per query of the processes `pids`.
+async fn query_figures(
+    args: &ClusterArgs,
+    inputs: &Inputs,
+    router: &str,
+    pids: &[u32],
+) -> Result<serde_json::Map<String, Value>, String> {
+    let options = ClientOptions { timeout: Duration::from_secs(600), ..ClientOptions::default() };
+    let mut out = serde_json::Map::new();
     // 3. Unary latency with the floors.
     let mut unary = Vec::new();
     for &rate in &args.rates {
@@ -413,6 +437,7 @@ async fn measure(
             seconds: args.seconds,
             kinds: vec![Kind::Query, Kind::Health, Kind::Echo],
             server_pid: None,
+            until: None,
         };
         let r = load.measure().await?;
         unary.push(json!({
@@ -453,24 +478,25 @@ async fn measure(
     Ok(out)
 }
 
-/// Durable inserts of documents `0..docs`, `batch` a unary Insert ([`Client::insert`]),
-/// `streams` of them in flight. Returns the documents stored.
+/// Durable inserts of documents `docs` (indexes into `fps`), `batch` a unary Insert
+/// ([`Client::insert`]), `streams` of them in flight. Returns the documents stored.
 async fn insert_batches(
     client: &Client,
     fps: Arc<Vec<u64>>,
-    docs: usize,
+    docs: std::ops::Range<usize>,
     streams: usize,
     batch: usize,
 ) -> Result<u64, String> {
     let (streams, batch) = (streams.max(1), batch.max(1));
-    let chunks = docs.div_ceil(batch);
+    let chunks = docs.len().div_ceil(batch);
     let mut tasks = Vec::new();
     for s in 0..streams {
-        let (client, fps) = (client.clone(), fps.clone());
+        let (client, fps, first) = (client.clone(), fps.clone(), docs.start);
+        let end = docs.end;
         tasks.push(tokio::spawn(async move {
             let mut stored = 0u64;
             for c in (s..chunks).step_by(streams) {
-                let range = c * batch..((c + 1) * batch).min(docs);
+                let range = first + c * batch..(first + (c + 1) * batch).min(end);
                 let documents: Vec<_> = range.map(|i| doc(name(i), fps[i], i as i64)).collect();
                 let r = client.insert(documents).await;
                 stored += r.map_err(|e| format!("insert of batch {c}: {e}"))?.inserted;
@@ -495,6 +521,7 @@ fn query_load(args: &ClusterArgs, inputs: &Inputs, router: &str) -> Load {
         seconds: args.kill_seconds.max(2),
         kinds: vec![Kind::Query],
         server_pid: None,
+        until: None,
     }
 }
 
@@ -626,9 +653,6 @@ async fn run(args: ClusterArgs) -> Result<(), String> {
     let base = tempfile_dir()?.join("cluster");
     let _ = std::fs::remove_dir_all(&base);
     std::fs::create_dir_all(&base).map_err(|e| e.to_string())?;
-    eprintln!("generating {} documents and {} queries", args.docs, args.queries);
-    let w = workload(args.docs, args.queries, args.seed);
-    let inputs = Inputs { fps: Arc::new(w.stored), queries: Arc::new(w.queries) };
     let mut report = serde_json::Map::new();
     report.insert("load_average_at_start".into(), json!(load_average()));
     report.insert("docs".into(), json!(args.docs));
@@ -637,21 +661,52 @@ async fn run(args: ClusterArgs) -> Result<(), String> {
     let probe =
         tokio::task::spawn_blocking(|| stall_probe(2.0)).await.map_err(|e| e.to_string())?;
     report.insert("machine_stalls".into(), probe);
+    if args.grow {
+        report.insert("grow".into(), grow::run(&args, &base).await?);
+    } else {
+        three_and_one(&args, &base, &mut report).await?;
+    }
+    report.insert("load_average_at_end".into(), json!(load_average()));
+    if args.keep {
+        eprintln!("data and logs kept in {}", base.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&base);
+    }
+    let report = Value::Object(report);
+    if args.grow {
+        grow::print_table(&args, &report);
+    } else {
+        print_table(&args, &report);
+    }
+    if args.json {
+        println!("{report}");
+    }
+    Ok(())
+}
 
+/// Three nodes measured, then one (see the module docs).
+async fn three_and_one(
+    args: &ClusterArgs,
+    base: &Path,
+    report: &mut serde_json::Map<String, Value>,
+) -> Result<(), String> {
+    eprintln!("generating {} documents and {} queries", args.docs, args.queries);
+    let w = workload(args.docs, args.queries, args.seed);
+    let inputs = Inputs { fps: Arc::new(w.stored), queries: Arc::new(w.queries) };
     eprintln!("3 nodes: starting (bootstrap + 2 joins)");
-    let mut procs = start_cluster(&args, &base).await?;
+    let mut procs = start_cluster(args, base).await?;
     let nodes: Vec<String> = procs.iter().map(|p| p.public.clone()).collect();
     let router = nodes[0].clone();
     eprintln!("3 nodes: measuring through the router at {router}");
     let pids: Vec<u32> = procs.iter().filter_map(|p| p.child.as_ref().map(Child::id)).collect();
-    let mut cluster = measure(&args, &inputs, &router, &nodes, &pids).await?;
+    let mut cluster = measure(args, &inputs, &router, &nodes, &pids).await?;
     cluster.insert("raft_health".into(), log_events(&procs));
     eprintln!("3 nodes: kill -9 of node 3 under {} queries/s", args.kill_rate);
-    let kill = kill_phase(&args, &inputs, &router, &mut procs[2]).await?;
+    let kill = kill_phase(args, &inputs, &router, &mut procs[2]).await?;
     cluster.insert("kill".into(), kill);
     eprintln!("3 nodes: node 3 killed and kept down until it is rebuilt elsewhere");
     let internal = procs[0].internal.clone().expect("a cluster node");
-    let rebuild = rebuild_phase(&args, &inputs, &router, &internal, &mut procs[2]).await?;
+    let rebuild = rebuild_phase(args, &inputs, &router, &internal, &mut procs[2]).await?;
     cluster.insert("rebuild".into(), rebuild);
     for p in procs.iter_mut() {
         p.terminate();
@@ -661,25 +716,14 @@ async fn run(args: ClusterArgs) -> Result<(), String> {
 
     if !args.no_single {
         eprintln!("1 node: starting");
-        let mut single = Proc::new(0, &base, false)?;
-        single.start(&args, &[])?;
+        let mut single = Proc::new(0, base, false)?;
+        single.start(args, &[])?;
         single.serving(Duration::from_secs(120)).await?;
         let addr = single.public.clone();
         let pids: Vec<u32> = single.child.as_ref().map(Child::id).into_iter().collect();
-        let one = measure(&args, &inputs, &addr, std::slice::from_ref(&addr), &pids).await?;
+        let one = measure(args, &inputs, &addr, std::slice::from_ref(&addr), &pids).await?;
         single.terminate();
         report.insert("single".into(), Value::Object(one));
-    }
-    report.insert("load_average_at_end".into(), json!(load_average()));
-    if args.keep {
-        eprintln!("data and logs kept in {}", base.display());
-    } else {
-        let _ = std::fs::remove_dir_all(&base);
-    }
-    let report = Value::Object(report);
-    print_table(&args, &report);
-    if args.json {
-        println!("{report}");
     }
     Ok(())
 }

@@ -26,6 +26,7 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use neardup_proto::v1::{
@@ -90,6 +91,8 @@ pub struct Load {
     pub kinds: Vec<Kind>,
     /// The server's process id, to count its CPU time per call (`None`: not counted).
     pub server_pid: Option<u32>,
+    /// Ends the run after the slice during which this turns true (`None`: all `seconds`).
+    pub until: Option<Arc<AtomicBool>>,
 }
 
 /// Latencies and errors of one kind.
@@ -143,6 +146,9 @@ impl Load {
             .collect();
         let mut sent = 0usize;
         for _ in 0..self.seconds {
+            if self.until.as_ref().is_some_and(|u| u.load(Ordering::Relaxed)) {
+                break;
+            }
             for (kind, tally) in self.kinds.iter().zip(tallies.iter_mut()) {
                 let t = Instant::now();
                 let cpu = thread_cpu_seconds();
@@ -467,6 +473,7 @@ mod tests {
             seconds,
             kinds: vec![kind],
             server_pid: None,
+            until: None,
         }
     }
 

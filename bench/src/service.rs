@@ -565,6 +565,7 @@ pub async fn run(args: ServiceArgs) -> Result<(), String> {
         seconds: args.seconds,
         kinds,
         server_pid: Some(server.pid()),
+        until: None,
     };
     // CPU time against CPU time: the server's per call, the index's per query on one thread.
     let inproc_us = baseline["cpu_us_per_query_one_thread"].as_f64().unwrap_or(0.0);
