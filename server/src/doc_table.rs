@@ -42,6 +42,9 @@ pub struct DocTable {
     name_bytes: usize,
     /// Live documents by the low byte of their internal id (a cluster node's partition).
     by_low_byte: Box<[u64; 256]>,
+    /// Bumped by each [`compact`](Self::compact), which moves entries to other slots: a
+    /// reader that walks the slots across calls checks it has not changed.
+    generation: u32,
 }
 
 /// The low byte of an internal id, as an index of [`DocTable::by_low_byte`].
@@ -82,6 +85,7 @@ impl DocTable {
             live: 0,
             name_bytes: 0,
             by_low_byte: Box::new([0; 256]),
+            generation: 0,
         }
     }
 
@@ -156,6 +160,7 @@ impl DocTable {
             free: Vec::new(),
             by_id,
             by_name,
+            generation: 0,
         }
     }
 
@@ -281,6 +286,31 @@ impl DocTable {
         self.slots.len()
     }
 
+    /// Gives back the memory of freed slots once at most three quarters of the slots are live
+    /// (and there are 1024 slots or more): the live entries move to the front, in slot order,
+    /// and the hash tables are rebuilt to fit. Whether it did; a compaction bumps
+    /// [`generation`](Self::generation).
+    pub fn compact(&mut self) -> bool {
+        if self.slots.len() < 1024 || self.live * 4 > self.slots.len() * 3 {
+            return false;
+        }
+        let mut live: Vec<DocEntry> =
+            std::mem::take(&mut self.slots).into_iter().filter(|e| e.id != 0).collect();
+        // The collection may reuse the old slots' allocation.
+        live.shrink_to_fit();
+        let (next_id, generation) = (self.next_id, self.generation);
+        // Live ids are unique, so the table is built side by side, to fit.
+        *self = DocTable::from_entries(live);
+        (self.next_id, self.generation) = (next_id, generation);
+        self.generation = self.generation.wrapping_add(1);
+        true
+    }
+
+    /// How many times [`compact`](Self::compact) moved the entries (wrapping).
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+
     /// Approximate heap bytes held.
     pub fn heap_bytes(&self) -> usize {
         self.slots.capacity() * std::mem::size_of::<DocEntry>()
@@ -374,5 +404,42 @@ mod tests {
         assert_eq!(t.by_name("n").unwrap().id, 9);
         assert!(t.by_id(5).is_none());
         assert_eq!(t.next_id(), 10);
+    }
+
+    #[test]
+    fn compaction_gives_back_freed_slots_and_keeps_every_document() {
+        let mut t = DocTable::new();
+        for id in 1..=4000u64 {
+            t.put(e(id, &format!("doc{id}")));
+        }
+        // Three in four removed.
+        for id in (1..=4000u64).filter(|id| id % 4 != 0) {
+            t.remove(id);
+        }
+        let (before, next_id) = (t.heap_bytes(), t.next_id());
+        assert_eq!((t.slot_count(), t.len(), t.generation()), (4000, 1000, 0));
+        assert!(t.compact());
+        assert_eq!((t.slot_count(), t.len(), t.generation()), (1000, 1000, 1));
+        assert!(t.heap_bytes() * 2 < before, "{} then {}", before, t.heap_bytes());
+        assert_eq!(t.next_id(), next_id, "ids are never reused");
+        for id in 1..=4000u64 {
+            let name = format!("doc{id}");
+            let kept = id % 4 == 0;
+            assert_eq!(t.by_id(id).is_some(), kept, "{id}");
+            assert_eq!(t.by_name(&name).map(|d| d.id), kept.then_some(id), "{name}");
+        }
+        // Ids 4, 260, ..., 3844: every multiple of 4 whose low byte is 4.
+        assert_eq!(t.count_with_low_byte(4), 16);
+        // Slots stay in order, and a table mostly live, or small, is left alone.
+        let (all, _) = t.entries_from(0, usize::MAX);
+        assert!(all.windows(2).all(|w| w[0].id < w[1].id));
+        assert!(!t.compact());
+        let id = t.allocate_id();
+        t.put(e(id, "new"));
+        assert_eq!(t.by_name("new").map(|d| d.id), Some(next_id));
+        let mut small = DocTable::new();
+        small.put(e(1, "a"));
+        small.remove(1);
+        assert!(!small.compact());
     }
 }

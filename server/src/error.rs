@@ -77,6 +77,10 @@ pub enum Error {
     /// The data directory was written by another, incompatible configuration or format.
     #[error("data directory is incompatible: {0}")]
     Incompatible(String),
+    /// A read that walks the document table across calls met a compaction of it (which
+    /// moves entries to other slots): it must begin again.
+    #[error("{0}")]
+    BeginAgain(String),
     /// A bug: an invariant did not hold.
     #[error("internal error: {0}")]
     Internal(String),
@@ -97,6 +101,7 @@ impl Error {
             Error::CorruptTablet(_) => ErrorClass::DataLoss,
             Error::SyncFailed(_) => ErrorClass::FailedPrecondition,
             Error::DataDir { .. } | Error::Incompatible(_) => ErrorClass::Unavailable,
+            Error::BeginAgain(_) => ErrorClass::Unavailable,
             Error::Internal(_) => ErrorClass::Internal,
         }
     }

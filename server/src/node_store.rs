@@ -525,6 +525,12 @@ impl NodeStore {
         self.docs.ids_where(|gid| gid_partition(gid) == p)
     }
 
+    /// Gives back the memory of the document table's freed slots once at most three quarters
+    /// of them are live ([`Shard::compact_docs`]): whether it did.
+    pub fn compact_docs(&self) -> Result<bool> {
+        self.docs.compact_docs()
+    }
+
     /// Removes every document of partition `p`, durably.
     pub async fn drop_partition(&self, p: u32) -> Result<()> {
         let gone: Vec<DocOp> = self.scan_partition(p)?.into_iter().map(DocOp::remove_of).collect();

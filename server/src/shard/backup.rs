@@ -37,6 +37,8 @@ pub struct BackupCopy {
     first_new: u64,
     /// The next slot of the document table to read.
     slot: usize,
+    /// The table's generation at the first read: slots mean nothing after a compaction.
+    generation: Option<u32>,
     done: bool,
 }
 
@@ -64,7 +66,14 @@ impl Shard {
             (st.last_seq, st.docs.next_id())
         };
         pins.push(from);
-        Ok(BackupCopy { shard: self.clone(), from, first_new, slot: 0, done: false })
+        Ok(BackupCopy {
+            shard: self.clone(),
+            from,
+            first_new,
+            slot: 0,
+            generation: None,
+            done: false,
+        })
     }
 
     /// The log may be truncated up to this sequence, no further: below every open copy's
@@ -215,6 +224,12 @@ impl BackupCopy {
         shard.check_serving()?;
         let (entries, next, end) = {
             let st = shard.state.read();
+            let now = st.docs.generation();
+            if *self.generation.get_or_insert(now) != now {
+                return Err(Error::BeginAgain(
+                    "the document table was compacted during the backup; begin it again".into(),
+                ));
+            }
             let (entries, next) = st.docs.entries_from(self.slot, max.max(1));
             let entries: Vec<_> =
                 entries.into_iter().filter(|e| e.id < self.first_new).cloned().collect();

@@ -250,7 +250,9 @@ impl Shard {
     /// A page of the documents whose id satisfies `keep`, from `cursor` (0 to start): at most
     /// `limit`, fewer when the page met its bound of slots visited (so that no page holds the
     /// table's lock for long); with the cursor of the next page, `None` at the end. The pages
-    /// of one pass hold every document that was there throughout it, once.
+    /// of one pass hold every document that was there throughout it, once. A cursor names a
+    /// slot of the table as it was laid out: one from before a
+    /// [`compact_docs`](Self::compact_docs) is refused, and the pass must begin again.
     pub fn docs_page(
         &self,
         keep: impl Fn(u64) -> bool,
@@ -261,15 +263,34 @@ impl Shard {
         const VISITS: usize = 1 << 20;
         self.check_serving()?;
         self.check_names()?;
-        let from = usize::try_from(cursor)
-            .map_err(|_| Error::InvalidInput(format!("no document slot {cursor}")))?;
+        // A cursor is the slot, with the table's generation plus one above it (0: start).
+        let (generation, from) = ((cursor >> 32) as u32, (cursor & u64::from(u32::MAX)) as usize);
         let (found, next): (Vec<DocEntry>, _) = {
             let st = self.state.read();
+            let now = st.docs.generation().wrapping_add(1);
+            if cursor != 0 && generation != now {
+                return Err(Error::BeginAgain(format!(
+                    "the document table was compacted since this pass began (cursor \
+                     {cursor:#x}): begin the pass again"
+                )));
+            }
             let (page, next) = st.docs.entries_where_from(from, limit.max(1), VISITS, keep);
+            let next = next.map(|n| (u64::from(now) << 32) | n as u64);
             (page.into_iter().cloned().collect(), next)
         };
         let docs = found.into_iter().map(|e| self.info(e)).collect::<Result<_>>()?;
-        Ok((docs, next.map(|n| n as u64)))
+        Ok((docs, next))
+    }
+
+    /// Gives back the memory of the document table's freed slots once at most three quarters
+    /// of them are live ([`DocTable::compact`](crate::doc_table::DocTable::compact)), as after a cluster
+    /// node dropped a partition. Not while a snapshot of the table is written (it walks the
+    /// slots across calls); a backup or a paged scan that meets it begins again. Whether it
+    /// did.
+    pub fn compact_docs(&self) -> Result<bool> {
+        self.check_serving()?;
+        let _snapshots = self.checkpoints.lock();
+        Ok(self.state.write().docs.compact())
     }
 
     /// The ids of the documents whose id satisfies `keep`, in no particular order.
