@@ -363,13 +363,7 @@ async fn measure(
     // 1. Durable inserts, then merges settle on every node. A batch that fails with
     // UNAVAILABLE (a leader election, a node being marked down) is sent again, up to 40 times
     // about 250 ms apart, as a crawler would: an insert by id is idempotent.
-    let patient = ClientOptions {
-        attempts: 41,
-        backoff: Duration::from_millis(250),
-        max_backoff: Duration::from_millis(250),
-        ..options.clone()
-    };
-    let writer = Client::connect_with(router, patient).await.map_err(|e| e.to_string())?;
+    let writer = writer(router).await?;
     let t = Instant::now();
     let cpu_start = cpu_of(pids);
     let inserted = insert_batches(
@@ -476,6 +470,19 @@ async fn query_figures(
     out.insert("query_batch_queries".into(), json!(answered));
     out.insert("query_batch_qps".into(), json!(qps));
     Ok(out)
+}
+
+/// A client through `router` whose inserts are sent again on UNAVAILABLE (a leader
+/// election, a node marked down), up to 40 times about 250 ms apart.
+async fn writer(router: &str) -> Result<Client, String> {
+    let options = ClientOptions {
+        timeout: Duration::from_secs(600),
+        attempts: 41,
+        backoff: Duration::from_millis(250),
+        max_backoff: Duration::from_millis(250),
+        ..ClientOptions::default()
+    };
+    Client::connect_with(router, options).await.map_err(|e| e.to_string())
 }
 
 /// Durable inserts of documents `docs` (indexes into `fps`), `batch` a unary Insert

@@ -9,7 +9,7 @@
 //! a time.
 //!
 //! The same task drops the copies the map took away from this node, after each pass of
-//! fills ([`LocalNode::drop_released`]): a unit given back is filled only once its drop is
+//! fills ([`LocalNode::drop_page`]): a unit given back is filled only once its drop is
 //! over, so the fill brings back whatever a write sent meanwhile put and the drop removed.
 
 use std::collections::HashSet;
@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use neardup_cluster::map::{ClusterMap, Unit};
 use neardup_cluster::{ClusterNode, NodeId};
+use neardup_server::data_types::entries_bytes;
 use neardup_server::local_node::LocalNode;
 #[cfg(doc)]
 use neardup_server::local_node::PartitionFill;
@@ -60,11 +61,6 @@ impl Pace {
             tokio::time::sleep(wait).await;
         }
     }
-}
-
-/// Bytes a page of tablet entries costs: a gid and a fingerprint each.
-fn entries_bytes(n: usize) -> u64 {
-    n as u64 * 16
 }
 
 /// Bytes a page of documents costs, about: name, sketch and the fixed fields.

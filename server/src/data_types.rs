@@ -108,6 +108,11 @@ pub struct DocInfo {
     pub sketch: Option<Vec<u8>>,
 }
 
+/// Bytes `n` tablet entries cost to copy: a gid and a fingerprint each.
+pub fn entries_bytes(n: usize) -> u64 {
+    n as u64 * 16
+}
+
 impl DocInfo {
     /// Bytes the document costs to copy, about: name, sketch and the fixed fields.
     pub fn approx_bytes(&self) -> u64 {

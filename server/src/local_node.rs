@@ -43,8 +43,9 @@
 //!
 //! # Dropping
 //! A copy the map takes away from this node (a replica moved elsewhere, or rebuilt elsewhere
-//! after this node was marked lost) is removed by [`LocalNode::drop_released`], once the
-//! reads checked under older maps, which may still read it, are done.
+//! after this node was marked lost) is removed a page at a time by
+//! [`LocalNode::drop_page`], once [`LocalNode::fence_reads`] has waited for the reads
+//! checked under older maps, which may still read it.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -549,7 +550,7 @@ impl LocalNode {
                 let from = cursor.max(start);
                 let page =
                     blocking(move || store.scan_tablet_page(table, from, end, TABLET_PAGE)).await?;
-                let bytes = page.items.len() as u64 * 16;
+                let bytes = crate::data_types::entries_bytes(page.items.len());
                 let ops: Vec<(u32, TabletOp)> = page
                     .items
                     .into_iter()

@@ -3,31 +3,31 @@
 
 use neardup_tests::{binary, run_bench};
 
+/// The small load both tests run: few queries, one-second phases, a fast Raft tick.
+const SMALL: [&str; 15] = [
+    "--queries",
+    "500",
+    "--rates",
+    "100",
+    "--seconds",
+    "1",
+    "--batch-queries",
+    "2000",
+    "--kill-rate",
+    "100",
+    "--kill-seconds",
+    "2",
+    "--tick-ms",
+    "20",
+    "--json",
+];
+
 #[test]
 fn the_cluster_benchmark_runs_every_phase_for_three_nodes_and_one() {
     let neardup = binary();
-    let out = run_bench(&[
-        "cluster",
-        "--neardup",
-        neardup.to_str().unwrap(),
-        "--docs",
-        "3000",
-        "--queries",
-        "500",
-        "--rates",
-        "100",
-        "--seconds",
-        "1",
-        "--batch-queries",
-        "2000",
-        "--kill-rate",
-        "100",
-        "--kill-seconds",
-        "2",
-        "--tick-ms",
-        "20",
-        "--json",
-    ]);
+    let mut args = vec!["cluster", "--neardup", neardup.to_str().unwrap(), "--docs", "3000"];
+    args.extend(SMALL);
+    let out = run_bench(&args);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench failed: {stderr}");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -82,31 +82,10 @@ fn the_cluster_benchmark_runs_every_phase_for_three_nodes_and_one() {
 #[test]
 fn the_cluster_benchmark_grows_from_one_node_to_four() {
     let neardup = binary();
-    let out = run_bench(&[
-        "cluster",
-        "--grow",
-        "--neardup",
-        neardup.to_str().unwrap(),
-        "--docs",
-        "3000",
-        "--grow-inserts",
-        "500",
-        "--queries",
-        "500",
-        "--rates",
-        "100",
-        "--seconds",
-        "1",
-        "--batch-queries",
-        "2000",
-        "--kill-rate",
-        "100",
-        "--kill-seconds",
-        "2",
-        "--tick-ms",
-        "20",
-        "--json",
-    ]);
+    let mut args = vec!["cluster", "--grow", "--neardup", neardup.to_str().unwrap()];
+    args.extend(["--docs", "3000", "--grow-inserts", "500"]);
+    args.extend(SMALL);
+    let out = run_bench(&args);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "bench failed: {stderr}");
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -542,6 +542,12 @@ async fn level(members: &[Member], lost: Option<u64>) -> Result<(), String> {
     level_on(members, lost, 2).await
 }
 
+/// Every unit of the map `s` shows: its serving replicas and its filling ones.
+fn units(s: &StatusResponse) -> impl Iterator<Item = (&Vec<u64>, &Vec<u64>)> {
+    let tablets = s.tablets.iter().map(|t| (&t.nodes, &t.filling));
+    tablets.chain(s.partitions.iter().map(|p| (&p.nodes, &p.filling)))
+}
+
 /// [`level`] with every unit on `replicas` serving replicas.
 async fn level_on(members: &[Member], lost: Option<u64>, replicas: usize) -> Result<(), String> {
     let limit = Instant::now() + Duration::from_secs(120);
@@ -556,12 +562,7 @@ async fn level_on(members: &[Member], lost: Option<u64>, replicas: usize) -> Res
                 .filter(|n| if Some(n.id) == lost { !n.lost } else { n.state != active })
                 .map(|n| n.id)
                 .collect();
-            let units = s
-                .tablets
-                .iter()
-                .map(|t| (&t.nodes, &t.filling))
-                .chain(s.partitions.iter().map(|p| (&p.nodes, &p.filling)));
-            let uneven = units
+            let uneven = units(&s)
                 .filter(|(n, f)| {
                     n.len() != replicas || !f.is_empty() || lost.is_some_and(|l| n.contains(&l))
                 })
@@ -738,14 +739,8 @@ async fn moving_to(m: &Member, node: u64, flipped: bool) -> Option<StatusRespons
     let limit = Instant::now() + Duration::from_secs(60);
     while Instant::now() < limit {
         if let Ok(s) = m.status().await {
-            let units = || {
-                s.tablets
-                    .iter()
-                    .map(|t| (&t.nodes, &t.filling))
-                    .chain(s.partitions.iter().map(|p| (&p.nodes, &p.filling)))
-            };
-            let filling = units().any(|(_, f)| f.contains(&node));
-            if filling && (!flipped || units().any(|(n, _)| n.contains(&node))) {
+            let filling = units(&s).any(|(_, f)| f.contains(&node));
+            if filling && (!flipped || units(&s).any(|(n, _)| n.contains(&node))) {
                 return Some(s);
             }
         }
@@ -840,12 +835,7 @@ async fn grow_from_one_node_to_four_then_remove_one_and_kill_one() {
             },
             _ => {
                 let source = moving_to(&members[0], id, false).await.and_then(|s| {
-                    let units = s
-                        .tablets
-                        .iter()
-                        .map(|t| (&t.nodes, &t.filling))
-                        .chain(s.partitions.iter().map(|p| (&p.nodes, &p.filling)));
-                    units
+                    units(&s)
                         .filter(|(_, f)| f.contains(&id))
                         .find_map(|(n, _)| n.iter().copied().find(|&n| n != 1))
                 });

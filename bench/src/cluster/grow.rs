@@ -103,19 +103,6 @@ async fn size_figures(
     Ok(out)
 }
 
-/// A client through `router` whose inserts are sent again on UNAVAILABLE (a leader
-/// election, a node marked down), as `measure` does.
-async fn writer(router: &str) -> Result<Client, String> {
-    let options = ClientOptions {
-        timeout: Duration::from_secs(600),
-        attempts: 41,
-        backoff: Duration::from_millis(250),
-        max_backoff: Duration::from_millis(250),
-        ..ClientOptions::default()
-    };
-    Client::connect_with(router, options).await.map_err(|e| e.to_string())
-}
-
 /// Node `procs[j]` joins through `via`; the rebalance that follows is timed, with queries
 /// through the router during it and once it is done.
 async fn join(
