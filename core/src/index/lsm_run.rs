@@ -274,6 +274,17 @@ impl Run {
         });
     }
 
+    /// How many documents, deleted ones included, have a fingerprint below `value`: a seek,
+    /// no scan.
+    pub(crate) fn docs_below(&self, value: u64) -> usize {
+        let mut rank = self.fps.len();
+        self.fps.scan_range_while(value, u64::MAX, |_, r| {
+            rank = r;
+            false
+        });
+        if rank >= self.fps.len() { self.docs.len() } else { self.docs.range_of_rank(rank).start }
+    }
+
     /// Calls `f(fp)` for every distinct fingerprint, in order.
     pub(crate) fn for_each_fp(&self, mut f: impl FnMut(u64)) {
         self.fps.scan_range(0, u64::MAX, |fp, _| f(fp));
@@ -354,6 +365,24 @@ impl Run {
             .range_of_rank(rank)
             .find(|&p| self.docs.id(p) == id && !self.docs.is_deleted(p))
             .is_some_and(|p| self.docs.mark_deleted(p))
+    }
+
+    /// The positions of the documents whose fingerprint is in `lo..=hi`: two seeks.
+    fn positions_in(&self, lo: u64, hi: u64) -> std::ops::Range<usize> {
+        let end = hi.checked_add(1).map_or(self.docs.len(), |v| self.docs_below(v));
+        self.docs_below(lo)..end
+    }
+
+    /// How many live documents have a fingerprint in `lo..=hi`: two seeks and a look at
+    /// the deletion mark of each document in the range, no decoding.
+    pub(crate) fn live_in_range(&self, lo: u64, hi: u64) -> usize {
+        self.positions_in(lo, hi).filter(|&p| !self.docs.is_deleted(p)).count()
+    }
+
+    /// Marks deleted every live document whose fingerprint is in `lo..=hi`; returns how
+    /// many.
+    pub(crate) fn delete_range(&self, lo: u64, hi: u64) -> usize {
+        self.positions_in(lo, hi).filter(|&p| self.docs.mark_deleted(p)).count()
     }
 
     /// Marks deleted every live document whose id is in `ids`; returns how many.

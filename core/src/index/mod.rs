@@ -697,6 +697,34 @@ impl Index {
         Ok(found)
     }
 
+    /// How many live documents have a fingerprint in `lo..=hi`, exactly: two seeks a run
+    /// and a look at the deletion marks of the range, no decoding.
+    pub fn live_count_in(&self, lo: u64, hi: u64) -> usize {
+        let buffered = self.frozen.iter().flat_map(|(_, b)| b.docs()).chain(self.buffer.docs());
+        self.runs.iter().map(|r| r.live_in_range(lo, hi)).sum::<usize>()
+            + buffered.filter(|d| (lo..=hi).contains(&d.fp)).count()
+    }
+
+    /// Deletes every document whose fingerprint is in `lo..=hi`; returns how many. Costs
+    /// two seeks a run and a mark a document, and a pass over the write buffers: a whole
+    /// range goes at once, not a lookup a document.
+    pub fn delete_range(&mut self, lo: u64, hi: u64) -> Result<usize> {
+        if lo > hi {
+            return Ok(0);
+        }
+        let inside = |d: &Doc| (lo..=hi).contains(&d.fp);
+        let mut n = self.buffer.retain(|d| !inside(d));
+        for (_, b) in &mut self.frozen {
+            n += b.retain(|d| !inside(d));
+        }
+        let in_runs: usize = self.runs.iter().map(|r| r.delete_range(lo, hi)).sum();
+        if in_runs > 0 {
+            self.compact_deleted()?;
+            self.sync_recent();
+        }
+        Ok(n + in_runs)
+    }
+
     /// Rewrites runs more than half deleted (inline merges only).
     fn compact_deleted(&mut self) -> Result<()> {
         if !self.config.auto_merge {
@@ -884,6 +912,25 @@ impl Index {
         for d in self.buffer.docs() {
             f(*d);
         }
+    }
+
+    /// About how many documents have a fingerprint in `lo..=hi`: deleted ones still in a
+    /// run count until a merge drops them. Costs two seeks a run and a pass over the write
+    /// buffers, not a scan of the range.
+    pub fn count_in(&self, lo: u64, hi: u64) -> u64 {
+        if lo > hi {
+            return 0;
+        }
+        let in_runs: usize = self
+            .runs
+            .iter()
+            .map(|r| {
+                let below_hi = hi.checked_add(1).map_or(r.len(), |v| r.docs_below(v));
+                below_hi - r.docs_below(lo)
+            })
+            .sum();
+        let buffered = self.frozen.iter().flat_map(|(_, b)| b.docs()).chain(self.buffer.docs());
+        (in_runs + buffered.filter(|d| (lo..=hi).contains(&d.fp)).count()) as u64
     }
 
     /// A page of the live documents whose fingerprint is in `lo..=hi`, by fingerprint then

@@ -637,6 +637,8 @@ enum Op {
     /// Freezes the buffer, or installs the oldest frozen buffer's run.
     Seal,
     Query(u64, u32),
+    /// Deletes the fingerprints within a range around a fingerprint: this wide (bits).
+    DeleteRange(u64, u32),
 }
 
 fn op_strategy() -> impl proptest::strategy::Strategy<Value = Op> {
@@ -656,6 +658,7 @@ fn op_strategy() -> impl proptest::strategy::Strategy<Value = Op> {
         1 => Just(Op::Flush),
         1 => Just(Op::Merge),
         1 => Just(Op::Seal),
+        1 => (fp.clone(), 0u32..64).prop_map(|(q, w)| Op::DeleteRange(q, w)),
         3 => (fp, 0u32..4).prop_map(|(q, k)| Op::Query(q, k)),
     ]
 }
@@ -708,6 +711,16 @@ proptest::proptest! {
                     let d = model.docs.remove(i % model.docs.len());
                     proptest::prop_assert!(index.delete_doc(d.id, d.fp).unwrap());
                 }
+                Op::DeleteRange(q, w) => {
+                    let mask = 1u64.checked_shl(w).map_or(u64::MAX, |x| x - 1);
+                    let (lo, hi) = (q & !mask, q | mask);
+                    let inside = |d: &Doc| (lo..=hi).contains(&d.fp);
+                    let want = model.docs.iter().filter(|d| inside(d)).count();
+                    proptest::prop_assert_eq!(index.live_count_in(lo, hi), want);
+                    model.docs.retain(|d| !inside(d));
+                    proptest::prop_assert_eq!(index.delete_range(lo, hi).unwrap(), want);
+                    proptest::prop_assert_eq!(index.live_count_in(lo, hi), 0);
+                }
                 Op::Flush => {
                     index.flush().unwrap();
                     seals.clear();
@@ -744,6 +757,15 @@ proptest::proptest! {
                         let mut want: Vec<Doc> =
                             model.docs.iter().filter(|d| (lo..=hi).contains(&d.fp)).copied().collect();
                         want.sort_unstable_by_key(|d| (d.fp, d.id));
+                        // Counted by seeks: the live ones, and at most the deleted ones a
+                        // run still holds besides.
+                        let dead: usize = index.runs().iter().map(|r| r.deleted()).sum();
+                        let counted = index.count_in(lo, hi) as usize;
+                        proptest::prop_assert!(
+                            counted >= want.len() && counted <= want.len() + dead,
+                            "{} counted in {:#x}..={:#x}: {} live, {} deleted in runs",
+                            counted, lo, hi, want.len(), dead
+                        );
                         let (mut got, mut from) = (Vec::new(), Some(lo));
                         while let Some(f) = from {
                             let (page, next) = index.live_in(f, hi, k as usize + 1);
