@@ -235,6 +235,8 @@ impl DocTable {
                 self.remove(id);
                 self.next_id = self.next_id.max(id + 1);
             }
+            // Only in shards without names, which keep no document table.
+            Op::RemoveRange { .. } => {}
         }
     }
 

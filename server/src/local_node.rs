@@ -521,6 +521,25 @@ impl LocalNode {
         }
     }
 
+    /// Where to split the tablet `unit` (see [`NodeStore::split_point`]) once this node's
+    /// copy holds more than `threshold` entries, at a multiple of `2^(64 - prefix_bits)`.
+    /// `None` when it should not split, or is not in this node's map.
+    pub async fn split_point(
+        &self,
+        unit: Unit,
+        prefix_bits: u32,
+        threshold: u64,
+    ) -> DataResult<Option<u64>> {
+        let Unit::Tablet { table, start } = unit else {
+            return Err(DataError::Internal(format!("{unit:?} is no tablet")));
+        };
+        let Some(end) = self.map.borrow().tablet(table, start).map(|t| t.end) else {
+            return Ok(None);
+        };
+        let store = self.store.clone();
+        blocking(move || store.split_point(table, start, end, prefix_bits, threshold)).await
+    }
+
     /// Waits for the reads checked under maps older than this node's current one: after it,
     /// no read touches a copy that map took away (later reads are refused by the map), so
     /// [`drop_page`](Self::drop_page) may remove it.
@@ -532,7 +551,9 @@ impl LocalNode {
     /// replica moved away, or taken from a node marked lost), from `cursor` (0 to start),
     /// durably, once [`fence_reads`](Self::fence_reads) was called under a map that had
     /// taken it away: the entries or documents removed (their bytes, about), and the cursor
-    /// of the next page (`None`: done). A unit given back to this node meanwhile is left as
+    /// of the next page (`None`: done). A tablet goes in one page, a range removal
+    /// ([`NodeStore::remove_tablet_range`]: one log record, a deletion mark an entry); a
+    /// partition's documents a page at a time. A unit given back to this node meanwhile is left as
     /// it is (`None` at once): its fill brings it level. Writes sent under older maps are
     /// refused once the node's map dropped it from the unit's writers; one accepted just
     /// before may leave an entry behind, never read.
@@ -547,17 +568,12 @@ impl LocalNode {
                 let Some(end) = map.tablet(table, start).map(|t| t.end) else {
                     return Ok((0, None));
                 };
+                // The whole range at once: one log record, a mark an entry.
                 let from = cursor.max(start);
-                let page =
-                    blocking(move || store.scan_tablet_page(table, from, end, TABLET_PAGE)).await?;
-                let bytes = crate::data_types::entries_bytes(page.items.len());
-                let ops: Vec<(u32, TabletOp)> = page
-                    .items
-                    .into_iter()
-                    .map(|(gid, fp)| (table, TabletOp::Remove { gid, fp }))
-                    .collect();
-                self.write(move |s| s.append_tablets(ops, &[])).await?;
-                Ok((bytes, page.next))
+                let (durable, removed) =
+                    blocking(move || store.remove_tablet_range(table, from, end)).await?;
+                durable.wait().await?;
+                Ok((crate::data_types::entries_bytes(removed as usize), None))
             }
             Unit::Partition(p) => {
                 let page =

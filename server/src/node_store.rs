@@ -459,18 +459,65 @@ impl NodeStore {
         Ok(ScanPage { items: found.into_iter().map(|d| (d.id, perm.invert(d.fp))).collect(), next })
     }
 
+    /// Where to split the tablet `[start, end]` of `table` once it holds more than
+    /// `threshold` entries (about: see [`Shard::count_entries`](crate::Shard::count_entries)): the multiple of
+    /// `2^(64 - prefix_bits)` inside it that leaves the two halves the closest to equal.
+    /// `None` below the threshold, and when one prefix holds every entry.
+    pub fn split_point(
+        &self,
+        table: u32,
+        start: u64,
+        end: u64,
+        prefix_bits: u32,
+        threshold: u64,
+    ) -> Result<Option<u64>> {
+        let shard = self.table(table)?;
+        let total = shard.count_entries(start, end)?;
+        if total <= threshold || prefix_bits == 0 || start >= end {
+            return Ok(None);
+        }
+        let shift = 64 - prefix_bits.min(64);
+        // Entries below prefix `p`'s first value, for `p` past the tablet's first prefix.
+        let below = |p: u64| shard.count_entries(start, (p << shift) - 1);
+        let (first, last) = (start >> shift, end >> shift);
+        if first == last {
+            return Ok(None);
+        }
+        let half = total / 2;
+        // The first prefix in (first, last] with at least half the entries below it.
+        let (mut lo, mut hi) = (first + 1, last);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if below(mid)? >= half {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        let mut at = lo;
+        if lo - 1 > first && below(lo)?.abs_diff(half) > below(lo - 1)?.abs_diff(half) {
+            at = lo - 1;
+        }
+        let b = below(at)?;
+        Ok((b > 0 && b < total).then_some(at << shift))
+    }
+
     /// Removes every entry of `table` whose permuted value is in `[start, end]` (a tablet
     /// that moved away), durably.
     pub async fn drop_tablet(&self, table: u32, start: u64, end: u64) -> Result<()> {
         let shard = self.table(table)?;
-        let gone: Vec<EntryOp> = shard
-            .entries_in(start, end, usize::MAX)?
-            .0
-            .into_iter()
-            .map(|d| EntryOp { put: false, id: d.id, fp: d.fp, new: false })
-            .collect();
-        let seq = shard.write_entries(&gone)?;
+        let (seq, _) = shard.remove_range(start, end)?;
         shard.wait_durable(seq).await
+    }
+
+    /// The first half of [`drop_tablet`](Self::drop_tablet): removes the range and logs it
+    /// ([`Shard::remove_range`](crate::Shard::remove_range)), and returns what to wait for
+    /// until that is durable and how many entries it removed. It may block (under the
+    /// table's write lock, a pass over the range's deletion marks).
+    pub fn remove_tablet_range(&self, table: u32, start: u64, end: u64) -> Result<(Durable, u64)> {
+        let shard = self.table(table)?;
+        let (seq, removed) = shard.remove_range(start, end)?;
+        Ok((Durable(vec![(shard.clone(), seq)]), removed))
     }
 
     /// Applies document ops durably. A Put whose name is held by another gid replaces it

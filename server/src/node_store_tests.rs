@@ -177,6 +177,27 @@ fn check_tablets(node: &NodeStore, model: &Entries, g: &mut Gen) {
     }
 }
 
+/// Drops a random range of one table's permuted values ([`NodeStore::drop_tablet`]: one
+/// range removal), checks it is empty, then puts its entries back, as a tablet that moved
+/// away and was copied back: the log holds the removal and the puts after it, and every
+/// entry must be there once.
+fn drop_some(node: &NodeStore, model: &Entries, g: &mut Gen, design: &Design) {
+    let t = g.rng.below(design.tables().len() as u64) as u32;
+    let mask = u64::MAX >> (1 + g.rng.below(6));
+    let (a, b) = (g.rng.next_u64() & !mask, g.rng.next_u64() | mask);
+    let (lo, hi) = (a.min(b), a.max(b));
+    let perm = &design.tables()[t as usize].perm;
+    let back: Vec<(u32, TabletOp)> = model
+        .0
+        .iter()
+        .filter(|e| e.0 == t && (lo..=hi).contains(&perm.apply(e.2)))
+        .map(|&(_, gid, fp)| (t, TabletOp::Put { gid, fp }))
+        .collect();
+    block_on(node.drop_tablet(t, lo, hi)).unwrap();
+    assert!(node.scan_tablet(t, lo, hi).unwrap().is_empty());
+    block_on(node.write_tablets(back)).unwrap();
+}
+
 #[test]
 fn tablet_probes_match_brute_force_through_crashes_and_restarts() {
     for (seed, text) in [(1, "5c2"), (2, "paper-16")] {
@@ -187,16 +208,32 @@ fn tablet_probes_match_brute_force_through_crashes_and_restarts() {
         let node = open(dir.path(), &design);
         for _ in 0..12 {
             tablet_round(&node, &mut model, &mut g, tables);
+            if g.rng.below(3) == 0 {
+                drop_some(&node, &model, &mut g, &design);
+            }
         }
         check_tablets(&node, &model, &mut g);
-        // A crash: everything acknowledged is there after recovery.
+        // A crash: everything acknowledged is there after recovery (range removals among
+        // the records replayed).
+        drop_some(&node, &model, &mut g, &design);
         node.close_without_checkpoint();
         drop(node);
         let node = open(dir.path(), &design);
         check_tablets(&node, &model, &mut g);
         for _ in 0..6 {
             tablet_round(&node, &mut model, &mut g, tables);
+            drop_some(&node, &model, &mut g, &design);
         }
+        // With the runs checkpointed first, the removal's replay meets entries in runs.
+        for s in &node.tables {
+            s.checkpoint().unwrap();
+        }
+        tablet_round(&node, &mut model, &mut g, tables);
+        drop_some(&node, &model, &mut g, &design);
+        check_tablets(&node, &model, &mut g);
+        node.close_without_checkpoint();
+        drop(node);
+        let node = open(dir.path(), &design);
         check_tablets(&node, &model, &mut g);
         // Rebuilt as one run each (from the index's own entries, without names).
         for s in node.tables.iter().chain([&node.docs]) {
@@ -341,6 +378,57 @@ fn scan_and_drop_tablets_by_range() {
             assert_eq!(got, &model.probe(&design, 1, q, k));
         }
     }
+    node.shutdown().unwrap();
+}
+
+#[test]
+fn a_split_point_halves_a_tablet_at_a_prefix_boundary() {
+    let dir = tempfile::tempdir().unwrap();
+    let design = Design::parse("5c2").unwrap();
+    let node = open(dir.path(), &design);
+    let (mut model, mut g) = (Entries::default(), Gen::new(21));
+    g.centres.extend((0..64).map(|i| (i as u64) << 58 | 0x9abc_def0));
+    // Puts only: with nothing removed, the counts are exact.
+    for _ in 0..6 {
+        let mut ops = Vec::new();
+        for _ in 0..40 {
+            let (gid, fp) = (g.gid(), g.fp());
+            ops.push((2, TabletOp::Put { gid, fp }));
+            model.0.insert((2, gid, fp));
+        }
+        block_on(node.write_tablets(ops)).unwrap();
+    }
+    let bits = design.min_prefix_bits();
+    let step = 1u64 << (64 - bits);
+    let perm = design.tables()[2].perm.clone();
+    let values: Vec<u64> = {
+        let mut v: Vec<u64> =
+            model.0.iter().filter(|e| e.0 == 2).map(|e| perm.apply(e.2)).collect();
+        v.sort_unstable();
+        v
+    };
+    let in_range = |lo: u64, hi: u64| values.iter().filter(|&&v| (lo..=hi).contains(&v)).count();
+    for (start, end) in [(0, u64::MAX), (1 << 62, (1 << 63) - 1)] {
+        let total = in_range(start, end) as u64;
+        assert!(total > 20, "the range holds {total} entries");
+        // At or below the threshold: no split.
+        assert_eq!(node.split_point(2, start, end, bits, total).unwrap(), None);
+        let at = node.split_point(2, start, end, bits, total / 2).unwrap().unwrap();
+        assert!(at > start && at <= end && at.is_multiple_of(step), "{at:#x}");
+        let (lower, upper) = (in_range(start, at - 1), in_range(at, end));
+        assert!(lower > 0 && upper > 0);
+        // No other boundary comes closer to halving it: the prefixes next to `at` would
+        // leave a larger difference (the count is exact here, nothing was merged away).
+        let off = |b: u64| (2 * in_range(start, b - 1) as i64 - total as i64).abs();
+        for b in [at - step, at + step] {
+            if b > start && b <= end {
+                assert!(off(at) <= off(b), "{at:#x} against {b:#x}");
+            }
+        }
+    }
+    // Every entry of one prefix: nothing to split.
+    let one = values[values.len() / 2] & !(step - 1);
+    assert_eq!(node.split_point(2, one, one + step - 1, bits, 0).unwrap(), None);
     node.shutdown().unwrap();
 }
 

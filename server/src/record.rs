@@ -12,8 +12,10 @@
 //! fingerprint. Format 2 adds tag 3, a `Put` with a sketch: a `Put`'s fields, then the
 //! sketch's length `u8` and its bytes (`neardup_core::sketch`). Format 3 adds tag 4, the same
 //! with the sketch's length as a `u16` (a version 2 sketch that keeps its set is up to
-//! 1,092 bytes). A record is written in the lowest format its operations need (one with no
-//! sketch in format 1, byte for byte as before sketches existed); all three are read.
+//! 1,092 bytes). Format 4 adds tag 5, a `RemoveRange`: the range's first and last value and
+//! how many entries it removed (`u64` each). A record is written in the lowest format its
+//! operations need (one with no sketch in format 1, byte for byte as before sketches
+//! existed); all four are read.
 
 use crate::error::{Error, Result};
 
@@ -26,6 +28,11 @@ const PUT_SKETCH: u8 = 3;
 /// The format of records holding a `Put` with a sketch longer than 255 bytes.
 const FORMAT_LONG_SKETCH: u8 = 3;
 const PUT_LONG_SKETCH: u8 = 4;
+/// The format of records holding a `RemoveRange`.
+const FORMAT_RANGE: u8 = 4;
+const REMOVE_RANGE: u8 = 5;
+/// Bytes of a `RemoveRange`.
+pub const REMOVE_RANGE_BYTES: usize = 1 + 8 * 3;
 /// Bytes of a `Put` besides its name.
 pub const PUT_FIXED_BYTES: usize = 1 + 8 * 4 + 2;
 /// Bytes of a `Remove`.
@@ -58,6 +65,17 @@ pub enum Op<'a> {
         /// Its fingerprint.
         fp: u64,
     },
+    /// Remove every entry whose value is in `lo..=hi` (a shard without names only: a
+    /// tablet's range that moved away); `count` is how many that removed when written, and
+    /// replaying it must remove as many.
+    RemoveRange {
+        /// First value of the range.
+        lo: u64,
+        /// Last value of the range.
+        hi: u64,
+        /// Entries removed.
+        count: u64,
+    },
 }
 
 impl Op<'_> {
@@ -70,6 +88,7 @@ impl Op<'_> {
                     + sketch.map_or(0, |s| if s.len() <= 255 { 1 } else { 2 } + s.len())
             }
             Op::Remove { .. } => REMOVE_BYTES,
+            Op::RemoveRange { .. } => REMOVE_RANGE_BYTES,
         }
     }
 }
@@ -112,7 +131,7 @@ impl RecordWriter {
                         let n =
                             u16::try_from(sk.len()).expect("sketches are validated to fit a u16");
                         self.buf.extend_from_slice(&n.to_le_bytes());
-                        self.buf[0] = FORMAT_LONG_SKETCH;
+                        self.buf[0] = self.buf[0].max(FORMAT_LONG_SKETCH);
                     } else {
                         self.buf.push(sk.len() as u8);
                         self.buf[0] = self.buf[0].max(FORMAT_SKETCH);
@@ -124,6 +143,13 @@ impl RecordWriter {
                 self.buf.push(REMOVE);
                 self.buf.extend_from_slice(&id.to_le_bytes());
                 self.buf.extend_from_slice(&fp.to_le_bytes());
+            }
+            Op::RemoveRange { lo, hi, count } => {
+                self.buf.push(REMOVE_RANGE);
+                for v in [lo, hi, count] {
+                    self.buf.extend_from_slice(&v.to_le_bytes());
+                }
+                self.buf[0] = self.buf[0].max(FORMAT_RANGE);
             }
         }
         self.count += 1;
@@ -168,7 +194,7 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<Op<'_>>> {
     }
     let mut b = body;
     let format = take::<1>(&mut b).ok_or_else(|| bad("truncated"))?[0];
-    if ![FORMAT, FORMAT_SKETCH, FORMAT_LONG_SKETCH].contains(&format) {
+    if ![FORMAT, FORMAT_SKETCH, FORMAT_LONG_SKETCH, FORMAT_RANGE].contains(&format) {
         return Err(bad(&format!("unknown format {format}")));
     }
     let count = u32::from_le_bytes(take(&mut b).ok_or_else(|| bad("truncated"))?);
@@ -208,6 +234,10 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<Op<'_>>> {
             REMOVE => {
                 let (id, fp) = (u()?, u()?);
                 ops.push(Op::Remove { id, fp });
+            }
+            REMOVE_RANGE if format >= FORMAT_RANGE => {
+                let (lo, hi, count) = (u()?, u()?, u()?);
+                ops.push(Op::RemoveRange { lo, hi, count });
             }
             t => return Err(bad(&format!("unknown operation {t}"))),
         }
@@ -250,6 +280,38 @@ mod tests {
             assert!(decode(&bytes[..i]).is_err(), "truncated to {i}");
         }
         assert_eq!(bytes[0], FORMAT_SKETCH);
+    }
+
+    #[test]
+    fn range_removals_take_format_4() {
+        let ops = [
+            Op::Remove { id: 5, fp: 9 },
+            Op::RemoveRange { lo: 3, hi: u64::MAX, count: 17 },
+            Op::Put { id: 8, fp: 1, ts: 2, cluster: 8, name: "", sketch: Some(&[4; 300]) },
+        ];
+        let mut w = RecordWriter::new();
+        for op in &ops {
+            w.push(op);
+        }
+        let bytes = w.finish();
+        assert_eq!(bytes[0], FORMAT_RANGE);
+        assert_eq!(
+            bytes.len(),
+            RECORD_OVERHEAD + ops.iter().map(|o| o.encoded_len()).sum::<usize>()
+        );
+        assert_eq!(decode(&bytes).unwrap(), ops);
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x10;
+            assert!(decode(&b).is_err(), "flip at {i}");
+        }
+        // A range in a record of an earlier format is damage.
+        let mut bad = bytes.clone();
+        bad[0] = FORMAT_LONG_SKETCH;
+        let n = bad.len() - 4;
+        let crc = crc32fast::hash(&bad[..n]);
+        bad[n..].copy_from_slice(&crc.to_le_bytes());
+        assert!(decode(&bad).is_err());
     }
 
     #[test]

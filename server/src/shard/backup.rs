@@ -286,6 +286,11 @@ impl BackupCopy {
                         sketch: sketch.map(<[u8]>::to_vec),
                     }),
                     Op::Remove { id, .. } => tail.removed.push(id),
+                    Op::RemoveRange { .. } => {
+                        return Err(Error::Internal(
+                            "a shard with names logged a range removal".into(),
+                        ));
+                    }
                 }
             }
         }

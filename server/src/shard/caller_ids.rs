@@ -148,11 +148,39 @@ impl Shard {
         self.append(st, &plan)
     }
 
+    /// Removes every entry whose value is in `lo..=hi` (a shard without names: a tablet
+    /// that moved away) in one log record that names the range, not the entries: two seeks
+    /// a run and a mark an entry, under the write lock. Returns the log sequence to wait
+    /// for and how many entries it removed (none: nothing logged).
+    pub fn remove_range(&self, lo: u64, hi: u64) -> Result<(u64, u64)> {
+        self.check_serving()?;
+        self.check_nameless()?;
+        if lo > hi {
+            return Err(Error::InvalidInput(format!("an empty range {lo:#x}..={hi:#x}")));
+        }
+        let mut st = self.state.write();
+        let st = &mut *st;
+        let count = st.index.live_count_in(lo, hi) as u64;
+        if count == 0 {
+            return Ok((st.last_seq, 0));
+        }
+        let mut plan = RecordPlan::new();
+        plan.push(Op::RemoveRange { lo, hi, count }, None);
+        Ok((self.append(st, &plan)?, count))
+    }
+
     /// A page of the live entries whose value is in `lo..=hi`, in value order (then id), and
     /// where the next page starts: see [`Index::live_in`](neardup_core::Index::live_in).
     pub fn entries_in(&self, lo: u64, hi: u64, limit: usize) -> Result<(Vec<Doc>, Option<u64>)> {
         self.check_serving()?;
         Ok(self.state.read().index.live_in(lo, hi, limit))
+    }
+
+    /// About how many entries have a value in `lo..=hi` (removed ones count until a merge
+    /// drops them): see [`Index::count_in`](neardup_core::Index::count_in).
+    pub fn count_entries(&self, lo: u64, hi: u64) -> Result<u64> {
+        self.check_serving()?;
+        Ok(self.state.read().index.count_in(lo, hi))
     }
 
     /// The raw matches of each query within `k`, by distance, then timestamp, then id, into

@@ -324,6 +324,11 @@ impl Shard {
                     docs.clear();
                     st.index.delete_doc(id, fp)?;
                 }
+                Op::RemoveRange { lo, hi, .. } => {
+                    st.index.insert_many(&docs)?;
+                    docs.clear();
+                    st.index.delete_range(lo, hi)?;
+                }
             }
         }
         st.index.insert_many(&docs)?;

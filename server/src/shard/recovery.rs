@@ -193,9 +193,11 @@ impl Shard {
                             Op::Put { id, fp, ts, cluster, name, sketch: _ } => {
                                 Ok(DocEntry { id, fp, ts, cluster, name: name.into() })
                             }
-                            Op::Remove { .. } => Err(Error::CorruptTablet(format!(
-                                "document snapshot chunk {c} holds a removal"
-                            ))),
+                            Op::Remove { .. } | Op::RemoveRange { .. } => {
+                                Err(Error::CorruptTablet(format!(
+                                    "document snapshot chunk {c} holds a removal"
+                                )))
+                            }
                         })
                         .collect()
                 })
@@ -218,7 +220,13 @@ impl Shard {
                         match op {
                             Op::Put { .. } => tail.puts += 1,
                             Op::Remove { .. } => tail.removes += 1,
+                            Op::RemoveRange { count, .. } => tail.removes += count,
                         }
+                    }
+                    if self.config.names && matches!(op, Op::RemoveRange { .. }) {
+                        return Err(Error::CorruptTablet(format!(
+                            "log record {seq} removes a range from a shard with names"
+                        )));
                     }
                     if seq > docsnap.covered && self.config.names {
                         docs.apply(&op);
@@ -281,6 +289,24 @@ impl Shard {
                             None => {
                                 index.delete_doc(id, fp)?;
                             }
+                        }
+                    }
+                    Op::RemoveRange { lo, hi, count } => {
+                        // The replayed puts before it in the range, and the runs' entries.
+                        let mut removed = 0u64;
+                        for p in pending.iter_mut() {
+                            if p.is_some_and(|d| (lo..=hi).contains(&d.fp)) {
+                                *p = None;
+                                removed += 1;
+                            }
+                        }
+                        pending_at.retain(|&(_, fp), _| !(lo..=hi).contains(&fp));
+                        removed += index.delete_range(lo, hi)? as u64;
+                        if removed != count {
+                            return Err(Error::CorruptTablet(format!(
+                                "a logged removal of {lo:#x}..={hi:#x} took {count} entries, \
+                                 its replay {removed}"
+                            )));
                         }
                     }
                 }

@@ -193,7 +193,8 @@ impl Shard {
                 Op::Put { id, sketch: Some(s), .. } => {
                     q.insert(id, (seq, Some(s.to_vec())));
                 }
-                Op::Put { sketch: None, .. } => {}
+                // Shards without names keep no sketches.
+                Op::Put { sketch: None, .. } | Op::RemoveRange { .. } => {}
                 Op::Remove { id, .. } => {
                     q.insert(id, (seq, None));
                 }
@@ -241,7 +242,7 @@ impl Shard {
     pub(super) fn store_sketch(spaces: &Spaces, op: &Op<'_>) -> Result<()> {
         match *op {
             Op::Put { id, sketch: Some(s), .. } => spaces.sketches.put(&key64(id), s),
-            Op::Put { sketch: None, .. } => Ok(()),
+            Op::Put { sketch: None, .. } | Op::RemoveRange { .. } => Ok(()),
             Op::Remove { id, .. } => spaces.sketches.remove(&key64(id)),
         }
     }
