@@ -194,6 +194,10 @@ pub struct ClusterSection {
     /// Entries a page of a tablet copy holds (a partition's pages hold an eighth as many
     /// documents): the memory a copy takes on each side. 0: the source's default, 65536.
     pub copy_page_entries: u32,
+    /// A tablet splits in two, on the same nodes, once its replicas hold more than this many
+    /// entries (each a fingerprint of one table); placement then spreads the tablets. 0:
+    /// tablets never split.
+    pub split_entries: u64,
     /// The cluster CA's certificate (PEM): with `tls_cert_file` and `tls_key_file`, the
     /// internal port takes only connections presenting a certificate it signed, and this node
     /// calls its peers with its own (mutual TLS). Empty: plaintext.
@@ -232,6 +236,7 @@ impl Default for ClusterSection {
             rebuild_after_ms: 300_000,
             copy_rate_mb: 0,
             copy_page_entries: 65536,
+            split_entries: 1 << 24,
             tls_ca_file: String::new(),
             tls_cert_file: String::new(),
             tls_key_file: String::new(),

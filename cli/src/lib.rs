@@ -6,7 +6,8 @@
 //! - `shard`, `router`: the two roles as separate processes;
 //! - `insert`, `query`, `check`, `delete`, `stats`, `fingerprint`: client calls, printing
 //!   JSON lines;
-//! - `cluster`: the admin API of a cluster node (status, add, remove, transfer-leader);
+//! - `cluster`: the admin API of a cluster node (status, add, remove, transfer-leader,
+//!   rebalance);
 //! - `dedup`: corpus dedup, offline (the `neardup-dedup` library);
 //! - `token`: API tokens for a server's tokens file;
 //! - `cert`: a certificate authority and certificates for TLS.
@@ -71,7 +72,7 @@ pub enum Command {
     Restore(cmd::backup::RestoreArgs),
     /// Fingerprint texts.
     Fingerprint(cmd::fingerprint::FingerprintArgs),
-    /// Administer a cluster: status, add, remove, transfer-leader (JSON output).
+    /// Administer a cluster: status, add, remove, transfer-leader, rebalance (JSON output).
     Cluster(cmd::cluster::ClusterArgs),
     /// Every document's duplicate cluster and original, for a whole corpus (offline).
     Dedup(neardup_dedup::DedupArgs),

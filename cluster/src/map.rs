@@ -185,6 +185,11 @@ pub struct ClusterMap {
     /// refused by the other nodes even when they hold a valid certificate.
     #[serde(default)]
     pub removed: BTreeSet<NodeId>,
+    /// The design's smallest prefix (bits), from the bootstrap: a tablet splits only at a
+    /// multiple of `2^(64 - min_prefix_bits)` ([`Command::SplitTablet`]), so that a
+    /// query's prefix still decides one tablet per table. `None` (unknown): no splits.
+    #[serde(default)]
+    pub min_prefix_bits: Option<u32>,
 }
 
 /// How a new cluster lays out its data (the [`Command::Bootstrap`] parameters).
@@ -314,6 +319,23 @@ pub enum Command {
         /// The node whose replica is ready.
         node: NodeId,
     },
+    /// Cuts a tablet in two at permuted value `at`: `[start, at - 1]` keeps the unit, and
+    /// `[at, end]` becomes the tablet starting at `at`, on the same nodes, so no data moves
+    /// (each node stores a table's tablets together). Placement then balances the tablets
+    /// again, which may move the new one. Refused while any replica of the tablet fills or
+    /// leaves, and unless `at` is inside the tablet at a prefix boundary (see
+    /// [`ClusterMap::min_prefix_bits`]).
+    SplitTablet {
+        /// The table.
+        table: u32,
+        /// The tablet's first permuted value.
+        start: u64,
+        /// The first permuted value of the new tablet.
+        at: u64,
+    },
+    /// Places every unit again as a membership change would (see [`crate::placement`]): the
+    /// units a manual [`Command::SetTabletNodes`] put aside go back to balance.
+    Rebalance,
     /// Marks a down node lost (down for longer than the rebuild time): placement stops
     /// counting on it, so its units take new replicas on the other nodes, filled from the
     /// surviving ones; its own replicas leave once those are ready. Back, it is active again
@@ -470,6 +492,7 @@ impl ClusterMap {
                 self.replicas = layout.replicas;
                 self.split_bits = sb;
                 self.next_gid_seq = 1;
+                self.min_prefix_bits = *min_prefix_bits;
                 placement::rebalance(self);
             }
             Command::AddNode { id, public_addr, internal_addr } => {
@@ -654,6 +677,15 @@ impl ClusterMap {
                 }
                 placement::settle(self, *unit);
             }
+            Command::SplitTablet { table, start, at } => {
+                self.bootstrapped()?;
+                self.split_tablet(*table, *start, *at)?;
+                placement::rebalance(self);
+            }
+            Command::Rebalance => {
+                self.bootstrapped()?;
+                placement::rebalance(self);
+            }
             Command::NodeLost { id } => {
                 self.bootstrapped()?;
                 let node = self.node_mut(*id)?;
@@ -781,12 +813,53 @@ impl ClusterMap {
 
     /// The tablet of `table` that holds permuted value `permuted`.
     pub fn tablet_for(&self, table: u32, permuted: u64) -> Option<&Tablet> {
-        self.tablets.iter().find(|t| t.table == table && t.start <= permuted && permuted <= t.end)
+        // The last tablet starting at or below (table, permuted): the tablets are ordered.
+        let i = self.tablets.partition_point(|t| (t.table, t.start) <= (table, permuted));
+        let t = self.tablets.get(i.checked_sub(1)?)?;
+        (t.table == table && permuted <= t.end).then_some(t)
     }
 
     /// The tablet of `table` starting at permuted value `start`.
     pub fn tablet(&self, table: u32, start: u64) -> Option<&Tablet> {
-        self.tablets.iter().find(|t| t.table == table && t.start == start)
+        self.tablet_index(table, start).map(|i| &self.tablets[i])
+    }
+
+    fn tablet_index(&self, table: u32, start: u64) -> Option<usize> {
+        self.tablets.binary_search_by_key(&(table, start), |t| (t.table, t.start)).ok()
+    }
+
+    /// [`Command::SplitTablet`] without the placement after it.
+    fn split_tablet(&mut self, table: u32, start: u64, at: u64) -> Result<(), MapError> {
+        let unit = Unit::Tablet { table, start };
+        let Some(i) = self.tablet_index(table, start) else {
+            return Err(MapError::Invalid(format!("no unit {unit:?} in the map")));
+        };
+        let Some(bits) = self.min_prefix_bits else {
+            return Err(MapError::Refused(
+                "the map does not know the design's prefix length (bootstrapped by an older \
+                 release), so no tablet splits"
+                    .into(),
+            ));
+        };
+        let t = &self.tablets[i];
+        let step = 1u64.checked_shl(64 - bits.min(64)).unwrap_or(0);
+        if at <= t.start || at > t.end || (step > 1 && !at.is_multiple_of(step)) {
+            return Err(MapError::Invalid(format!(
+                "{at:#x} is not a prefix boundary ({bits} bits) inside {unit:?}, which ends at \
+                 {:#x}",
+                t.end
+            )));
+        }
+        if !t.filling.is_empty() || t.nodes.iter().any(|&n| self.leaving.contains(&(unit, n))) {
+            return Err(MapError::Refused(format!(
+                "{unit:?} has replicas filling or leaving; it splits once they are settled"
+            )));
+        }
+        let mut upper = t.clone();
+        upper.start = at;
+        self.tablets[i].end = at - 1;
+        self.tablets.insert(i + 1, upper);
+        Ok(())
     }
 
     /// The tablet unit of `table` of `design` that holds fingerprint `fp` (the tablet of its
@@ -816,11 +889,11 @@ impl ClusterMap {
         unit: Unit,
     ) -> Option<(&mut Vec<NodeId>, &mut Vec<NodeId>)> {
         match unit {
-            Unit::Tablet { table, start } => self
-                .tablets
-                .iter_mut()
-                .find(|t| t.table == table && t.start == start)
-                .map(|t| (&mut t.nodes, &mut t.filling)),
+            Unit::Tablet { table, start } => {
+                let i = self.tablet_index(table, start)?;
+                let t = &mut self.tablets[i];
+                Some((&mut t.nodes, &mut t.filling))
+            }
             Unit::Partition(p) => self
                 .partitions
                 .get_mut(p as usize)
@@ -966,6 +1039,83 @@ mod tests {
 
     fn add(id: NodeId) -> Command {
         Command::AddNode { id, public_addr: format!("p{id}"), internal_addr: format!("i{id}") }
+    }
+
+    #[test]
+    fn a_split_keeps_the_nodes_and_placement_then_spreads_the_tablets() {
+        let mut map = three_voters();
+        let t = map.tablets[0].clone();
+        let unit = t.unit();
+        let mid = 1u64 << 61;
+        let split = |at| Command::SplitTablet { table: t.table, start: t.start, at };
+        // Not at a prefix boundary, outside the tablet, at its start: refused.
+        for at in [mid + 1, t.end.wrapping_add(1), t.start] {
+            assert!(matches!(map.apply(&split(at)), Err(MapError::Invalid(_))), "{at:#x}");
+        }
+        assert!(matches!(
+            map.apply(&Command::SplitTablet { table: 0, start: 5, at: mid }),
+            Err(MapError::Invalid(_))
+        ));
+        // A map that does not know the prefix length refuses.
+        let mut unknown = map.clone();
+        unknown.min_prefix_bits = None;
+        assert!(matches!(unknown.apply(&split(mid)), Err(MapError::Refused(_))));
+        let before = map.clone();
+        map.apply(&split(mid)).unwrap();
+        assert_eq!(map.tablets.len(), 41);
+        let (lower, upper) = (map.tablet(0, t.start).unwrap(), map.tablet(0, mid).unwrap());
+        assert_eq!((lower.end, upper.end), (mid - 1, t.end));
+        assert_eq!(lower.nodes, t.nodes);
+        assert_eq!(map.tablet_for(0, mid - 1).unwrap().start, t.start);
+        assert_eq!(map.tablet_for(0, mid).unwrap().start, mid);
+        assert_eq!(map.tablet_for(0, t.end).unwrap().start, mid);
+        // Placement balanced the 41 tablets (2 replicas on 3 nodes: 27 or 28 each) by moving
+        // at most one replica; every other unit stayed where it was.
+        let loads: Vec<usize> = [1, 2, 3]
+            .iter()
+            .map(|n| {
+                map.tablets
+                    .iter()
+                    .filter(|t| placement::targets(&map, t.unit()).contains(n))
+                    .count()
+            })
+            .collect();
+        assert!(loads.iter().all(|&l| l == 27 || l == 28), "{loads:?}");
+        let moved = target_pairs(&map).difference(&target_pairs(&before)).count();
+        assert!(moved <= 3, "{moved} replicas moved");
+        // A tablet with a replica filling does not split until it is ready.
+        let filling = map.tablets.iter().find(|t| !t.filling.is_empty()).map(|t| t.unit());
+        if let Some(Unit::Tablet { table, start }) = filling {
+            let end = map.tablet(table, start).unwrap().end;
+            let at = start + (((end - start) / 2) & !((1 << 38) - 1));
+            let r = map.apply(&Command::SplitTablet { table, start, at });
+            assert!(matches!(r, Err(MapError::Refused(_))), "{r:?}");
+        }
+        all_ready(&mut map);
+        assert!(map.holds(unit, t.nodes[0]));
+    }
+
+    #[test]
+    fn a_rebalance_places_a_manual_override_again() {
+        let mut map = three_voters();
+        map.apply(&Command::SetTabletNodes { table: 0, nodes: vec![1] }).unwrap();
+        let on = |map: &ClusterMap| {
+            map.tablets.iter().filter(|t| t.table == 0).map(|t| t.nodes.clone()).collect::<Vec<_>>()
+        };
+        assert!(on(&map).iter().all(|n| n == &vec![1]));
+        map.apply(&Command::Rebalance).unwrap();
+        all_ready(&mut map);
+        let loads: Vec<usize> = [1, 2, 3]
+            .iter()
+            .map(|n| map.tablets.iter().filter(|t| t.nodes.contains(n)).count())
+            .collect();
+        assert!(loads.iter().all(|&l| l == 26 || l == 27), "{loads:?}");
+        assert!(on(&map).iter().all(|n| n.len() == 2));
+        // Balanced already: nothing changes but the epoch.
+        let before = map.clone();
+        map.apply(&Command::Rebalance).unwrap();
+        assert_eq!(map.tablets, before.tablets);
+        assert_eq!(map.epoch, before.epoch + 1);
     }
 
     #[test]
@@ -1311,6 +1461,12 @@ mod tests {
             id.clone().prop_map(|id| Command::NodeBack { id }),
             id.clone().prop_map(|id| Command::NodeLost { id }),
             id.clone().prop_map(|id| Command::Evict { id }),
+            (0u32..12, 0u64..4, 0u64..9).prop_map(|(table, q, f)| Command::SplitTablet {
+                table,
+                start: q << 62,
+                at: (q << 62).wrapping_add(f << 59),
+            }),
+            Just(Command::Rebalance),
             (id, 0u32..12, 0u64..4, any::<bool>()).prop_map(|(node, i, q, tablet)| {
                 let unit = if tablet {
                     Unit::Tablet { table: i, start: q << 62 }
@@ -1363,6 +1519,8 @@ mod tests {
     enum Op {
         Cmd(Command),
         Ready(usize, usize),
+        /// Splits the tablet at this position, this far (of 256) into its range.
+        Split(usize, u8),
     }
 
     fn membership_op() -> impl Strategy<Value = Op> {
@@ -1385,6 +1543,8 @@ mod tests {
             2 => id.clone().prop_map(|id| Op::Cmd(Command::RemoveNode { id })),
             1 => (id, 1u64..1000).prop_map(|(node, count)| Op::Cmd(Command::GrantIds { node, count })),
             8 => (any::<usize>(), any::<usize>()).prop_map(|(u, n)| Op::Ready(u, n)),
+            2 => (any::<usize>(), any::<u8>()).prop_map(|(t, f)| Op::Split(t, f)),
+            1 => Just(Op::Cmd(Command::Rebalance)),
         ]
     }
 
@@ -1398,7 +1558,32 @@ mod tests {
                 let filling = map.replicas_of(unit).1;
                 Some(Command::ReplicaReady { unit, node: filling[n % filling.len()] })
             }
+            Op::Split(t, f) => {
+                let t = map.tablets.get(t % map.tablets.len().max(1))?;
+                // At a 26-bit prefix boundary, or at the start (refused).
+                let at = t.start + ((t.end - t.start) >> 8) * u64::from(*f);
+                Some(Command::SplitTablet {
+                    table: t.table,
+                    start: t.start,
+                    at: at & !((1 << 38) - 1),
+                })
+            }
         }
+    }
+
+    /// Each table's tablets, in order, cover every permuted value once.
+    fn check_tiling(map: &ClusterMap) -> Result<(), TestCaseError> {
+        for table in 0..map.design.as_ref().map_or(0, |d| d.tables) {
+            let ranges: Vec<(u64, u64)> =
+                map.tablets.iter().filter(|t| t.table == table).map(|t| (t.start, t.end)).collect();
+            prop_assert_eq!(ranges.first().map(|r| r.0), Some(0));
+            prop_assert_eq!(ranges.last().map(|r| r.1), Some(u64::MAX));
+            for w in ranges.windows(2) {
+                prop_assert!(w[0].0 <= w[0].1 && w[0].1.checked_add(1) == Some(w[1].0), "{:?}", w);
+            }
+        }
+        prop_assert!(map.tablets.is_sorted_by_key(|t| (t.table, t.start)));
+        Ok(())
     }
 
     /// The placement invariants of a bootstrapped map.
@@ -1476,6 +1661,21 @@ mod tests {
                     continue;
                 }
                 check_placement(&map)?;
+                check_tiling(&map)?;
+                if let Command::SplitTablet { table, start, at } = cmd {
+                    // Both halves where the tablet was.
+                    let was = before.tablet(table, start).unwrap();
+                    prop_assert!(at > was.start && at <= was.end && at.is_multiple_of(1 << 38));
+                    prop_assert!(was.filling.is_empty());
+                    for p in [start, at] {
+                        let t = map.tablet(table, p).unwrap();
+                        // Served only where the whole was: a new replica fills first.
+                        let ok = t.nodes.iter().all(|n| was.nodes.contains(n));
+                        prop_assert!(ok, "{:?} served by {:?}, was {:?}", p, t.nodes, was.nodes);
+                    }
+                    prop_assert_eq!(map.tablet(table, start).unwrap().end, at - 1);
+                    prop_assert_eq!(map.tablet(table, at).unwrap().end, was.end);
+                }
                 let marks_down = matches!(
                     cmd,
                     Command::NodeDown { .. } | Command::SetState { state: NodeState::Down, .. }

@@ -389,6 +389,22 @@ impl ClusterNode {
         Ok(self.submit(Command::ReplicaReady { unit, node: self.id() }).await?.0)
     }
 
+    /// Cuts tablet `(table, start)` in two at permuted value `at`, through the leader
+    /// ([`Command::SplitTablet`]); placement may then move the new half.
+    pub async fn split_tablet(
+        &self,
+        table: u32,
+        start: u64,
+        at: u64,
+    ) -> Result<Applied, ClusterError> {
+        Ok(self.submit(Command::SplitTablet { table, start, at }).await?.0)
+    }
+
+    /// Places every unit again, through the leader ([`Command::Rebalance`]).
+    pub async fn rebalance(&self) -> Result<Applied, ClusterError> {
+        Ok(self.submit(Command::Rebalance).await?.0)
+    }
+
     /// Marks this node down, through the leader, so that the leader marks it back and its
     /// replicas catch up before they serve (a node does this after a restart: it may have
     /// missed writes while it was away).

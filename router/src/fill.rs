@@ -11,6 +11,13 @@
 //! The same task drops the copies the map took away from this node, after each pass of
 //! fills ([`LocalNode::drop_page`]): a unit given back is filled only once its drop is
 //! over, so the fill brings back whatever a write sent meanwhile put and the drop removed.
+//!
+//! It also splits the tablets grown past `cluster.split_entries`: every [`SPLIT_EVERY`],
+//! the first serving replica of each settled tablet counts its entries and, past the
+//! threshold, asks the leader to cut the tablet at the prefix boundary nearest its middle
+//! ([`LocalNode::split_point`], [`neardup_cluster::map::Command::SplitTablet`]). Both
+//! halves stay on the same nodes, so nothing is copied; placement then balances the tablets
+//! again.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -31,6 +38,8 @@ use crate::cluster::NodeResolver;
 pub(crate) const COPY_DEADLINE: Duration = Duration::from_secs(300);
 /// How often the filler looks at the map when nothing changes.
 const POLL: Duration = Duration::from_millis(500);
+/// How often a node counts the entries of the tablets it is first to serve.
+pub const SPLIT_EVERY: Duration = Duration::from_secs(5);
 
 /// Keeps a copy at most `rate` bytes a second (0: unlimited), counted from its start.
 #[derive(Debug)]
@@ -77,6 +86,9 @@ pub struct CopyConfig {
     /// (`cluster.copy_page_entries`; 0: the source's default, at most
     /// [`TABLET_PAGE`](neardup_server::data_api::TABLET_PAGE)).
     pub page: u32,
+    /// A tablet splits once its replicas hold more than this many entries
+    /// (`cluster.split_entries`; 0: never).
+    pub split_entries: u64,
 }
 
 /// Fills this node's filling replicas, as `copy` says, until `stop` turns true.
@@ -91,6 +103,7 @@ pub async fn run(
     let mut map_rx = cluster.watch_map();
     // Units this node does not hold and has no data of.
     let mut clean = HashSet::new();
+    let mut split_checked = Instant::now();
     loop {
         if *stop.borrow() {
             return;
@@ -128,6 +141,11 @@ pub async fn run(
         }
         let map = map_rx.borrow().clone();
         drop_released(&local, &map, me, copy, &mut clean).await;
+        if split_checked.elapsed() >= SPLIT_EVERY {
+            split_checked = Instant::now();
+            let map = map_rx.borrow().clone();
+            split_large(&local, &cluster, &map, me, copy.split_entries).await;
+        }
         tokio::select! {
             _ = map_rx.changed() => {}
             _ = tokio::time::sleep(POLL) => {}
@@ -195,6 +213,39 @@ async fn drop_released(
         ms = started.elapsed().as_millis() as u64,
         "copies the map took away dropped"
     );
+}
+
+/// Asks the leader to split each settled tablet whose first serving replica is this node
+/// and which holds more than `threshold` entries (0: none), at the point
+/// [`LocalNode::split_point`] gives. A split refused (the tablet changed meanwhile) is
+/// looked at again at the next check.
+async fn split_large(
+    local: &LocalNode,
+    cluster: &ClusterNode,
+    map: &ClusterMap,
+    me: NodeId,
+    threshold: u64,
+) {
+    let Some(bits) = map.min_prefix_bits else { return };
+    if threshold == 0 || !map.is_up(me) {
+        return;
+    }
+    let settled = |t: &&neardup_cluster::map::Tablet| {
+        t.nodes.first() == Some(&me)
+            && t.filling.is_empty()
+            && !t.nodes.iter().any(|&n| map.leaving.contains(&(t.unit(), n)))
+    };
+    for t in map.tablets.iter().filter(settled) {
+        let unit = t.unit();
+        match local.split_point(unit, bits, threshold).await {
+            Ok(Some(at)) => match cluster.split_tablet(t.table, t.start, at).await {
+                Ok(_) => tracing::info!(?unit, at = format!("{at:#x}"), "tablet split"),
+                Err(e) => tracing::warn!(?unit, error = %e, "cannot split the tablet yet"),
+            },
+            Ok(None) => {}
+            Err(e) => tracing::warn!(?unit, error = %e, "cannot count the tablet's entries"),
+        }
+    }
 }
 
 /// Copies `unit` from one of its serving replicas a page at a time and reconciles this

@@ -29,8 +29,9 @@ use neardup_cluster::{Applied, ClusterError, ClusterNode, NodeId, Transport};
 use neardup_proto::admin::admin_client::AdminClient;
 use neardup_proto::admin::admin_server::Admin;
 use neardup_proto::admin::{
-    AddNodeRequest, ChangeResponse, Design, Node, NodeState, Partition, RemoveNodeRequest, Role,
-    StatusRequest, StatusResponse, Tablet, TabletState, TransferLeaderRequest,
+    AddNodeRequest, ChangeResponse, Design, Node, NodeState, Partition, RebalanceRequest,
+    RemoveNodeRequest, Role, StatusRequest, StatusResponse, Tablet, TabletState,
+    TransferLeaderRequest,
 };
 use neardup_proto::internal::raft_client::RaftClient;
 use neardup_proto::internal::raft_server::Raft;
@@ -502,6 +503,18 @@ impl Admin for AdminService {
         )
         .await
     }
+
+    async fn rebalance(
+        &self,
+        request: Request<RebalanceRequest>,
+    ) -> Result<Response<ChangeResponse>, Status> {
+        self.change(
+            request,
+            |node, _: RebalanceRequest| async move { node.rebalance().await },
+            |mut c, r| async move { c.rebalance(r).await },
+        )
+        .await
+    }
 }
 
 /// The status of `node` as the admin API answers it.
@@ -520,6 +533,7 @@ pub fn status_response(node: &ClusterNode) -> StatusResponse {
         next_gid_seq: _,
         leaving: _,
         removed,
+        min_prefix_bits: _,
     } = &*s.map;
     let leader_addr =
         s.leader.and_then(|l| nodes.get(&l)).map(|n| n.internal_addr.clone()).unwrap_or_default();

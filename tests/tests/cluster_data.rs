@@ -908,6 +908,80 @@ async fn grow_from_one_node_to_four_then_remove_one_and_kill_one() {
 /// acknowledged writes, and at the end every node reports the new version. As an operator
 /// does, the next node goes down only once the cluster is level again (every unit on two
 /// serving replicas).
+/// Each table's tablets in `s`, in order, cover every permuted value once.
+fn tiled(s: &StatusResponse) -> Result<(), String> {
+    let tables = s.design.as_ref().map_or(0, |d| d.tables);
+    for table in 0..tables {
+        let ranges: Vec<(u64, u64)> =
+            s.tablets.iter().filter(|t| t.table == table).map(|t| (t.start, t.end)).collect();
+        let joined = ranges.windows(2).all(|w| w[0].1.checked_add(1) == Some(w[1].0));
+        let ends =
+            ranges.first().map(|r| r.0) == Some(0) && ranges.last().map(|r| r.1) == Some(u64::MAX);
+        if !joined || !ends {
+            return Err(format!("table {table}'s tablets do not tile its values: {ranges:x?}"));
+        }
+    }
+    Ok(())
+}
+
+/// Tablets split while clients write and read through three nodes (`cluster.split_entries`
+/// at 60 entries): each split is one map change on the same nodes, and placement then
+/// spreads the new tablets over the nodes, moving them online. `neardup cluster rebalance`
+/// answers with the epoch it applied at. Once level, each table's tablets still tile its
+/// values, every node holds as many tablet replicas as the others (within one), and every
+/// answer throughout, and at the end through each node, is exact against the
+/// acknowledged writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tablets_split_as_they_grow_and_placement_spreads_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = ["--set", "cluster.split_entries=60", "--set", "cluster.copy_page_entries=64"];
+    let (members, addrs, shared, tasks) = three_with_clients(dir.path(), &args).await;
+    let first = members[0].status().await.unwrap().tablets.len();
+    // A split a tablet past 60 entries, looked for every 5 s: wait up to 90 s for 20.
+    let limit = Instant::now() + Duration::from_secs(90);
+    let mut tablets = first;
+    while tablets < first + 20 && Instant::now() < limit {
+        let_run(&shared, 300).await;
+        tablets = members[0].status().await.map_or(tablets, |s| s.tablets.len());
+    }
+    assert!(tablets >= first + 20, "{tablets} tablets from {first}: too few splits");
+    let change = members[1]
+        .cli(&["cluster", "rebalance", "--addr", &members[1].internal, "--timeout-ms", "5000"])
+        .unwrap();
+    assert!(change["epoch"].as_u64().unwrap() > 0 && change["filling"].is_u64(), "{change}");
+    let_run(&shared, 1000).await;
+    stop_clients(&shared, tasks).await;
+    // Level, and no split in a whole check interval since: the splits and their moves are
+    // over (the tablets no longer grow).
+    let limit = Instant::now() + Duration::from_secs(120);
+    let s = loop {
+        if let Err(e) = level(&members, None).await {
+            shared.violation(format!("after the splits: {e}"));
+        }
+        let before = members[2].status().await.unwrap();
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        let s = members[2].status().await.unwrap();
+        let settled = units(&s).all(|(n, f)| n.len() == 2 && f.is_empty());
+        if (s.tablets.len() == before.tablets.len() && settled) || Instant::now() > limit {
+            break s;
+        }
+    };
+    if let Err(e) = tiled(&s) {
+        shared.violation(e);
+    }
+    let per = replicas_per_node(&s);
+    let counts: Vec<usize> = per.values().map(|c| c.0).collect();
+    let (lo, hi) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+    assert!(per.len() == 3 && hi - lo <= 1, "tablet replicas per node: {per:?}");
+    eprintln!(
+        "{} tablets from {first}, replicas per node {per:?}; {}",
+        s.tablets.len(),
+        shared.report()
+    );
+    final_check(&addrs, &shared).await;
+    verdict(&shared, dir.path());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_upgrade_keeps_the_cluster_serving() {
     let dir = tempfile::tempdir().unwrap();

@@ -2,8 +2,9 @@
 //! cluster node, reached on its internal listener. Each command prints one JSON object.
 //!
 //! - `status`: leader, term, epoch, applied index, nodes and tablets, as the node sees them;
-//! - `add`, `remove NODE`, `transfer-leader NODE`: a change, sent to any member (a member
-//!   that is not the leader forwards it); prints the epoch it was applied at.
+//! - `add`, `remove NODE`, `transfer-leader NODE`, `rebalance`: a change, sent to any member
+//!   (a member that is not the leader forwards it); prints the epoch it was applied at
+//!   (`rebalance` also the replicas then filling: the moves it started, and any under way).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -11,8 +12,9 @@ use std::time::Duration;
 use neardup_client::{Auth, ClientError, Token};
 use neardup_proto::admin::admin_client::AdminClient;
 use neardup_proto::admin::{
-    AddNodeRequest, ChangeResponse, Design, Node, NodeState, Partition, RemoveNodeRequest, Role,
-    StatusRequest, StatusResponse, Tablet, TabletState, TransferLeaderRequest,
+    AddNodeRequest, ChangeResponse, Design, Node, NodeState, Partition, RebalanceRequest,
+    RemoveNodeRequest, Role, StatusRequest, StatusResponse, Tablet, TabletState,
+    TransferLeaderRequest,
 };
 use neardup_server::tls::{ClusterTls, ClusterTlsFiles, peer_endpoint};
 use serde_json::{Value, json};
@@ -116,6 +118,13 @@ pub enum ClusterCommand {
         #[command(flatten)]
         admin: AdminAddr,
     },
+    /// Place every tablet and partition again (units a manual placement put aside go back
+    /// to balance); the moves fill in the background, and `status` shows them.
+    Rebalance {
+        /// The member to ask.
+        #[command(flatten)]
+        admin: AdminAddr,
+    },
 }
 
 /// A client of the admin API at `addr`, sending `token` with every call, over mutual TLS
@@ -163,6 +172,17 @@ pub async fn run(args: ClusterArgs) -> Result<(), CliError> {
                 .await
                 .map_err(|s| failed(&admin, s))?;
             change_json(&r.into_inner())
+        }
+        ClusterCommand::Rebalance { admin } => {
+            let mut c = admin.client()?;
+            let r = c.rebalance(RebalanceRequest {}).await.map_err(|s| failed(&admin, s))?;
+            let mut value = change_json(&r.into_inner());
+            // The replicas filling once it applied: the moves it started, and any before.
+            let s = c.status(StatusRequest {}).await.map_err(|s| failed(&admin, s))?.into_inner();
+            let filling: usize = s.tablets.iter().map(|t| t.filling.len()).sum::<usize>()
+                + s.partitions.iter().map(|p| p.filling.len()).sum::<usize>();
+            value["filling"] = json!(filling);
+            value
         }
     };
     common::print(&value);

@@ -147,6 +147,7 @@ pub async fn run(
     let copy = neardup_router::fill::CopyConfig {
         rate: config.cluster.copy_rate_mb.saturating_mul(1_000_000),
         page: config.cluster.copy_page_entries,
+        split_entries: config.cluster.split_entries,
     };
     let filler =
         tokio::spawn(neardup_router::fill::run(local, node.clone(), nodes, copy, stopped.clone()));
