@@ -47,7 +47,7 @@
 //! [`LocalNode::drop_page`], once [`LocalNode::fence_reads`] has waited for the reads
 //! checked under older maps, which may still read it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -109,10 +109,10 @@ pub struct LocalNode {
     /// Writes hold it shared from their check to their store write; a scan takes it
     /// exclusively once, to wait for the writes accepted under older maps.
     gate: tokio::sync::RwLock<()>,
-    /// Reads hold it shared from their map check to their last store read; dropping the
-    /// copies the map took away takes it exclusively once, to wait for the reads checked
-    /// under older maps.
-    reading: tokio::sync::RwLock<()>,
+    /// The reads in flight, from before their map check to their last store read: dropping
+    /// the copies the map took away waits for those begun under older maps, without holding
+    /// up the reads that begin meanwhile.
+    reading: ReadsInFlight,
     reads: AtomicBool,
 }
 
@@ -140,7 +140,7 @@ impl LocalNode {
             in_contact,
             fills: Arc::new(Mutex::new(HashMap::new())),
             gate: tokio::sync::RwLock::new(()),
-            reading: tokio::sync::RwLock::new(()),
+            reading: ReadsInFlight::default(),
             reads: AtomicBool::new(false),
         }
     }
@@ -542,9 +542,12 @@ impl LocalNode {
 
     /// Waits for the reads checked under maps older than this node's current one: after it,
     /// no read touches a copy that map took away (later reads are refused by the map), so
-    /// [`drop_page`](Self::drop_page) may remove it.
+    /// [`drop_page`](Self::drop_page) may remove it. Reads that begin meanwhile go on: a
+    /// fence waits as long as the slowest older read (a scan page for a copy), and holds up
+    /// nothing.
     pub async fn fence_reads(&self) {
-        drop(self.reading.write().await);
+        let epoch = self.map.borrow().epoch;
+        self.reading.wait_before(epoch).await;
     }
 
     /// Removes a page of this node's copy of `unit`, which its map no longer gives it (a
@@ -597,6 +600,56 @@ impl LocalNode {
         let map = self.map.borrow().clone();
         let up = map.is_up(self.id);
         self.fills.lock().retain(|unit, _| up && map.is_filling_on(*unit, self.id));
+    }
+}
+
+/// The reads in flight on a node, counted by the epoch of the node's map when each began
+/// (a read then checks a map at least that new).
+#[derive(Debug, Default)]
+struct ReadsInFlight {
+    by_epoch: Mutex<BTreeMap<u64, usize>>,
+    ended: tokio::sync::Notify,
+}
+
+/// A read in flight, counted until dropped.
+struct ReadInFlight<'a> {
+    reads: &'a ReadsInFlight,
+    epoch: u64,
+}
+
+impl ReadsInFlight {
+    /// Counts a read beginning while the node's map is at `epoch`.
+    fn begin(&self, epoch: u64) -> ReadInFlight<'_> {
+        *self.by_epoch.lock().entry(epoch).or_default() += 1;
+        ReadInFlight { reads: self, epoch }
+    }
+
+    /// Waits until no read begun under a map older than `epoch` is in flight. Reads that
+    /// begin meanwhile go on (they check a map at `epoch` or newer).
+    async fn wait_before(&self, epoch: u64) {
+        loop {
+            let ended = self.ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if self.by_epoch.lock().range(..epoch).next().is_none() {
+                return;
+            }
+            ended.await;
+        }
+    }
+}
+
+impl Drop for ReadInFlight<'_> {
+    fn drop(&mut self) {
+        let mut by_epoch = self.reads.by_epoch.lock();
+        if let Some(n) = by_epoch.get_mut(&self.epoch) {
+            *n -= 1;
+            if *n == 0 {
+                by_epoch.remove(&self.epoch);
+            }
+        }
+        drop(by_epoch);
+        self.reads.ended.notify_waiters();
     }
 }
 
@@ -683,7 +736,7 @@ impl NodeApi for LocalNode {
         deadline: Option<Instant>,
     ) -> DataResult<ProbeAnswer> {
         check_deadline(deadline)?;
-        let _reading = self.reading.read().await;
+        let _reading = self.reading.begin(self.map.borrow().epoch);
         let map = self.map_at(epoch, deadline).await;
         self.check_contact()?;
         // Of every probe (thousands in a QueryBatch call): a fast hash.
@@ -755,7 +808,7 @@ impl NodeApi for LocalNode {
         deadline: Option<Instant>,
     ) -> DataResult<Vec<Option<DocInfo>>> {
         check_deadline(deadline)?;
-        let _reading = self.reading.read().await;
+        let _reading = self.reading.begin(self.map.borrow().epoch);
         let map = self.map_at(epoch, deadline).await;
         let mut checked = HashMap::new();
         for name in &names {
@@ -777,7 +830,7 @@ impl NodeApi for LocalNode {
         deadline: Option<Instant>,
     ) -> DataResult<Vec<Option<DocInfo>>> {
         check_deadline(deadline)?;
-        let _reading = self.reading.read().await;
+        let _reading = self.reading.begin(self.map.borrow().epoch);
         let map = self.map_at(epoch, deadline).await;
         self.check_contact()?;
         let units: HashSet<u32> = gids.iter().map(|&g| gid_partition(g)).collect();
@@ -799,7 +852,7 @@ impl NodeApi for LocalNode {
         deadline: Option<Instant>,
     ) -> DataResult<ScanPage<(u64, u64)>> {
         check_deadline(deadline)?;
-        let _reading = self.reading.read().await;
+        let _reading = self.reading.begin(self.map.borrow().epoch);
         let map = self.map_for_scan(epoch, deadline).await?;
         self.check_contact()?;
         let tablet = map
@@ -822,7 +875,7 @@ impl NodeApi for LocalNode {
         deadline: Option<Instant>,
     ) -> DataResult<ScanPage<DocInfo>> {
         check_deadline(deadline)?;
-        let _reading = self.reading.read().await;
+        let _reading = self.reading.begin(self.map.borrow().epoch);
         let map = self.map_for_scan(epoch, deadline).await?;
         self.check_contact()?;
         let unit = Self::partition_unit(&map, partition)?;
@@ -1389,14 +1442,17 @@ mod tests {
         let moved = stamped(moved, 2);
         let (tablet, part) = (Unit::Tablet { table: 0, start: 0 }, Unit::Partition(0));
         // A read checked under epoch 1 is still in flight: the fence waits for it.
-        let reading = n.reading.read().await;
+        let reading = n.reading.begin(1);
         f.map.send_replace(Arc::new(moved.clone()));
         let fence = n.fence_reads();
         tokio::pin!(fence);
         let early = tokio::time::timeout(Duration::from_millis(50), &mut fence).await;
         assert!(early.is_err(), "the fence passed a read in flight");
+        // A read begun under the new map meanwhile neither waits nor holds the fence up.
+        let later = n.reading.begin(2);
         drop(reading);
         fence.await;
+        drop(later);
         // Reads under the new map are refused; the copies are dropped, nothing else.
         let e = n.tablet_probe(2, vec![(0, 0)], 3, 100, false, None).await.unwrap_err();
         assert!(is_moved(&e), "{e}");
