@@ -28,6 +28,7 @@ fn sample_records() -> Vec<Vec<u8>> {
             Op::Put { id: 8, fp: 0, ts: 1, cluster: 7, name: "b", sketch: Some(&sketch) },
         ],
         vec![Op::Put { id: 2, fp: 3, ts: 4, cluster: 1, name: "c", sketch: Some(&long) }],
+        vec![Op::Remove { id: 5, fp: 9 }, Op::RemoveRange { lo: 1 << 62, hi: u64::MAX, count: 3 }],
     ];
     sets.iter()
         .map(|ops| {
