@@ -282,6 +282,33 @@ mod tests {
         assert_eq!(bytes[0], FORMAT_SKETCH);
     }
 
+    /// `ops` as one record, checked to be of `format`, of the size `encoded_len` says, and
+    /// to decode back to them.
+    fn encoded(ops: &[Op<'_>], format: u8) -> Vec<u8> {
+        let mut w = RecordWriter::new();
+        for op in ops {
+            w.push(op);
+        }
+        let bytes = w.finish();
+        assert_eq!(bytes[0], format);
+        assert_eq!(
+            bytes.len(),
+            RECORD_OVERHEAD + ops.iter().map(|o| o.encoded_len()).sum::<usize>()
+        );
+        assert_eq!(decode(&bytes).unwrap(), ops);
+        bytes
+    }
+
+    /// `bytes` claiming `format`, with its checksum made right again.
+    fn restamped(bytes: &[u8], format: u8) -> Vec<u8> {
+        let mut bad = bytes.to_vec();
+        bad[0] = format;
+        let n = bad.len() - 4;
+        let crc = crc32fast::hash(&bad[..n]);
+        bad[n..].copy_from_slice(&crc.to_le_bytes());
+        bad
+    }
+
     #[test]
     fn range_removals_take_format_4() {
         let ops = [
@@ -289,29 +316,14 @@ mod tests {
             Op::RemoveRange { lo: 3, hi: u64::MAX, count: 17 },
             Op::Put { id: 8, fp: 1, ts: 2, cluster: 8, name: "", sketch: Some(&[4; 300]) },
         ];
-        let mut w = RecordWriter::new();
-        for op in &ops {
-            w.push(op);
-        }
-        let bytes = w.finish();
-        assert_eq!(bytes[0], FORMAT_RANGE);
-        assert_eq!(
-            bytes.len(),
-            RECORD_OVERHEAD + ops.iter().map(|o| o.encoded_len()).sum::<usize>()
-        );
-        assert_eq!(decode(&bytes).unwrap(), ops);
+        let bytes = encoded(&ops, FORMAT_RANGE);
         for i in 0..bytes.len() {
             let mut b = bytes.clone();
             b[i] ^= 0x10;
             assert!(decode(&b).is_err(), "flip at {i}");
         }
         // A range in a record of an earlier format is damage.
-        let mut bad = bytes.clone();
-        bad[0] = FORMAT_LONG_SKETCH;
-        let n = bad.len() - 4;
-        let crc = crc32fast::hash(&bad[..n]);
-        bad[n..].copy_from_slice(&crc.to_le_bytes());
-        assert!(decode(&bad).is_err());
+        assert!(decode(&restamped(&bytes, FORMAT_LONG_SKETCH)).is_err());
     }
 
     #[test]
@@ -322,27 +334,12 @@ mod tests {
             Op::Put { id: 2, fp: 3, ts: 4, cluster: 1, name: "b", sketch: Some(&long) },
             Op::Put { id: 3, fp: 4, ts: 5, cluster: 3, name: "c", sketch: Some(&long[..255]) },
         ];
-        let mut w = RecordWriter::new();
-        for op in &ops {
-            w.push(op);
-        }
-        let bytes = w.finish();
-        assert_eq!(bytes[0], FORMAT_LONG_SKETCH);
-        assert_eq!(
-            bytes.len(),
-            RECORD_OVERHEAD + ops.iter().map(|o| o.encoded_len()).sum::<usize>()
-        );
-        assert_eq!(decode(&bytes).unwrap(), ops);
+        let bytes = encoded(&ops, FORMAT_LONG_SKETCH);
         for i in (0..bytes.len()).step_by(7) {
             assert!(decode(&bytes[..i]).is_err(), "truncated to {i}");
         }
         // A long sketch in a format 2 record is damage.
-        let mut bad = bytes.clone();
-        bad[0] = FORMAT_SKETCH;
-        let n = bad.len() - 4;
-        let crc = crc32fast::hash(&bad[..n]);
-        bad[n..].copy_from_slice(&crc.to_le_bytes());
-        assert!(decode(&bad).is_err());
+        assert!(decode(&restamped(&bytes, FORMAT_SKETCH)).is_err());
     }
 
     #[test]
