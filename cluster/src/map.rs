@@ -828,6 +828,13 @@ impl ClusterMap {
         self.tablets.binary_search_by_key(&(table, start), |t| (t.table, t.start)).ok()
     }
 
+    /// Whether `unit` has no replica filling and none leaving: its replicas are where
+    /// placement wants them (what a [`Command::SplitTablet`] needs).
+    pub fn is_settled(&self, unit: Unit) -> bool {
+        let (nodes, filling) = self.replicas_of(unit);
+        filling.is_empty() && !nodes.iter().any(|&n| self.leaving.contains(&(unit, n)))
+    }
+
     /// [`Command::SplitTablet`] without the placement after it.
     fn split_tablet(&mut self, table: u32, start: u64, at: u64) -> Result<(), MapError> {
         let unit = Unit::Tablet { table, start };
@@ -850,7 +857,7 @@ impl ClusterMap {
                 t.end
             )));
         }
-        if !t.filling.is_empty() || t.nodes.iter().any(|&n| self.leaving.contains(&(unit, n))) {
+        if !self.is_settled(unit) {
             return Err(MapError::Refused(format!(
                 "{unit:?} has replicas filling or leaving; it splits once they are settled"
             )));

@@ -230,12 +230,10 @@ async fn split_large(
     if threshold == 0 || !map.is_up(me) {
         return;
     }
-    let settled = |t: &&neardup_cluster::map::Tablet| {
-        t.nodes.first() == Some(&me)
-            && t.filling.is_empty()
-            && !t.nodes.iter().any(|&n| map.leaving.contains(&(t.unit(), n)))
+    let first = |t: &&neardup_cluster::map::Tablet| {
+        t.nodes.first() == Some(&me) && map.is_settled(t.unit())
     };
-    for t in map.tablets.iter().filter(settled) {
+    for t in map.tablets.iter().filter(first) {
         let unit = t.unit();
         match local.split_point(unit, bits, threshold).await {
             Ok(Some(at)) => match cluster.split_tablet(t.table, t.start, at).await {

@@ -521,6 +521,12 @@ impl LocalNode {
         }
     }
 
+    /// Counts a read in flight from now until the guard drops, under this node's map epoch
+    /// (see [`fence_reads`](Self::fence_reads)); taken before the read checks its map.
+    fn read_begins(&self) -> ReadInFlight<'_> {
+        self.reading.begin(self.map.borrow().epoch)
+    }
+
     /// Where to split the tablet `unit` (see [`NodeStore::split_point`]) once this node's
     /// copy holds more than `threshold` entries, at a multiple of `2^(64 - prefix_bits)`.
     /// `None` when it should not split, or is not in this node's map.
@@ -736,7 +742,7 @@ impl NodeApi for LocalNode {
         deadline: Option<Instant>,
     ) -> DataResult<ProbeAnswer> {
         check_deadline(deadline)?;
-        let _reading = self.reading.begin(self.map.borrow().epoch);
+        let _reading = self.read_begins();
         let map = self.map_at(epoch, deadline).await;
         self.check_contact()?;
         // Of every probe (thousands in a QueryBatch call): a fast hash.
@@ -808,7 +814,7 @@ impl NodeApi for LocalNode {
         deadline: Option<Instant>,
     ) -> DataResult<Vec<Option<DocInfo>>> {
         check_deadline(deadline)?;
-        let _reading = self.reading.begin(self.map.borrow().epoch);
+        let _reading = self.read_begins();
         let map = self.map_at(epoch, deadline).await;
         let mut checked = HashMap::new();
         for name in &names {
@@ -830,7 +836,7 @@ impl NodeApi for LocalNode {
         deadline: Option<Instant>,
     ) -> DataResult<Vec<Option<DocInfo>>> {
         check_deadline(deadline)?;
-        let _reading = self.reading.begin(self.map.borrow().epoch);
+        let _reading = self.read_begins();
         let map = self.map_at(epoch, deadline).await;
         self.check_contact()?;
         let units: HashSet<u32> = gids.iter().map(|&g| gid_partition(g)).collect();
@@ -852,7 +858,7 @@ impl NodeApi for LocalNode {
         deadline: Option<Instant>,
     ) -> DataResult<ScanPage<(u64, u64)>> {
         check_deadline(deadline)?;
-        let _reading = self.reading.begin(self.map.borrow().epoch);
+        let _reading = self.read_begins();
         let map = self.map_for_scan(epoch, deadline).await?;
         self.check_contact()?;
         let tablet = map
@@ -875,7 +881,7 @@ impl NodeApi for LocalNode {
         deadline: Option<Instant>,
     ) -> DataResult<ScanPage<DocInfo>> {
         check_deadline(deadline)?;
-        let _reading = self.reading.begin(self.map.borrow().epoch);
+        let _reading = self.read_begins();
         let map = self.map_for_scan(epoch, deadline).await?;
         self.check_contact()?;
         let unit = Self::partition_unit(&map, partition)?;

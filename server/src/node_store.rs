@@ -505,9 +505,7 @@ impl NodeStore {
     /// Removes every entry of `table` whose permuted value is in `[start, end]` (a tablet
     /// that moved away), durably.
     pub async fn drop_tablet(&self, table: u32, start: u64, end: u64) -> Result<()> {
-        let shard = self.table(table)?;
-        let (seq, _) = shard.remove_range(start, end)?;
-        shard.wait_durable(seq).await
+        self.remove_tablet_range(table, start, end)?.0.wait().await
     }
 
     /// The first half of [`drop_tablet`](Self::drop_tablet): removes the range and logs it

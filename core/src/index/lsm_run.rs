@@ -367,8 +367,9 @@ impl Run {
             .is_some_and(|p| self.docs.mark_deleted(p))
     }
 
-    /// The positions of the documents whose fingerprint is in `lo..=hi`: two seeks.
-    fn positions_in(&self, lo: u64, hi: u64) -> std::ops::Range<usize> {
+    /// The positions of the documents whose fingerprint is in `lo..=hi`, deleted ones
+    /// included: two seeks.
+    pub(crate) fn positions_in(&self, lo: u64, hi: u64) -> std::ops::Range<usize> {
         let end = hi.checked_add(1).map_or(self.docs.len(), |v| self.docs_below(v));
         self.docs_below(lo)..end
     }

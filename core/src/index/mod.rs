@@ -700,9 +700,13 @@ impl Index {
     /// How many live documents have a fingerprint in `lo..=hi`, exactly: two seeks a run
     /// and a look at the deletion marks of the range, no decoding.
     pub fn live_count_in(&self, lo: u64, hi: u64) -> usize {
-        let buffered = self.frozen.iter().flat_map(|(_, b)| b.docs()).chain(self.buffer.docs());
         self.runs.iter().map(|r| r.live_in_range(lo, hi)).sum::<usize>()
-            + buffered.filter(|d| (lo..=hi).contains(&d.fp)).count()
+            + self.buffered_docs().filter(|d| (lo..=hi).contains(&d.fp)).count()
+    }
+
+    /// The documents of the frozen buffers and the write buffer.
+    fn buffered_docs(&self) -> impl Iterator<Item = &Doc> {
+        self.frozen.iter().flat_map(|(_, b)| b.docs()).chain(self.buffer.docs())
     }
 
     /// Deletes every document whose fingerprint is in `lo..=hi`; returns how many. Costs
@@ -921,16 +925,8 @@ impl Index {
         if lo > hi {
             return 0;
         }
-        let in_runs: usize = self
-            .runs
-            .iter()
-            .map(|r| {
-                let below_hi = hi.checked_add(1).map_or(r.len(), |v| r.docs_below(v));
-                below_hi - r.docs_below(lo)
-            })
-            .sum();
-        let buffered = self.frozen.iter().flat_map(|(_, b)| b.docs()).chain(self.buffer.docs());
-        (in_runs + buffered.filter(|d| (lo..=hi).contains(&d.fp)).count()) as u64
+        let in_runs: usize = self.runs.iter().map(|r| r.positions_in(lo, hi).len()).sum();
+        (in_runs + self.buffered_docs().filter(|d| (lo..=hi).contains(&d.fp)).count()) as u64
     }
 
     /// A page of the live documents whose fingerprint is in `lo..=hi`, by fingerprint then
@@ -959,7 +955,7 @@ impl Index {
             }
         }
         let end = cut.unwrap_or(hi);
-        let buffered = self.frozen.iter().flat_map(|(_, b)| b.docs()).chain(self.buffer.docs());
+        let buffered = self.buffered_docs();
         out.extend(buffered.filter(|d| (lo..=end).contains(&d.fp)));
         out.retain(|d| d.fp <= end);
         out.sort_unstable_by_key(|d| (d.fp, d.id));
