@@ -236,7 +236,7 @@ impl DocTable {
                 self.next_id = self.next_id.max(id + 1);
             }
             // Only in shards without names, which keep no document table.
-            Op::RemoveRange { .. } => {}
+            Op::RemoveRange { .. } | Op::AddRun { .. } => {}
         }
     }
 

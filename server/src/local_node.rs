@@ -405,6 +405,29 @@ impl LocalNode {
         // one stored before this put is known by then, and one stored after it looks this
         // one up (puts to a filling replica always do).
         let (fills, down) = (self.fills.clone(), self.down_epoch(&map));
+        // Many puts go in bulk, as one run, when the fill log can tell which of them writes
+        // may have stored since filling began: those are looked up under the write lock,
+        // the others are not (see `NodeStore::add_tablet_entries`).
+        let current = fills.lock().get(&unit).is_none_or(|log| log.current(down));
+        if current && puts.len() >= self.store.bulk_entries() {
+            let entries: Vec<(u64, u64)> =
+                puts.iter().filter(|e| !held.contains(&e.0)).copied().collect();
+            let may_hold = move |gids: &mut dyn Iterator<Item = u64>| {
+                let fills = fills.lock();
+                match fills.get(&unit) {
+                    None => Vec::new(),
+                    Some(log) if !log.current(down) => gids.enumerate().map(|(i, _)| i).collect(),
+                    Some(log) => gids
+                        .enumerate()
+                        .filter(|(_, g)| log.put.contains(g))
+                        .map(|(i, _)| i)
+                        .collect(),
+                }
+            };
+            self.write(move |s| Ok(s.add_tablet_entries(table, &entries, may_hold)?.0)).await?;
+            let again = ops(self.raced(unit, puts, gid), false);
+            return self.write(move |s| s.append_tablets(again, &[])).await;
+        }
         let decide = move |gid: u64| {
             !held.contains(&gid)
                 && fills
@@ -1004,7 +1027,11 @@ mod tests {
     }
 
     fn config() -> NodeStoreConfig {
-        NodeStoreConfig { cache_bytes: 8 << 20, min_free_bytes: 0, ..Default::default() }
+        let mut c =
+            NodeStoreConfig { cache_bytes: 8 << 20, min_free_bytes: 0, ..Default::default() };
+        // Pages of 2 puts or more go in bulk ([`NodeStore::bulk_entries`]), 1 one by one.
+        c.shard.index.buffer_docs = 2;
+        c
     }
 
     struct Fixture {

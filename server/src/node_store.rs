@@ -42,8 +42,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use neardup_core::Design;
 use neardup_core::index::QueryScratch;
+use neardup_core::{Design, Doc};
 
 use crate::data_api::ScanPage;
 use crate::data_types::{DocInfo, DocOp, TabletHit, TabletOp, gid_partition};
@@ -385,6 +385,32 @@ impl NodeStore {
             waits.push((shard.clone(), shard.write_entries_deciding(&entries, &decide)?));
         }
         Ok(Durable(waits))
+    }
+
+    /// Puts the entries `(gid, fp as the caller sends it)` into table `table` in bulk, as
+    /// one run ([`Shard::add_entries`]), and returns what to wait for until that is durable
+    /// and how many it put. The caller keeps out the entries the table holds;
+    /// `may_hold(gids)` names those that writes may have stored meanwhile (see
+    /// [`Shard::add_entries`]). It blocks (the run is built, stored and synced).
+    pub fn add_tablet_entries(
+        &self,
+        table: u32,
+        entries: &[(u64, u64)],
+        may_hold: impl FnOnce(&mut dyn Iterator<Item = u64>) -> Vec<usize>,
+    ) -> Result<(Durable, u64)> {
+        let shard = self.table(table)?;
+        let perm = &self.design.tables()[table as usize].perm;
+        let docs: Vec<Doc> =
+            entries.iter().map(|&(gid, fp)| Doc { id: gid, fp: perm.apply(fp), ts: 0 }).collect();
+        let (seq, put) =
+            shard.add_entries(&docs, |docs| may_hold(&mut docs.iter().map(|d| d.id)))?;
+        Ok((Durable(vec![(shard.clone(), seq)]), put))
+    }
+
+    /// The fewest entries worth putting in bulk ([`add_tablet_entries`](Self::add_tablet_entries)):
+    /// a write buffer's worth, which the index would build into a run of its own anyway.
+    pub fn bulk_entries(&self) -> usize {
+        self.tables.first().map_or(usize::MAX, |t| t.config().index.buffer_docs)
     }
 
     fn table_index(&self, table: u32) -> Result<usize> {

@@ -13,9 +13,10 @@
 //! sketch's length `u8` and its bytes (`neardup_core::sketch`). Format 3 adds tag 4, the same
 //! with the sketch's length as a `u16` (a version 2 sketch that keeps its set is up to
 //! 1,092 bytes). Format 4 adds tag 5, a `RemoveRange`: the range's first and last value and
-//! how many entries it removed (`u64` each). A record is written in the lowest format its
-//! operations need (one with no sketch in format 1, byte for byte as before sketches
-//! existed); all four are read.
+//! how many entries it removed (`u64` each). Format 5 adds tag 6, an `AddRun`: the storage
+//! id of a run stored apart and how many entries it holds (`u64` each). A record is written
+//! in the lowest format its operations need (one with no sketch in format 1, byte for byte
+//! as before sketches existed); all five are read.
 
 use crate::error::{Error, Result};
 
@@ -31,6 +32,11 @@ const PUT_LONG_SKETCH: u8 = 4;
 /// The format of records holding a `RemoveRange`.
 const FORMAT_RANGE: u8 = 4;
 const REMOVE_RANGE: u8 = 5;
+/// The format of records holding an `AddRun`.
+const FORMAT_RUN: u8 = 5;
+const ADD_RUN: u8 = 6;
+/// Bytes of an `AddRun`.
+pub const ADD_RUN_BYTES: usize = 1 + 8 * 2;
 /// Bytes of a `RemoveRange`.
 pub const REMOVE_RANGE_BYTES: usize = 1 + 8 * 3;
 /// Bytes of a `Put` besides its name.
@@ -76,6 +82,15 @@ pub enum Op<'a> {
         /// Entries removed.
         count: u64,
     },
+    /// Add the run stored under storage id `sid` (a shard without names only: a tablet's
+    /// copy loaded in bulk), written and synced before this record; `count` is how many
+    /// entries it holds. The run holds no entry the shard holds when it is added.
+    AddRun {
+        /// The run's storage id.
+        sid: u64,
+        /// Its entries.
+        count: u64,
+    },
 }
 
 impl Op<'_> {
@@ -89,6 +104,7 @@ impl Op<'_> {
             }
             Op::Remove { .. } => REMOVE_BYTES,
             Op::RemoveRange { .. } => REMOVE_RANGE_BYTES,
+            Op::AddRun { .. } => ADD_RUN_BYTES,
         }
     }
 }
@@ -151,6 +167,13 @@ impl RecordWriter {
                 }
                 self.buf[0] = self.buf[0].max(FORMAT_RANGE);
             }
+            Op::AddRun { sid, count } => {
+                self.buf.push(ADD_RUN);
+                for v in [sid, count] {
+                    self.buf.extend_from_slice(&v.to_le_bytes());
+                }
+                self.buf[0] = self.buf[0].max(FORMAT_RUN);
+            }
         }
         self.count += 1;
     }
@@ -194,7 +217,7 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<Op<'_>>> {
     }
     let mut b = body;
     let format = take::<1>(&mut b).ok_or_else(|| bad("truncated"))?[0];
-    if ![FORMAT, FORMAT_SKETCH, FORMAT_LONG_SKETCH, FORMAT_RANGE].contains(&format) {
+    if ![FORMAT, FORMAT_SKETCH, FORMAT_LONG_SKETCH, FORMAT_RANGE, FORMAT_RUN].contains(&format) {
         return Err(bad(&format!("unknown format {format}")));
     }
     let count = u32::from_le_bytes(take(&mut b).ok_or_else(|| bad("truncated"))?);
@@ -238,6 +261,10 @@ pub fn decode(bytes: &[u8]) -> Result<Vec<Op<'_>>> {
             REMOVE_RANGE if format >= FORMAT_RANGE => {
                 let (lo, hi, count) = (u()?, u()?, u()?);
                 ops.push(Op::RemoveRange { lo, hi, count });
+            }
+            ADD_RUN if format >= FORMAT_RUN => {
+                let (sid, count) = (u()?, u()?);
+                ops.push(Op::AddRun { sid, count });
             }
             t => return Err(bad(&format!("unknown operation {t}"))),
         }
@@ -324,6 +351,23 @@ mod tests {
         }
         // A range in a record of an earlier format is damage.
         assert!(decode(&restamped(&bytes, FORMAT_LONG_SKETCH)).is_err());
+    }
+
+    #[test]
+    fn added_runs_take_format_5() {
+        let ops = [
+            Op::Remove { id: 5, fp: 9 },
+            Op::AddRun { sid: 12, count: 65_536 },
+            Op::RemoveRange { lo: 3, hi: 4, count: 1 },
+        ];
+        let bytes = encoded(&ops, FORMAT_RUN);
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x10;
+            assert!(decode(&b).is_err(), "flip at {i}");
+        }
+        // An added run in a record of an earlier format is damage.
+        assert!(decode(&restamped(&bytes, FORMAT_RANGE)).is_err());
     }
 
     #[test]

@@ -265,6 +265,24 @@ impl SealJob {
     }
 }
 
+/// A run to build off the index's lock from documents the caller brings (a bulk load into a
+/// live index), then to add with [`Index::add_run`]: see [`Index::run_builder`].
+#[derive(Debug)]
+pub struct RunBuilder {
+    id: u64,
+    ctx: Arc<BuildContext>,
+    /// Fingerprints in the largest run.
+    beside: usize,
+}
+
+impl RunBuilder {
+    /// Builds the run of `docs` (any order). Needs no access to the index; may run on any
+    /// thread.
+    pub fn build(&self, docs: &[Doc]) -> Result<Run> {
+        Run::build(self.id, docs, &self.ctx, self.beside)
+    }
+}
+
 /// Memory held by one table across all runs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TableMemory {
@@ -409,6 +427,31 @@ impl Index {
         self.frozen.clear();
         self.recent = RecentTables::new(&self.config.design);
         self.covered.clear();
+        self.sync_recent();
+        Ok(())
+    }
+
+    /// What builds a run of documents the caller brings, off this index's lock, to add with
+    /// [`add_run`](Self::add_run); it takes the next run id.
+    pub fn run_builder(&mut self) -> RunBuilder {
+        RunBuilder { id: self.take_run_id(), ctx: self.ctx.clone(), beside: self.largest_run() }
+    }
+
+    /// Adds `run` as the newest run, as it is: no merge, and its documents join the recent
+    /// tables when it is small. Built by a [`RunBuilder`] of this index, or loaded
+    /// ([`load_run`](Self::load_run)). Refused, changing nothing, when a run with its id is
+    /// present; later runs get larger ids. The caller keeps ids unique within the index:
+    /// the run must hold no document the index holds.
+    pub fn add_run(&mut self, run: Run) -> Result<()> {
+        if self.runs.iter().any(|r| r.id() == run.id())
+            || self.frozen.iter().any(|(id, _)| *id == run.id())
+        {
+            return Err(Error::InvalidConfig(format!("a run with id {} is present", run.id())));
+        }
+        self.next_run_id = self.next_run_id.max(run.id() + 1);
+        if !run.is_empty() {
+            self.runs.push(Arc::new(run));
+        }
         self.sync_recent();
         Ok(())
     }

@@ -117,7 +117,17 @@ fn exercise(config: IndexConfig, shape: Shape, seed: u64, steps: usize) -> Index
             4 | 5 => {
                 let n = if g.rng.below(3) == 0 { 300 } else { 1 + g.rng.below(40) as usize };
                 let batch: Vec<Doc> = (0..n).map(|_| g.doc()).collect();
-                index.insert_batch(&batch).unwrap();
+                if g.rng.below(3) == 0 {
+                    // A bulk load: a run built apart, then added as it is (a second add of
+                    // its id is refused).
+                    let builder = index.run_builder();
+                    let run = builder.build(&batch).unwrap();
+                    let again = builder.build(&batch).unwrap();
+                    index.add_run(run).unwrap();
+                    assert!(index.add_run(again).is_err());
+                } else {
+                    index.insert_batch(&batch).unwrap();
+                }
                 model.docs.extend_from_slice(&batch);
             }
             6 if !model.docs.is_empty() => {

@@ -286,9 +286,9 @@ impl BackupCopy {
                         sketch: sketch.map(<[u8]>::to_vec),
                     }),
                     Op::Remove { id, .. } => tail.removed.push(id),
-                    Op::RemoveRange { .. } => {
+                    Op::RemoveRange { .. } | Op::AddRun { .. } => {
                         return Err(Error::Internal(
-                            "a shard with names logged a range removal".into(),
+                            "a shard with names logged an operation of tablets".into(),
                         ));
                     }
                 }

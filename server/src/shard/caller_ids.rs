@@ -10,13 +10,15 @@ use neardup_core::index::QueryScratch;
 use neardup_core::sketch::MAX_ENCODED_BYTES;
 use neardup_core::{Doc, Match};
 
-use super::Shard;
+use std::time::Instant;
+
 use super::write_path::{RecordPlan, check_name};
+use super::{RunKey, Shard, StoredRun};
 use crate::data_types::{DocInfo, DocOp};
 use crate::doc_table::{DocEntry, DocTable};
 use crate::error::{Error, Result};
-use crate::persist::key64;
-use crate::record::Op;
+use crate::persist::{self, key64};
+use crate::record::{Op, RecordWriter};
 
 /// One change to a shard without names: store or remove the entry `(id, fp)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,6 +148,98 @@ impl Shard {
             );
         }
         self.append(st, &plan)
+    }
+
+    /// Adds the entries `docs` (ids not 0) to a shard without names in bulk, for a copy of a
+    /// tablet: one run built and stored off the write lock, then added under it by one log
+    /// record that names the run ([`Op::AddRun`]), not the entries. No log record, write
+    /// buffer, seal or merge an entry, as [`write_entries`](Self::write_entries) costs.
+    ///
+    /// The caller keeps out of `docs` every entry the shard holds. Those it cannot rule out
+    /// because writes may store them meanwhile, `may_hold(docs)` names (by position),
+    /// asked under the write lock once the run is built: each that the shard holds then is
+    /// removed by the same record, before the run adds it again, so that no entry is held
+    /// twice.
+    ///
+    /// The run is durable before the record that names it, and a checkpoint stores it like
+    /// any other run. The write buffers become runs first (under the write lock), as the
+    /// runs must hold exactly the records up to some sequence. Returns the log sequence to wait for and the entries added.
+    pub fn add_entries(
+        &self,
+        docs: &[Doc],
+        may_hold: impl FnOnce(&[Doc]) -> Vec<usize>,
+    ) -> Result<(u64, u64)> {
+        self.check_serving()?;
+        self.check_nameless()?;
+        if let Some(d) = docs.iter().find(|d| d.id == 0) {
+            return Err(Error::InvalidInput(format!("entry id 0 (value {:#x})", d.fp)));
+        }
+        if docs.is_empty() {
+            return Ok((self.state.read().last_seq, 0));
+        }
+        // No rebuild of the index (which numbers its runs afresh and replays the log, where
+        // this record cannot be applied from its bytes) while the run is made; and its
+        // storage id is taken and the run added under the checkpoint lock, which recovery
+        // relies on (see `recover_index`).
+        let _one = self.maintaining.lock();
+        let mut ck = self.checkpoints.lock();
+        let builder = self.state.write().index.run_builder();
+        let run = builder.build(docs)?;
+        let count = run.len() as u64;
+        let sid = ck.manifest.next_sid.max(1);
+        ck.manifest.next_sid = sid + 1;
+        persist::write_run(
+            &self.spaces,
+            sid,
+            &run,
+            &self.config.index.design,
+            self.config.stored_tables,
+        )?;
+        // Durable before the record that names it.
+        self.sync()?;
+        let mut st = self.state.write();
+        let st = &mut *st;
+        self.check_serving()?;
+        // The runs hold exactly the records up to `covered`: the write buffers go into runs
+        // first, so that the run and its record are covered together. Replaying the log
+        // after a manifest then never meets an entry of this run before its record.
+        if st.index.unsealed() > 0 || st.covered < st.last_seq {
+            let last = st.last_seq;
+            st.seal_all(last)?;
+        }
+        let mut w = RecordWriter::new();
+        let mut held = Vec::new();
+        let mut out = Vec::new();
+        for i in may_hold(docs) {
+            let Some(&d) = docs.get(i) else { continue };
+            if Self::holds(&st.index, d.id, d.fp, &mut out)? {
+                w.push(&Op::Remove { id: d.id, fp: d.fp });
+                held.push(d);
+            }
+        }
+        w.push(&Op::AddRun { sid, count });
+        let bytes = w.finish();
+        let commit = self.committer()?;
+        let seq = st.last_seq + 1;
+        self.spaces.log.put(&key64(seq), &bytes)?;
+        st.last_seq = seq;
+        st.log_bytes += bytes.len() as u64;
+        commit.appended(seq);
+        for d in held {
+            st.index.delete_doc(d.id, d.fp)?;
+        }
+        let key = RunKey::of(st, &run);
+        st.index.add_run(run)?;
+        st.covered = seq;
+        ck.stored.insert(key, StoredRun { sid, deletes_written: 0 });
+        // Admissions asking what was stored since an earlier sequence query again.
+        self.recent.lock().forget_through(seq);
+        self.metrics.appended(1);
+        st.last_write = Instant::now();
+        if st.index.runs().len() >= self.config.index.merge_fanout {
+            self.wake();
+        }
+        Ok((seq, count))
     }
 
     /// Removes every entry whose value is in `lo..=hi` (a shard without names: a tablet

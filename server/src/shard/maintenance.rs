@@ -329,6 +329,13 @@ impl Shard {
                     docs.clear();
                     st.index.delete_range(lo, hi)?;
                 }
+                // Added by `Shard::add_entries` with the run itself, which the record
+                // does not hold.
+                Op::AddRun { sid, .. } => {
+                    return Err(Error::Internal(format!(
+                        "the run stored as {sid} cannot be applied from its record"
+                    )));
+                }
             }
         }
         st.index.insert_many(&docs)?;

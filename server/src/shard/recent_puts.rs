@@ -52,6 +52,13 @@ impl RecentPuts {
         self.puts.push_back(Put { seq, id, fp, ts });
     }
 
+    /// Forgets every document stored up to record `seq`, and says so: a record stored
+    /// documents this does not list (a run added in bulk).
+    pub(super) fn forget_through(&mut self, seq: u64) {
+        self.puts.clear();
+        self.floor = self.floor.max(seq + 1);
+    }
+
     /// The documents within `k` of `fp` stored by records after `seq`, as matches; `None`
     /// when some of them are no longer remembered.
     pub(super) fn within_since(&self, fp: u64, k: u32, seq: u64) -> Option<Vec<Match>> {

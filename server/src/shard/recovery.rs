@@ -85,6 +85,8 @@ impl Shard {
         let (docs, mut last_seq, log_bytes, tail) = docs_part?;
         let (index, stored_runs, rebuilt, buffer_empty) = index_part?;
         let sids: Vec<u64> = stored_runs.iter().map(|&(sid, _)| sid).collect();
+        // Runs the manifest does not name yet, added by log records replayed after it.
+        let next_sid = sids.iter().map(|&sid| sid + 1).fold(manifest.next_sid, u64::max);
         last_seq = last_seq.max(manifest.last_seq).max(manifest.covered).max(docsnap.covered);
         let covered = if buffer_empty { last_seq } else { manifest.covered };
         let live = if self.config.names { docs.len() } else { index.len() };
@@ -125,7 +127,7 @@ impl Shard {
                 s.sketches.remove_range(&key64(docs.next_id()), &[0xFF; 9])?;
             }
             for sid in persist::stored_run_ids(s)? {
-                if !manifest.runs.contains(&sid) {
+                if !sids.contains(&sid) {
                     persist::remove_run(s, sid)?;
                 }
             }
@@ -136,7 +138,7 @@ impl Shard {
                 s.docs.remove_range(&[], &key64(docsnap.id))?;
                 s.docs.remove_range(&key64(docsnap.id + 1), &[0xFF; 13])?;
             }
-            ck.manifest = Manifest { last_seq, ..manifest };
+            ck.manifest = Manifest { last_seq, next_sid, ..manifest };
             ck.docsnap = docsnap;
             ck.snapshot_bytes = log_bytes.min(self.config.snapshot_log_bytes);
         }
@@ -193,9 +195,9 @@ impl Shard {
                             Op::Put { id, fp, ts, cluster, name, sketch: _ } => {
                                 Ok(DocEntry { id, fp, ts, cluster, name: name.into() })
                             }
-                            Op::Remove { .. } | Op::RemoveRange { .. } => {
+                            Op::Remove { .. } | Op::RemoveRange { .. } | Op::AddRun { .. } => {
                                 Err(Error::CorruptTablet(format!(
-                                    "document snapshot chunk {c} holds a removal"
+                                    "document snapshot chunk {c} holds no put"
                                 )))
                             }
                         })
@@ -221,11 +223,14 @@ impl Shard {
                             Op::Put { .. } => tail.puts += 1,
                             Op::Remove { .. } => tail.removes += 1,
                             Op::RemoveRange { count, .. } => tail.removes += count,
+                            Op::AddRun { count, .. } => tail.puts += count,
                         }
                     }
-                    if self.config.names && matches!(op, Op::RemoveRange { .. }) {
+                    if self.config.names && matches!(op, Op::RemoveRange { .. } | Op::AddRun { .. })
+                    {
                         return Err(Error::CorruptTablet(format!(
-                            "log record {seq} removes a range from a shard with names"
+                            "log record {seq} holds an operation of tablets in a shard with \
+                             names"
                         )));
                     }
                     if seq > docsnap.covered && self.config.names {
@@ -241,9 +246,9 @@ impl Shard {
     }
 
     /// Recovery of the index: the manifest's runs (checksums verified, damaged tables
-    /// rebuilt), then the log records after the manifest. Returns the index, each run's
-    /// storage id and deletion count as stored, the rebuilt tables, and whether the write
-    /// buffer is empty.
+    /// rebuilt), then the log records after the manifest. Returns the index, each stored
+    /// run's storage id and deletion count as stored (the manifest's runs, then those the
+    /// log adds), the rebuilt tables, and whether the write buffer is empty.
     #[allow(clippy::type_complexity)]
     pub(super) fn recover_index(
         &self,
@@ -267,7 +272,7 @@ impl Shard {
                 rebuilt.push((*sid, l.rebuilt.clone()));
             }
         }
-        let stored: Vec<(u64, usize)> =
+        let mut stored: Vec<(u64, usize)> =
             loaded.iter().map(|(sid, l)| (*sid, l.run.deleted())).collect();
         index.restore(loaded.into_iter().map(|(_, l)| l.run).collect())?;
         // Replayed puts not yet removed again. A shard without names may see one entry
@@ -276,7 +281,8 @@ impl Shard {
         let mut pending: Vec<Option<Doc>> = Vec::new();
         let mut pending_at: HashMap<(u64, u64), Vec<usize>> = HashMap::new();
         for e in s.log.scan(&key64(manifest.covered + 1), &[0xFF; 9]) {
-            let (_, v) = e?;
+            let (k, v) = e?;
+            let seq = persist::log_seq(&k)?;
             for op in record::decode(&v)? {
                 match op {
                     Op::Put { id, fp, ts, .. } => {
@@ -308,6 +314,32 @@ impl Shard {
                                  its replay {removed}"
                             )));
                         }
+                    }
+                    // A run added in bulk (`Shard::add_entries`), covered by the runs from
+                    // its record on, so no manifest covering less can have been written
+                    // after it. Its storage id was taken under the checkpoint lock, held
+                    // until the run was in the index: a manifest counting past the id
+                    // would have been.
+                    Op::AddRun { sid, .. } if sid < manifest.next_sid => {
+                        return Err(Error::CorruptTablet(format!(
+                            "log record {seq} adds the run stored as {sid}, which the \
+                             manifest's storage ids pass but its sequence does not cover"
+                        )));
+                    }
+                    Op::AddRun { sid, count } => {
+                        let l = persist::load_run(s, sid, &index, self.config.stored_tables)?;
+                        if l.run.len() as u64 != count {
+                            return Err(Error::CorruptTablet(format!(
+                                "the run stored as {sid} holds {} entries, its log record {count}",
+                                l.run.len()
+                            )));
+                        }
+                        if !l.rebuilt.is_empty() {
+                            self.metrics.rebuilt(l.rebuilt.len());
+                            rebuilt.push((sid, l.rebuilt));
+                        }
+                        stored.push((sid, l.run.deleted()));
+                        index.add_run(l.run)?;
                     }
                 }
             }

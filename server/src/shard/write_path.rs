@@ -194,7 +194,7 @@ impl Shard {
                     q.insert(id, (seq, Some(s.to_vec())));
                 }
                 // Shards without names keep no sketches.
-                Op::Put { sketch: None, .. } | Op::RemoveRange { .. } => {}
+                Op::Put { sketch: None, .. } | Op::RemoveRange { .. } | Op::AddRun { .. } => {}
                 Op::Remove { id, .. } => {
                     q.insert(id, (seq, None));
                 }
@@ -242,7 +242,7 @@ impl Shard {
     pub(super) fn store_sketch(spaces: &Spaces, op: &Op<'_>) -> Result<()> {
         match *op {
             Op::Put { id, sketch: Some(s), .. } => spaces.sketches.put(&key64(id), s),
-            Op::Put { sketch: None, .. } | Op::RemoveRange { .. } => Ok(()),
+            Op::Put { sketch: None, .. } | Op::RemoveRange { .. } | Op::AddRun { .. } => Ok(()),
             Op::Remove { id, .. } => spaces.sketches.remove(&key64(id)),
         }
     }
