@@ -187,9 +187,9 @@ pub struct ClusterSection {
     /// The leader marks a down node lost after this long without hearing from it,
     /// milliseconds: each unit it held is rebuilt on the other nodes. 0: never.
     pub rebuild_after_ms: u64,
-    /// Most megabytes a second this node copies into each replica it fills (a rebuild, a
-    /// move, a node back), and removes of the copies the map took away from it, so that
-    /// copies leave room for queries. 0: unlimited.
+    /// Most megabytes a second this node copies into the replicas it fills (a rebuild, a
+    /// move, a node back; two at a time), all together, and removes of the copies the map
+    /// took away from it, so that copies leave room for queries. 0: unlimited.
     pub copy_rate_mb: u64,
     /// Entries a page of a tablet copy holds (a partition's pages hold an eighth as many
     /// documents): the memory a copy takes on each side. 0: the source's default, 65536.

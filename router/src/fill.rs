@@ -5,8 +5,10 @@
 //! node comes back after being marked down ([`neardup_cluster::map::Command::NodeBack`]).
 //! It takes writes from the moment its node's map lists it as filling; the copy is then
 //! reconciled with what it took, a page of the source's copy at a time
-//! ([`LocalNode::reconcile_tablet`], [`LocalNode::reconcile_docs`]). Units are filled one at
-//! a time.
+//! ([`LocalNode::reconcile_tablet`], [`LocalNode::reconcile_docs`]), the next page read
+//! while one is stored. Units are filled two at a time: one worker takes tablets first, the
+//! other partitions first (a node keeps them in different shards), so one fill's syncs and
+//! source reads overlap the other's work.
 //!
 //! The same task drops the copies the map took away from this node, after each pass of
 //! fills ([`LocalNode::drop_page`]): a unit given back is filled only once its drop is
@@ -19,8 +21,8 @@
 //! halves stay on the same nodes, so nothing is copied; placement then balances the tablets
 //! again.
 
-use std::collections::HashSet;
-use std::sync::Arc;
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use neardup_cluster::map::{ClusterMap, Unit};
@@ -41,7 +43,7 @@ const POLL: Duration = Duration::from_millis(500);
 /// How often a node counts the entries of the tablets it is first to serve.
 pub const SPLIT_EVERY: Duration = Duration::from_secs(5);
 
-/// Keeps a copy at most `rate` bytes a second (0: unlimited), counted from its start.
+/// Keeps copies at most `rate` bytes a second (0: unlimited), counted from their start.
 #[derive(Debug)]
 struct Pace {
     rate: u64,
@@ -72,6 +74,19 @@ impl Pace {
     }
 }
 
+/// Waits as `pace`, shared by the fills that run at once, says once `bytes` more are
+/// copied.
+async fn paced(pace: &Mutex<Pace>, bytes: u64) {
+    let wait = {
+        let mut p = pace.lock().unwrap_or_else(|e| e.into_inner());
+        let elapsed = p.started.elapsed();
+        p.wait_after(bytes, elapsed)
+    };
+    if !wait.is_zero() {
+        tokio::time::sleep(wait).await;
+    }
+}
+
 /// Bytes a page of documents costs, about: name, sketch and the fixed fields.
 fn docs_bytes(docs: &[DocInfo]) -> u64 {
     docs.iter().map(DocInfo::approx_bytes).sum()
@@ -80,7 +95,8 @@ fn docs_bytes(docs: &[DocInfo]) -> u64 {
 /// How a node copies the replicas it fills.
 #[derive(Debug, Clone, Copy)]
 pub struct CopyConfig {
-    /// Most bytes a second copied into each replica (`cluster.copy_rate_mb`; 0: unlimited).
+    /// Most bytes a second copied into the replicas this node fills, all together
+    /// (`cluster.copy_rate_mb`; 0: unlimited).
     pub rate: u64,
     /// Entries per page of a tablet, and documents per page of a partition over 8
     /// (`cluster.copy_page_entries`; 0: the source's default, at most
@@ -112,32 +128,53 @@ pub async fn run(
         let map = map_rx.borrow_and_update().clone();
         // A node marked down takes no writes, so nothing it would copy could be kept level.
         let units = if map.is_up(me) { map.filling_on(me) } else { Vec::new() };
-        for unit in units {
-            if *stop.borrow() {
-                return;
-            }
-            // The map as it is now: a unit reported ready, or taken away, since the list was
-            // made is not filled again.
-            let map = map_rx.borrow().clone();
-            if !map.is_up(me) || !map.is_filling_on(unit, me) {
-                continue;
-            }
-            let started = Instant::now();
-            match fill_one(&local, &map, unit, me, &nodes, copy).await {
-                Ok(()) => match cluster.replica_ready(unit).await {
-                    Ok(_) => tracing::info!(
-                        ?unit,
-                        ms = started.elapsed().as_millis() as u64,
-                        "replica filled and ready"
-                    ),
-                    Err(e) => {
-                        tracing::warn!(?unit, error = %e, "replica filled; not reported ready yet")
+        let (tablets, partitions): (VecDeque<Unit>, VecDeque<Unit>) =
+            units.into_iter().partition(|u| matches!(u, Unit::Tablet { .. }));
+        let queues = Mutex::new([tablets, partitions]);
+        let pace = Mutex::new(Pace::new(copy.rate));
+        // Two workers take the next unit until none is left (or the filler stops): one
+        // tablets first, the other partitions first, which a node keeps in different
+        // shards. Each fill waits for syncs and for its source; the other goes on meanwhile.
+        {
+            let (stop, map_rx, local, nodes, cluster) = (&stop, &map_rx, &local, &nodes, &cluster);
+            let (queues, pace) = (&queues, &pace);
+            let worker = |first: usize| async move {
+                loop {
+                    if *stop.borrow() {
+                        return;
                     }
-                },
-                Err(e) => {
-                    tracing::warn!(?unit, error = %e, "cannot fill the replica yet; retrying")
+                    let next = {
+                        let mut q = queues.lock().unwrap_or_else(|e| e.into_inner());
+                        q[first].pop_front().or_else(|| q[1 - first].pop_front())
+                    };
+                    let Some(unit) = next else { return };
+                    // The map as it is now: a unit reported ready, or taken away, since the list
+                    // was made is not filled again.
+                    let map = map_rx.borrow().clone();
+                    if !map.is_up(me) || !map.is_filling_on(unit, me) {
+                        continue;
+                    }
+                    let started = Instant::now();
+                    match fill_one(local, &map, unit, me, nodes, copy.page, pace).await {
+                        Ok(()) => match cluster.replica_ready(unit).await {
+                            Ok(_) => tracing::info!(
+                                ?unit,
+                                ms = started.elapsed().as_millis() as u64,
+                                "replica filled and ready"
+                            ),
+                            Err(e) => tracing::warn!(?unit, error = %e,
+                            "replica filled; not reported ready yet"),
+                        },
+                        Err(e) => {
+                            tracing::warn!(?unit, error = %e, "cannot fill the replica yet; retrying")
+                        }
+                    }
                 }
-            }
+            };
+            tokio::join!(worker(0), worker(1));
+        }
+        if *stop.borrow() {
+            return;
         }
         let map = map_rx.borrow().clone();
         drop_released(&local, &map, me, copy, &mut clean).await;
@@ -246,18 +283,20 @@ async fn split_large(
     }
 }
 
-/// Copies `unit` from one of its serving replicas a page at a time and reconciles this
-/// node's replica with each page ([`LocalNode::reconcile_tablet`], [`PartitionFill`]): a
-/// copy holds one page in memory, whatever the unit's size.
+/// Copies `unit` from one of its serving replicas a page at a time (`page_entries`: see
+/// [`CopyConfig::page`]), paced by `pace`, and reconciles this
+/// node's replica with each page ([`LocalNode::reconcile_tablet`], [`PartitionFill`]), the
+/// next page read while one is stored: a copy holds two pages in memory, whatever the
+/// unit's size.
 async fn fill_one(
     local: &LocalNode,
     map: &ClusterMap,
     unit: Unit,
     me: NodeId,
     nodes: &NodeResolver,
-    copy: CopyConfig,
+    page_entries: u32,
+    pace: &Mutex<Pace>,
 ) -> DataResult<()> {
-    let mut pace = Pace::new(copy.rate);
     let sources: Vec<NodeId> = map.serving(unit).into_iter().filter(|&n| n != me).collect();
     let Some(&from) = sources.first() else {
         return Err(DataError::Unavailable(format!("no serving replica of {unit:?} to copy")));
@@ -272,10 +311,10 @@ async fn fill_one(
                 .tablet(table, start)
                 .map(|t| t.end)
                 .ok_or_else(|| DataError::Internal(format!("no tablet {unit:?} in the map")))?;
+            let scan = |at| api.tablet_scan(epoch, table, start, end, at, page_entries, deadline());
             let mut at = start;
+            let mut page = scan(at).await?;
             loop {
-                let page =
-                    api.tablet_scan(epoch, table, start, end, at, copy.page, deadline()).await?;
                 let to = match page.next {
                     Some(next) if next > at && next <= end => next - 1,
                     Some(next) => {
@@ -286,31 +325,58 @@ async fn fill_one(
                     None => end,
                 };
                 let bytes = entries_bytes(page.items.len());
-                local.reconcile_tablet(unit, at, to, page.items).await?;
-                pace.copied(bytes).await;
-                match page.next {
-                    Some(next) => at = next,
-                    None => return Ok(()),
+                // The source reads the next page while this one is stored here.
+                let next = page.next;
+                let (stored, fetched) =
+                    tokio::join!(local.reconcile_tablet(unit, at, to, page.items), async {
+                        match next {
+                            Some(n) => Some(scan(n).await),
+                            None => None,
+                        }
+                    });
+                stored?;
+                paced(pace, bytes).await;
+                match (next, fetched) {
+                    (Some(n), Some(fetched)) => {
+                        at = n;
+                        page = fetched?;
+                    }
+                    _ => return Ok(()),
                 }
             }
         }
         Unit::Partition(p) => {
             let mut fill = local.partition_fill(unit).await?;
+            let scan = |at| api.partition_scan(epoch, p, at, page_entries.div_ceil(8), deadline());
             let mut cursor = 0;
+            let mut page = scan(cursor).await?;
             loop {
-                let page =
-                    api.partition_scan(epoch, p, cursor, copy.page.div_ceil(8), deadline()).await?;
-                let bytes = docs_bytes(&page.items);
-                local.reconcile_docs(&mut fill, page.items).await?;
-                pace.copied(bytes).await;
-                match page.next {
-                    Some(next) if next > cursor => cursor = next,
+                let next = match page.next {
+                    Some(next) if next > cursor => Some(next),
                     Some(next) => {
                         return Err(DataError::Internal(format!(
                             "node {from} sent a page of {unit:?} from {cursor} that ends at {next}"
                         )));
                     }
-                    None => return local.finish_partition_fill(fill).await,
+                    None => None,
+                };
+                let bytes = docs_bytes(&page.items);
+                // The source reads the next page while this one is stored here.
+                let (stored, fetched) =
+                    tokio::join!(local.reconcile_docs(&mut fill, page.items), async {
+                        match next {
+                            Some(n) => Some(scan(n).await),
+                            None => None,
+                        }
+                    });
+                stored?;
+                paced(pace, bytes).await;
+                match (next, fetched) {
+                    (Some(n), Some(fetched)) => {
+                        cursor = n;
+                        page = fetched?;
+                    }
+                    _ => return local.finish_partition_fill(fill).await,
                 }
             }
         }

@@ -639,12 +639,13 @@ async fn three_nodes_kill9_torture() {
 /// serve what it missed, and no write may be acknowledged by a filling replica alone (B,
 /// back, would lack it and serve at once). B then goes on; once the cluster is level, and
 /// at the end, every answer is checked against the acknowledged writes. Copies go in pages
-/// of 64 entries.
+/// of 64 entries, those of 2 puts or more in bulk (one run a page).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overlapping_faults_lose_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    // Copies in small pages, so that writes land between the pages of a fill.
-    let pages = ["--set", "cluster.copy_page_entries=64"];
+    // Copies in small pages, so that writes land between the pages of a fill; most pages go
+    // in bulk, the last of a tablet often not.
+    let pages = ["--set", "cluster.copy_page_entries=64", "--set", "index.buffer_docs=2"];
     let (mut members, addrs, shared, tasks) = three_with_clients(dir.path(), &pages).await;
     for round in 0..faults().min(3) {
         let_run(&shared, 1500).await;
@@ -676,15 +677,21 @@ async fn overlapping_faults_lose_nothing() {
 
 /// A node killed and kept down past `cluster.rebuild_after_ms` (4 s here) is marked lost:
 /// every unit it held is rebuilt on the other two from the surviving replicas (in pages of
-/// 64 entries, so writes land between them), while clients
+/// 64 entries, so writes land between them; pages of 2 puts or more in bulk), while clients
 /// write and read, until the cluster is level on two nodes, as `neardup cluster status`
 /// shows. Started again, the node is placed like a new one, and the cluster is level on
 /// three. Every answer throughout is checked against the acknowledged writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_node_is_rebuilt_elsewhere() {
     let dir = tempfile::tempdir().unwrap();
-    let rebuild =
-        ["--set", "cluster.rebuild_after_ms=4000", "--set", "cluster.copy_page_entries=64"];
+    let rebuild = [
+        "--set",
+        "cluster.rebuild_after_ms=4000",
+        "--set",
+        "cluster.copy_page_entries=64",
+        "--set",
+        "index.buffer_docs=2",
+    ];
     let (mut members, addrs, shared, tasks) = three_with_clients(dir.path(), &rebuild).await;
     let_run(&shared, 1500).await;
     members[2].kill9();
@@ -801,11 +808,18 @@ async fn copies_dropped(members: &[&Member]) -> Result<(), String> {
 /// (`neardup cluster remove`: drained, its units moved, then removed), and node 3 is killed
 /// and kept down until it is marked lost and its units are rebuilt on nodes 1 and 4. Every
 /// answer throughout, and at the end through the two left, is checked against the
-/// acknowledged writes. Copies go in pages of 64 entries.
+/// acknowledged writes. Copies go in pages of 64 entries, those of 2 puts or more in bulk.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grow_from_one_node_to_four_then_remove_one_and_kill_one() {
     let dir = tempfile::tempdir().unwrap();
-    let args = ["--set", "cluster.rebuild_after_ms=4000", "--set", "cluster.copy_page_entries=64"];
+    let args = [
+        "--set",
+        "cluster.rebuild_after_ms=4000",
+        "--set",
+        "cluster.copy_page_entries=64",
+        "--set",
+        "index.buffer_docs=2",
+    ];
     let mut members: Vec<Member> = (1..=4).map(|id| Member::on_loopback(id, dir.path())).collect();
     for m in &mut members {
         m.args = args.iter().map(|a| a.to_string()).collect();
