@@ -7,7 +7,11 @@
 //! always means the same document.
 //!
 //! Entries live in a slab; two hash tables of slab positions find them by internal id and by
-//! name, so each name is stored once. Replaying log records onto a snapshot taken while they
+//! name, so each name is stored once. Each position keeps 32 bits of its key's hash, from
+//! which the table's hash is derived: a table that grows moves its positions without
+//! reading the slab or hashing a name again (at a million documents, hashing every name
+//! again held the shard's write lock for half a second), and a lookup reads the slab only
+//! for positions whose 32 bits match. Replaying log records onto a snapshot taken while they
 //! were written may briefly hold two entries with one name (see [`crate::record`]); lookups
 //! by name are only made once replay is over, when names are unique again.
 
@@ -35,8 +39,8 @@ pub struct DocEntry {
 pub struct DocTable {
     slots: Vec<DocEntry>,
     free: Vec<u32>,
-    by_id: HashTable<u32>,
-    by_name: HashTable<u32>,
+    by_id: HashTable<Pos>,
+    by_name: HashTable<Pos>,
     next_id: u64,
     live: usize,
     name_bytes: usize,
@@ -47,6 +51,28 @@ pub struct DocTable {
     generation: u32,
 }
 
+/// A slab position in one of the hash tables, with 32 bits of its key's hash.
+#[derive(Debug, Clone, Copy)]
+struct Pos {
+    slot: u32,
+    hash: u32,
+}
+
+impl Pos {
+    /// The table's hash of the key: every bit (the bucket's low bits, the control byte's
+    /// top ones) from the 32 kept.
+    #[inline]
+    fn table_hash(&self) -> u64 {
+        spread(self.hash)
+    }
+}
+
+/// A 64-bit table hash from 32 bits of a key's hash.
+#[inline]
+fn spread(h: u32) -> u64 {
+    (u64::from(h) | (u64::from(h) << 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
 /// The low byte of an internal id, as an index of [`DocTable::by_low_byte`].
 #[inline]
 fn low_byte(id: u64) -> usize {
@@ -54,17 +80,17 @@ fn low_byte(id: u64) -> usize {
 }
 
 #[inline]
-fn hash_id(id: u64) -> u64 {
+fn hash_id(id: u64) -> u32 {
     // SplitMix64's finaliser: ids are sequential, the table needs every bit mixed.
     let mut z = id.wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    (z ^ (z >> 31)) as u32
 }
 
 #[inline]
-fn hash_name(name: &str) -> u64 {
-    xxhash_rust::xxh3::xxh3_64(name.as_bytes())
+fn hash_name(name: &str) -> u32 {
+    xxhash_rust::xxh3::xxh3_64(name.as_bytes()) as u32
 }
 
 impl Default for DocTable {
@@ -120,22 +146,24 @@ impl DocTable {
         let slots = &entries;
         let ((by_id, unique), by_name) = rayon::join(
             || {
-                let mut t: HashTable<u32> = HashTable::with_capacity(n);
+                let mut t: HashTable<Pos> = HashTable::with_capacity(n);
                 for (i, e) in slots.iter().enumerate() {
-                    let h = hash_id(e.id);
-                    if t.find(h, |&s| slots[s as usize].id == e.id).is_some() {
+                    let hash = hash_id(e.id);
+                    let found = t.find(spread(hash), |p| {
+                        p.hash == hash && slots[p.slot as usize].id == e.id
+                    });
+                    if found.is_some() {
                         return (t, false);
                     }
-                    t.insert_unique(h, i as u32, |&s| hash_id(slots[s as usize].id));
+                    t.insert_unique(spread(hash), Pos { slot: i as u32, hash }, Pos::table_hash);
                 }
                 (t, true)
             },
             || {
-                let mut t: HashTable<u32> = HashTable::with_capacity(n);
+                let mut t: HashTable<Pos> = HashTable::with_capacity(n);
                 for (i, e) in slots.iter().enumerate() {
-                    t.insert_unique(hash_name(&e.name), i as u32, |&s| {
-                        hash_name(&slots[s as usize].name)
-                    });
+                    let hash = hash_name(&e.name);
+                    t.insert_unique(spread(hash), Pos { slot: i as u32, hash }, Pos::table_hash);
                 }
                 t
             },
@@ -167,16 +195,20 @@ impl DocTable {
     /// The document named `name`.
     pub fn by_name(&self, name: &str) -> Option<&DocEntry> {
         let slots = &self.slots;
+        let hash = hash_name(name);
         self.by_name
-            .find(hash_name(name), |&s| &*slots[s as usize].name == name)
-            .map(|&s| &slots[s as usize])
+            .find(spread(hash), |p| p.hash == hash && &*slots[p.slot as usize].name == name)
+            .map(|p| &slots[p.slot as usize])
     }
 
     /// The document with internal id `id`.
     #[inline]
     pub fn by_id(&self, id: u64) -> Option<&DocEntry> {
         let slots = &self.slots;
-        self.by_id.find(hash_id(id), |&s| slots[s as usize].id == id).map(|&s| &slots[s as usize])
+        let hash = hash_id(id);
+        self.by_id
+            .find(spread(hash), |p| p.hash == hash && slots[p.slot as usize].id == id)
+            .map(|p| &slots[p.slot as usize])
     }
 
     /// Stores `entry`, replacing an entry with the same internal id. Names are not checked
@@ -199,19 +231,22 @@ impl DocTable {
                 (self.slots.len() - 1) as u32
             }
         };
-        let slots = &self.slots;
-        self.by_id.insert_unique(h_id, slot, |&s| hash_id(slots[s as usize].id));
-        self.by_name.insert_unique(h_name, slot, |&s| hash_name(&slots[s as usize].name));
+        self.by_id.insert_unique(spread(h_id), Pos { slot, hash: h_id }, Pos::table_hash);
+        self.by_name.insert_unique(spread(h_name), Pos { slot, hash: h_name }, Pos::table_hash);
         self.live += 1;
     }
 
     /// Removes the document with internal id `id`; returns it.
     pub fn remove(&mut self, id: u64) -> Option<DocEntry> {
         let slots = &self.slots;
-        let slot = self.by_id.find_entry(hash_id(id), |&s| slots[s as usize].id == id).ok()?;
-        let (s, _) = slot.remove();
+        let hash = hash_id(id);
+        let found = self
+            .by_id
+            .find_entry(spread(hash), |p| p.hash == hash && slots[p.slot as usize].id == id)
+            .ok()?;
+        let (Pos { slot: s, .. }, _) = found.remove();
         let name_hash = hash_name(&self.slots[s as usize].name);
-        if let Ok(e) = self.by_name.find_entry(name_hash, |&x| x == s) {
+        if let Ok(e) = self.by_name.find_entry(spread(name_hash), |p| p.slot == s) {
             e.remove();
         }
         let entry = std::mem::replace(
@@ -317,7 +352,7 @@ impl DocTable {
     pub fn heap_bytes(&self) -> usize {
         self.slots.capacity() * std::mem::size_of::<DocEntry>()
             + self.free.capacity() * 4
-            + (self.by_id.capacity() + self.by_name.capacity()) * 5
+            + (self.by_id.capacity() + self.by_name.capacity()) * (std::mem::size_of::<Pos>() + 1)
             + self.name_bytes
             + self.live * 8 // allocator rounding of names, roughly
     }
