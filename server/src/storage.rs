@@ -201,6 +201,8 @@ pub struct SledStore {
     /// Bytes of large values written or removed since sled's segments were last closed
     /// (see [`SledStore::close_segments`]).
     blob_churn: Arc<std::sync::atomic::AtomicU64>,
+    /// Held by each flush ([`SledStore::flush_db`]): one at a time.
+    flushing: Arc<parking_lot::Mutex<()>>,
 }
 
 /// Values this large (a quarter of sled's 512 KiB log segment) are files of their own.
@@ -241,6 +243,7 @@ impl SledStore {
                         slot_files: Default::default(),
                         blobs_synced: Default::default(),
                         blob_churn: Default::default(),
+                        flushing: Default::default(),
                     });
                 }
                 Ok(Err(e)) => e,
@@ -280,6 +283,11 @@ impl SledStore {
     fn flush_db(&self) -> Result<()> {
         use std::sync::atomic::Ordering;
         let flush = || guarded("sync", || self.db.flush().map(drop).map_err(sled_error));
+        // sled 0.34 hung here with flushes running at once while one closed the segments
+        // (flushes waiting for the log to be stable, the closing insert for room in it, no
+        // I/O thread at work). A flush waits for everything written before it anyway: a
+        // second one at the same moment gains nothing.
+        let _one = self.flushing.lock();
         self.sync_blobs()?;
         flush()?;
         // One flush at a time takes the count and closes the segments.
