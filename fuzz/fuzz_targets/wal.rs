@@ -29,6 +29,7 @@ fn sample_records() -> Vec<Vec<u8>> {
         ],
         vec![Op::Put { id: 2, fp: 3, ts: 4, cluster: 1, name: "c", sketch: Some(&long) }],
         vec![Op::Remove { id: 5, fp: 9 }, Op::RemoveRange { lo: 1 << 62, hi: u64::MAX, count: 3 }],
+        vec![Op::Remove { id: 5, fp: 9 }, Op::AddRun { sid: 4, count: 65_536 }],
     ];
     sets.iter()
         .map(|ops| {
