@@ -324,24 +324,11 @@ async fn fill_one(
                     }
                     None => end,
                 };
-                let bytes = entries_bytes(page.items.len());
-                // The source reads the next page while this one is stored here.
-                let next = page.next;
-                let (stored, fetched) =
-                    tokio::join!(local.reconcile_tablet(unit, at, to, page.items), async {
-                        match next {
-                            Some(n) => Some(scan(n).await),
-                            None => None,
-                        }
-                    });
-                stored?;
-                paced(pace, bytes).await;
-                match (next, fetched) {
-                    (Some(n), Some(fetched)) => {
-                        at = n;
-                        page = fetched?;
-                    }
-                    _ => return Ok(()),
+                let (bytes, next) = (entries_bytes(page.items.len()), page.next);
+                let stored = local.reconcile_tablet(unit, at, to, page.items);
+                match store_while_reading(stored, next, &scan, pace, bytes).await? {
+                    Some(read) => (at, page) = read,
+                    None => return Ok(()),
                 }
             }
         }
@@ -361,26 +348,39 @@ async fn fill_one(
                     None => None,
                 };
                 let bytes = docs_bytes(&page.items);
-                // The source reads the next page while this one is stored here.
-                let (stored, fetched) =
-                    tokio::join!(local.reconcile_docs(&mut fill, page.items), async {
-                        match next {
-                            Some(n) => Some(scan(n).await),
-                            None => None,
-                        }
-                    });
-                stored?;
-                paced(pace, bytes).await;
-                match (next, fetched) {
-                    (Some(n), Some(fetched)) => {
-                        cursor = n;
-                        page = fetched?;
-                    }
-                    _ => return local.finish_partition_fill(fill).await,
+                let stored = local.reconcile_docs(&mut fill, page.items);
+                match store_while_reading(stored, next, &scan, pace, bytes).await? {
+                    Some(read) => (cursor, page) = read,
+                    None => return local.finish_partition_fill(fill).await,
                 }
             }
         }
     }
+}
+
+/// Stores a page (`store`) while the source reads the next one, from `next` if there is
+/// one (`scan`), then waits as `pace` says for the page's `bytes`. Returns where the next
+/// page starts and the page.
+async fn store_while_reading<P, F>(
+    store: impl Future<Output = DataResult<()>>,
+    next: Option<u64>,
+    scan: impl Fn(u64) -> F,
+    pace: &Mutex<Pace>,
+    bytes: u64,
+) -> DataResult<Option<(u64, P)>>
+where
+    F: Future<Output = DataResult<P>>,
+{
+    let read = async {
+        match next {
+            Some(n) => Some(scan(n).await.map(|page| (n, page))),
+            None => None,
+        }
+    };
+    let (stored, read) = tokio::join!(store, read);
+    stored?;
+    paced(pace, bytes).await;
+    read.transpose()
 }
 
 #[cfg(test)]

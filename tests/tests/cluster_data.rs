@@ -675,6 +675,17 @@ async fn overlapping_faults_lose_nothing() {
     verdict(&shared, dir.path());
 }
 
+/// Nodes marked lost after 4 s down, copies in pages of 64 entries (so writes land between
+/// them), pages of 2 puts or more in bulk.
+const LOST_PAGED: [&str; 6] = [
+    "--set",
+    "cluster.rebuild_after_ms=4000",
+    "--set",
+    "cluster.copy_page_entries=64",
+    "--set",
+    "index.buffer_docs=2",
+];
+
 /// A node killed and kept down past `cluster.rebuild_after_ms` (4 s here) is marked lost:
 /// every unit it held is rebuilt on the other two from the surviving replicas (in pages of
 /// 64 entries, so writes land between them; pages of 2 puts or more in bulk), while clients
@@ -684,15 +695,7 @@ async fn overlapping_faults_lose_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_node_is_rebuilt_elsewhere() {
     let dir = tempfile::tempdir().unwrap();
-    let rebuild = [
-        "--set",
-        "cluster.rebuild_after_ms=4000",
-        "--set",
-        "cluster.copy_page_entries=64",
-        "--set",
-        "index.buffer_docs=2",
-    ];
-    let (mut members, addrs, shared, tasks) = three_with_clients(dir.path(), &rebuild).await;
+    let (mut members, addrs, shared, tasks) = three_with_clients(dir.path(), &LOST_PAGED).await;
     let_run(&shared, 1500).await;
     members[2].kill9();
     if let Err(e) = level(&members, Some(3)).await {
@@ -812,17 +815,9 @@ async fn copies_dropped(members: &[&Member]) -> Result<(), String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grow_from_one_node_to_four_then_remove_one_and_kill_one() {
     let dir = tempfile::tempdir().unwrap();
-    let args = [
-        "--set",
-        "cluster.rebuild_after_ms=4000",
-        "--set",
-        "cluster.copy_page_entries=64",
-        "--set",
-        "index.buffer_docs=2",
-    ];
     let mut members: Vec<Member> = (1..=4).map(|id| Member::on_loopback(id, dir.path())).collect();
     for m in &mut members {
-        m.args = args.iter().map(|a| a.to_string()).collect();
+        m.args = LOST_PAGED.iter().map(|a| a.to_string()).collect();
     }
     form_members(&mut members[..1]).await;
     let shared = Shared::new();
