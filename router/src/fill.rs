@@ -64,18 +64,10 @@ impl Pace {
         }
         Duration::from_secs_f64(self.bytes as f64 / self.rate as f64).saturating_sub(elapsed)
     }
-
-    /// Waits as [`wait_after`](Self::wait_after) says.
-    async fn copied(&mut self, bytes: u64) {
-        let wait = self.wait_after(bytes, self.started.elapsed());
-        if !wait.is_zero() {
-            tokio::time::sleep(wait).await;
-        }
-    }
 }
 
-/// Waits as `pace`, shared by the fills that run at once, says once `bytes` more are
-/// copied.
+/// Waits as `pace` (shared by the fills that run at once) says once `bytes` more are
+/// copied: see [`Pace::wait_after`].
 async fn paced(pace: &Mutex<Pace>, bytes: u64) {
     let wait = {
         let mut p = pace.lock().unwrap_or_else(|e| e.into_inner());
@@ -223,13 +215,13 @@ async fn drop_released(
     }
     let started = Instant::now();
     local.fence_reads().await;
-    let mut pace = Pace::new(copy.rate);
+    let pace = Mutex::new(Pace::new(copy.rate));
     for unit in released {
         let mut cursor = Some(0);
         while let Some(at) = cursor {
             match local.drop_page(unit, at).await {
                 Ok((bytes, next)) => {
-                    pace.copied(bytes).await;
+                    paced(&pace, bytes).await;
                     cursor = next;
                 }
                 Err(e) => {
@@ -246,7 +238,7 @@ async fn drop_released(
         }
     }
     tracing::info!(
-        bytes = pace.bytes,
+        bytes = pace.lock().unwrap_or_else(|e| e.into_inner()).bytes,
         ms = started.elapsed().as_millis() as u64,
         "copies the map took away dropped"
     );

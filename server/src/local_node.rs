@@ -54,7 +54,7 @@ use std::time::{Duration, Instant};
 
 use neardup_cluster::NodeId;
 use neardup_cluster::map::{ClusterMap, Unit};
-use neardup_core::Design;
+use neardup_core::{Design, Doc};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
@@ -94,6 +94,13 @@ impl FillLog {
     fn current(&self, down: u64) -> bool {
         self.since >= down
     }
+}
+
+/// Whether `gid` may have been put to the filling replica of `unit` since its filling began
+/// (node last marked down at epoch `down`): the fill log records it, or the log is from an
+/// earlier filling and says nothing.
+fn put_since(fills: &HashMap<Unit, FillLog>, unit: Unit, down: u64, gid: u64) -> bool {
+    fills.get(&unit).is_some_and(|log| !log.current(down) || log.put.contains(&gid))
 }
 
 /// A node's data behind the [`NodeApi`]: see the module docs.
@@ -412,31 +419,18 @@ impl LocalNode {
         if current && puts.len() >= self.store.bulk_entries() {
             let entries: Vec<(u64, u64)> =
                 puts.iter().filter(|e| !held.contains(&e.0)).copied().collect();
-            let may_hold = move |gids: &mut dyn Iterator<Item = u64>| {
+            let may_hold = move |docs: &[Doc]| {
                 let fills = fills.lock();
-                match fills.get(&unit) {
-                    None => Vec::new(),
-                    Some(log) if !log.current(down) => gids.enumerate().map(|(i, _)| i).collect(),
-                    Some(log) => gids
-                        .enumerate()
-                        .filter(|(_, g)| log.put.contains(g))
-                        .map(|(i, _)| i)
-                        .collect(),
-                }
+                let since = |d: &Doc| put_since(&fills, unit, down, d.id);
+                docs.iter().enumerate().filter(|(_, d)| since(d)).map(|(i, _)| i).collect()
             };
             self.write(move |s| Ok(s.add_tablet_entries(table, &entries, may_hold)?.0)).await?;
-            let again = ops(self.raced(unit, puts, gid), false);
-            return self.write(move |s| s.append_tablets(again, &[])).await;
+        } else {
+            let decide =
+                move |gid: u64| !held.contains(&gid) && !put_since(&fills.lock(), unit, down, gid);
+            let put_ops = ops(puts.clone(), true);
+            self.write(move |s| s.append_tablets_deciding(put_ops, &[], decide)).await?;
         }
-        let decide = move |gid: u64| {
-            !held.contains(&gid)
-                && fills
-                    .lock()
-                    .get(&unit)
-                    .is_none_or(|log| log.current(down) && !log.put.contains(&gid))
-        };
-        let put_ops = ops(puts.clone(), true);
-        self.write(move |s| s.append_tablets_deciding(put_ops, &[], decide)).await?;
         let again = ops(self.raced(unit, puts, gid), false);
         self.write(move |s| s.append_tablets(again, &[])).await
     }

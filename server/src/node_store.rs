@@ -390,20 +390,19 @@ impl NodeStore {
     /// Puts the entries `(gid, fp as the caller sends it)` into table `table` in bulk, as
     /// one run ([`Shard::add_entries`]), and returns what to wait for until that is durable
     /// and how many it put. The caller keeps out the entries the table holds;
-    /// `may_hold(gids)` names those that writes may have stored meanwhile (see
-    /// [`Shard::add_entries`]). It blocks (the run is built, stored and synced).
+    /// `may_hold(entries)` names those that writes may have stored meanwhile (see
+    /// [`Shard::add_entries`]; ids are gids). It blocks (the run is built, stored and synced).
     pub fn add_tablet_entries(
         &self,
         table: u32,
         entries: &[(u64, u64)],
-        may_hold: impl FnOnce(&mut dyn Iterator<Item = u64>) -> Vec<usize>,
+        may_hold: impl FnOnce(&[Doc]) -> Vec<usize>,
     ) -> Result<(Durable, u64)> {
         let shard = self.table(table)?;
         let perm = &self.design.tables()[table as usize].perm;
         let docs: Vec<Doc> =
             entries.iter().map(|&(gid, fp)| Doc { id: gid, fp: perm.apply(fp), ts: 0 }).collect();
-        let (seq, put) =
-            shard.add_entries(&docs, |docs| may_hold(&mut docs.iter().map(|d| d.id)))?;
+        let (seq, put) = shard.add_entries(&docs, may_hold)?;
         Ok((Durable(vec![(shard.clone(), seq)]), put))
     }
 

@@ -215,9 +215,10 @@ fn drop_some(node: &NodeStore, model: &Entries, g: &mut Gen, design: &Design) {
             TabletOp::Put { gid, fp } | TabletOp::Remove { gid, fp } => (gid, fp),
         })
         .collect();
-    let may_hold = |gids: &mut dyn Iterator<Item = u64>| {
-        gids.enumerate()
-            .filter(|&(i, gid)| early_gids.contains(&gid) || i % 3 == 0)
+    let may_hold = |docs: &[neardup_core::Doc]| {
+        docs.iter()
+            .enumerate()
+            .filter(|&(i, d)| early_gids.contains(&d.id) || i % 3 == 0)
             .map(|(i, _)| i)
             .collect()
     };

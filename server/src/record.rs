@@ -326,6 +326,18 @@ mod tests {
         bytes
     }
 
+    /// `ops` as one record of `format` ([`encoded`]), whose every bit flip is caught and
+    /// which is damage when it claims the format before.
+    fn check_new_format(ops: &[Op<'_>], format: u8) {
+        let bytes = encoded(ops, format);
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x10;
+            assert!(decode(&b).is_err(), "flip at {i}");
+        }
+        assert!(decode(&restamped(&bytes, format - 1)).is_err());
+    }
+
     /// `bytes` claiming `format`, with its checksum made right again.
     fn restamped(bytes: &[u8], format: u8) -> Vec<u8> {
         let mut bad = bytes.to_vec();
@@ -343,14 +355,8 @@ mod tests {
             Op::RemoveRange { lo: 3, hi: u64::MAX, count: 17 },
             Op::Put { id: 8, fp: 1, ts: 2, cluster: 8, name: "", sketch: Some(&[4; 300]) },
         ];
-        let bytes = encoded(&ops, FORMAT_RANGE);
-        for i in 0..bytes.len() {
-            let mut b = bytes.clone();
-            b[i] ^= 0x10;
-            assert!(decode(&b).is_err(), "flip at {i}");
-        }
         // A range in a record of an earlier format is damage.
-        assert!(decode(&restamped(&bytes, FORMAT_LONG_SKETCH)).is_err());
+        check_new_format(&ops, FORMAT_RANGE);
     }
 
     #[test]
@@ -360,14 +366,8 @@ mod tests {
             Op::AddRun { sid: 12, count: 65_536 },
             Op::RemoveRange { lo: 3, hi: 4, count: 1 },
         ];
-        let bytes = encoded(&ops, FORMAT_RUN);
-        for i in 0..bytes.len() {
-            let mut b = bytes.clone();
-            b[i] ^= 0x10;
-            assert!(decode(&b).is_err(), "flip at {i}");
-        }
         // An added run in a record of an earlier format is damage.
-        assert!(decode(&restamped(&bytes, FORMAT_RANGE)).is_err());
+        check_new_format(&ops, FORMAT_RUN);
     }
 
     #[test]

@@ -246,22 +246,19 @@ impl MergeJob {
 /// [`Index::freeze_buffer`].
 #[derive(Debug)]
 pub struct SealJob {
-    id: u64,
+    builder: RunBuilder,
     docs: Vec<Doc>,
-    ctx: Arc<BuildContext>,
-    /// Fingerprints in the largest run.
-    beside: usize,
 }
 
 impl SealJob {
     /// Builds the run. Needs no access to the index; may run on any thread.
     pub fn run(&self) -> Result<Run> {
-        Run::build(self.id, &self.docs, &self.ctx, self.beside)
+        self.builder.build(&self.docs)
     }
 
     /// The id the run will have.
     pub fn id(&self) -> u64 {
-        self.id
+        self.builder.id
     }
 }
 
@@ -657,15 +654,10 @@ impl Index {
         if self.buffer.is_empty() {
             return None;
         }
-        let id = self.take_run_id();
+        let builder = self.run_builder();
         let buffer = std::mem::take(&mut self.buffer);
-        let job = SealJob {
-            id,
-            docs: buffer.docs().to_vec(),
-            ctx: self.ctx.clone(),
-            beside: self.largest_run(),
-        };
-        self.frozen.push((id, buffer));
+        let job = SealJob { docs: buffer.docs().to_vec(), builder };
+        self.frozen.push((job.id(), buffer));
         Some(job)
     }
 
@@ -674,10 +666,10 @@ impl Index {
     /// changing nothing, if the frozen buffer is gone (sealed by [`flush`](Self::flush)
     /// or [`compact`](Self::compact) meanwhile, or the index restored).
     pub fn finish_seal(&mut self, job: SealJob, run: Run) -> Result<()> {
-        if run.id() != job.id {
+        if run.id() != job.id() {
             return Err(Error::InvalidConfig("the run does not belong to this seal job".into()));
         }
-        let Some(pos) = self.frozen.iter().position(|(id, _)| *id == job.id) else {
+        let Some(pos) = self.frozen.iter().position(|(id, _)| *id == job.id()) else {
             return Err(Error::InvalidConfig("the frozen buffer is gone from the index".into()));
         };
         let (_, left) = self.frozen.remove(pos);

@@ -10,15 +10,13 @@ use neardup_core::index::QueryScratch;
 use neardup_core::sketch::MAX_ENCODED_BYTES;
 use neardup_core::{Doc, Match};
 
-use std::time::Instant;
-
 use super::write_path::{RecordPlan, check_name};
 use super::{RunKey, Shard, StoredRun};
 use crate::data_types::{DocInfo, DocOp};
 use crate::doc_table::{DocEntry, DocTable};
 use crate::error::{Error, Result};
 use crate::persist::{self, key64};
-use crate::record::{Op, RecordWriter};
+use crate::record::Op;
 
 /// One change to a shard without names: store or remove the entry `(id, fp)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +30,14 @@ pub struct EntryOp {
     /// A put of an id never written to this shard before (the caller knows): stored without
     /// looking whether the index holds it. Ignored for removals.
     pub new: bool,
+}
+
+/// Refuses entries with id 0 (given as `(id, value)`).
+fn check_ids(mut entries: impl Iterator<Item = (u64, u64)>) -> Result<()> {
+    match entries.find(|&(id, _)| id == 0) {
+        Some((_, fp)) => Err(Error::InvalidInput(format!("entry id 0 (value {fp:#x})"))),
+        None => Ok(()),
+    }
 }
 
 /// Checks a document with a caller-assigned id: its name (at most `max` bytes), an id
@@ -116,9 +122,7 @@ impl Shard {
     ) -> Result<u64> {
         self.check_serving()?;
         self.check_nameless()?;
-        if let Some(op) = ops.iter().find(|o| o.id == 0) {
-            return Err(Error::InvalidInput(format!("entry id 0 (value {:#x})", op.fp)));
-        }
+        check_ids(ops.iter().map(|o| (o.id, o.fp)))?;
         let mut st = self.state.write();
         let st = &mut *st;
         // What this batch has decided so far, over what the index holds. Under the write
@@ -171,9 +175,7 @@ impl Shard {
     ) -> Result<(u64, u64)> {
         self.check_serving()?;
         self.check_nameless()?;
-        if let Some(d) = docs.iter().find(|d| d.id == 0) {
-            return Err(Error::InvalidInput(format!("entry id 0 (value {:#x})", d.fp)));
-        }
+        check_ids(docs.iter().map(|d| (d.id, d.fp)))?;
         if docs.is_empty() {
             return Ok((self.state.read().last_seq, 0));
         }
@@ -203,28 +205,19 @@ impl Shard {
         // The runs hold exactly the records up to `covered`: the write buffers go into runs
         // first, so that the run and its record are covered together. Replaying the log
         // after a manifest then never meets an entry of this run before its record.
-        if st.index.unsealed() > 0 || st.covered < st.last_seq {
-            let last = st.last_seq;
-            st.seal_all(last)?;
-        }
-        let mut w = RecordWriter::new();
+        st.cover_all()?;
+        let mut ops = Vec::new();
         let mut held = Vec::new();
         let mut out = Vec::new();
         for i in may_hold(docs) {
             let Some(&d) = docs.get(i) else { continue };
             if Self::holds(&st.index, d.id, d.fp, &mut out)? {
-                w.push(&Op::Remove { id: d.id, fp: d.fp });
+                ops.push(Op::Remove { id: d.id, fp: d.fp });
                 held.push(d);
             }
         }
-        w.push(&Op::AddRun { sid, count });
-        let bytes = w.finish();
-        let commit = self.committer()?;
-        let seq = st.last_seq + 1;
-        self.spaces.log.put(&key64(seq), &bytes)?;
-        st.last_seq = seq;
-        st.log_bytes += bytes.len() as u64;
-        commit.appended(seq);
+        ops.push(Op::AddRun { sid, count });
+        let seq = self.log_record(st, &ops)?;
         for d in held {
             st.index.delete_doc(d.id, d.fp)?;
         }
@@ -234,11 +227,7 @@ impl Shard {
         ck.stored.insert(key, StoredRun { sid, deletes_written: 0 });
         // Admissions asking what was stored since an earlier sequence query again.
         self.recent.lock().forget_through(seq);
-        self.metrics.appended(1);
-        st.last_write = Instant::now();
-        if st.index.runs().len() >= self.config.index.merge_fanout {
-            self.wake();
-        }
+        self.applied(st, 1);
         Ok((seq, count))
     }
 

@@ -122,17 +122,12 @@ impl Shard {
         // buffered, records past `covered` are removes, already marked in the runs: the runs
         // then cover them too, and the checkpoint below stores them.
         {
-            let behind = |st: &State| st.index.unsealed() > 0 || st.covered < st.last_seq;
             let idle = {
                 let st = self.state.read();
-                behind(&st) && st.last_write.elapsed() >= self.config.idle_flush
+                st.behind() && st.last_write.elapsed() >= self.config.idle_flush
             };
             if idle {
-                let mut st = self.state.write();
-                if behind(&st) {
-                    let last = st.last_seq;
-                    st.seal_all(last)?;
-                }
+                self.state.write().cover_all()?;
             }
         }
         let (due, log_bytes, quiet_log) = {

@@ -172,6 +172,22 @@ impl State {
         self.seals.clear();
         Ok(())
     }
+
+    /// Whether some record is not in the runs yet: entries buffered, or records past
+    /// `covered` (removes, already marked in the runs).
+    fn behind(&self) -> bool {
+        self.index.unsealed() > 0 || self.covered < self.last_seq
+    }
+
+    /// Makes the runs hold every record appended ([`seal_all`](Self::seal_all)), if they
+    /// do not yet.
+    fn cover_all(&mut self) -> Result<()> {
+        if self.behind() {
+            let last = self.last_seq;
+            self.seal_all(last)?;
+        }
+        Ok(())
+    }
 }
 
 /// A frozen write buffer whose run is being built off the write lock.

@@ -245,6 +245,17 @@ impl Shard {
         Ok((docs, last_seq, log_bytes, tail))
     }
 
+    /// Reports the tables of run `sid` that loading rebuilt (if any) and adds them to
+    /// `rebuilt`, for recovery to store again.
+    fn note_rebuilt(&self, sid: u64, tables: &[usize], rebuilt: &mut Vec<(u64, Vec<usize>)>) {
+        if !tables.is_empty() {
+            tracing::warn!(run = sid, tables = ?tables,
+                "damaged or missing tables were rebuilt from intact ones");
+            self.metrics.rebuilt(tables.len());
+            rebuilt.push((sid, tables.to_vec()));
+        }
+    }
+
     /// Recovery of the index: the manifest's runs (checksums verified, damaged tables
     /// rebuilt), then the log records after the manifest. Returns the index, each stored
     /// run's storage id and deletion count as stored (the manifest's runs, then those the
@@ -265,12 +276,7 @@ impl Shard {
             .collect::<Result<_>>()?;
         let mut rebuilt = Vec::new();
         for (sid, l) in &loaded {
-            if !l.rebuilt.is_empty() {
-                tracing::warn!(run = sid, tables = ?l.rebuilt,
-                    "damaged or missing tables were rebuilt from intact ones");
-                self.metrics.rebuilt(l.rebuilt.len());
-                rebuilt.push((*sid, l.rebuilt.clone()));
-            }
+            self.note_rebuilt(*sid, &l.rebuilt, &mut rebuilt);
         }
         let mut stored: Vec<(u64, usize)> =
             loaded.iter().map(|(sid, l)| (*sid, l.run.deleted())).collect();
@@ -334,10 +340,7 @@ impl Shard {
                                 l.run.len()
                             )));
                         }
-                        if !l.rebuilt.is_empty() {
-                            self.metrics.rebuilt(l.rebuilt.len());
-                            rebuilt.push((sid, l.rebuilt));
-                        }
+                        self.note_rebuilt(sid, &l.rebuilt, &mut rebuilt);
                         stored.push((sid, l.run.deleted()));
                         index.add_run(l.run)?;
                     }

@@ -144,18 +144,8 @@ impl Shard {
     pub(super) fn append(&self, st: &mut State, plan: &RecordPlan<'_>) -> Result<u64> {
         let max_puts = self.config.index.buffer_docs - 1;
         let records = plan.records(self.config.max_record_bytes, max_puts);
-        let commit = self.committer()?;
         for ops in &records {
-            let mut w = RecordWriter::new();
-            for op in ops {
-                w.push(op);
-            }
-            let bytes = w.finish();
-            let seq = st.last_seq + 1;
-            self.spaces.log.put(&key64(seq), &bytes)?;
-            st.last_seq = seq;
-            st.log_bytes += bytes.len() as u64;
-            commit.appended(seq);
+            let seq = self.log_record(st, ops)?;
             // After the log record: its sketches go to the store off the write path
             // (`queue_sketches`), and recovery writes them again from the log.
             if self.config.names {
@@ -172,13 +162,36 @@ impl Shard {
             drop(recent);
         }
         if !records.is_empty() {
-            self.metrics.appended(records.len() as u64);
-            st.last_write = Instant::now();
-            if st.index.runs().len() >= self.config.index.merge_fanout {
-                self.wake();
-            }
+            self.applied(st, records.len() as u64);
         }
         Ok(st.last_seq)
+    }
+
+    /// Writes `ops` to the log as the next record, for group commit to sync; returns its
+    /// sequence. The caller applies it.
+    pub(super) fn log_record(&self, st: &mut State, ops: &[Op<'_>]) -> Result<u64> {
+        let commit = self.committer()?;
+        let mut w = RecordWriter::new();
+        for op in ops {
+            w.push(op);
+        }
+        let bytes = w.finish();
+        let seq = st.last_seq + 1;
+        self.spaces.log.put(&key64(seq), &bytes)?;
+        st.last_seq = seq;
+        st.log_bytes += bytes.len() as u64;
+        commit.appended(seq);
+        Ok(seq)
+    }
+
+    /// After `records` log records were applied: counts them, and wakes maintenance when
+    /// the runs are many enough to merge.
+    pub(super) fn applied(&self, st: &mut State, records: u64) {
+        self.metrics.appended(records);
+        st.last_write = Instant::now();
+        if st.index.runs().len() >= self.config.index.merge_fanout {
+            self.wake();
+        }
     }
 
     /// Queues what a record's operations do to the sketch store, for the sealing thread to
