@@ -6,7 +6,18 @@
 /// ended, in seconds: `utime + stime` of `/proc/<pid>/stat`. `None` where there is no such
 /// file (another OS, or the process is gone).
 pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_cpu_seconds(&format!("/proc/{pid}/stat"))
+}
+
+/// CPU time (user + system) one thread of this process has used so far, in seconds:
+/// `/proc/self/task/<tid>/stat`, as [`process_cpu_seconds`].
+pub fn thread_of_mine_cpu_seconds(tid: i32) -> Option<f64> {
+    stat_cpu_seconds(&format!("/proc/self/task/{tid}/stat"))
+}
+
+/// `utime + stime` of a `stat` file of proc(5), in seconds.
+fn stat_cpu_seconds(path: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(path).ok()?;
     // The command name (field 2) is in parentheses and may hold spaces: count from after it.
     let rest = &stat[stat.rfind(')')? + 1..];
     let mut fields = rest.split_whitespace();
@@ -40,27 +51,52 @@ pub fn thread_cpu_seconds() -> Option<f64> {
 /// [`stop`](CpuMeter::stop) it; stretches add up.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CpuMeter {
-    pid: Option<u32>,
+    source: Option<Source>,
     started: Option<f64>,
     /// Seconds measured so far; `None` once a reading failed.
     total: Option<f64>,
 }
 
+/// Whose CPU time a [`CpuMeter`] reads.
+#[derive(Debug, Clone, Copy)]
+enum Source {
+    Process(u32),
+    ThreadOfMine(i32),
+}
+
+impl Source {
+    fn seconds(self) -> Option<f64> {
+        match self {
+            Source::Process(pid) => process_cpu_seconds(pid),
+            Source::ThreadOfMine(tid) => thread_of_mine_cpu_seconds(tid),
+        }
+    }
+}
+
 impl CpuMeter {
-    /// A meter of process `pid` (`None`: measures nothing, [`seconds`](Self::seconds) is
+    /// A meter of process `pid` (`None`: measures nothing, [`us_per`](Self::us_per) is
     /// `None`).
     pub fn of(pid: Option<u32>) -> CpuMeter {
-        CpuMeter { pid, started: None, total: pid.map(|_| 0.0) }
+        CpuMeter::with(pid.map(Source::Process))
+    }
+
+    /// A meter of thread `tid` of this process.
+    pub fn of_thread(tid: i32) -> CpuMeter {
+        CpuMeter::with(Some(Source::ThreadOfMine(tid)))
+    }
+
+    fn with(source: Option<Source>) -> CpuMeter {
+        CpuMeter { source, started: None, total: source.map(|_| 0.0) }
     }
 
     /// Starts a stretch.
     pub fn start(&mut self) {
-        self.started = self.pid.and_then(process_cpu_seconds);
+        self.started = self.source.and_then(Source::seconds);
     }
 
     /// Ends the stretch started last and adds it.
     pub fn stop(&mut self) {
-        let now = self.pid.and_then(process_cpu_seconds);
+        let now = self.source.and_then(Source::seconds);
         self.total = match (self.total, self.started.take(), now) {
             (Some(t), Some(a), Some(b)) => Some(t + (b - a).max(0.0)),
             _ => None,

@@ -19,9 +19,10 @@
 //!   floor under any server.
 //!
 //! For each kind it also counts CPU time over that kind's slices: the server process's (when
-//! its pid is given; for the echo, what the idle server spends meanwhile) and the
-//! generator's own thread's, each divided by the calls answered, so that the cost of a
-//! request is told apart from the machine's load and from the generator's own share.
+//! its pid is given; for the echo, the echo thread's: what the plainest server, a blocking
+//! read and write, spends per call on this machine) and the generator's own thread's, each
+//! divided by the calls answered, so that the cost of a request is told apart from the
+//! machine's load and from the generator's own share.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
@@ -142,7 +143,13 @@ impl Load {
         let mut tallies: Vec<Tally> = self
             .kinds
             .iter()
-            .map(|_| Tally { server_cpu: CpuMeter::of(self.server_pid), ..Tally::default() })
+            .map(|kind| Tally {
+                server_cpu: match (kind, &echo) {
+                    (Kind::Echo, Some(echo)) => CpuMeter::of_thread(echo.tid),
+                    _ => CpuMeter::of(self.server_pid),
+                },
+                ..Tally::default()
+            })
             .collect();
         let mut sent = 0usize;
         for _ in 0..self.seconds {
@@ -276,6 +283,8 @@ struct Echo {
     write: tokio::net::tcp::OwnedWriteHalf,
     read: tokio::net::tcp::OwnedReadHalf,
     origin: Instant,
+    /// The echo thread's id, to count its CPU time.
+    tid: i32,
 }
 
 impl Echo {
@@ -283,9 +292,12 @@ impl Echo {
     async fn start() -> Result<Echo, String> {
         let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("echo: {e}"))?;
         let addr: SocketAddr = listener.local_addr().map_err(|e| format!("echo: {e}"))?;
+        let (tid_tx, tid_rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name("neardup-echo".into())
             .spawn(move || {
+                // SAFETY: gettid only returns the calling thread's id.
+                let _ = tid_tx.send(unsafe { libc::gettid() });
                 let Ok((mut s, _)) = listener.accept() else { return };
                 let _ = s.set_nodelay(true);
                 let mut buf = [0u8; 4096];
@@ -300,13 +312,14 @@ impl Echo {
             tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("echo: {e}"))?;
         stream.set_nodelay(true).map_err(|e| format!("echo: {e}"))?;
         let (read, write) = stream.into_split();
-        Ok(Echo { write, read, origin: Instant::now() })
+        let tid = tid_rx.recv().map_err(|_| "echo: the thread ended".to_string())?;
+        Ok(Echo { write, read, origin: Instant::now(), tid })
     }
 
     /// One second of echoes: each message carries its due time; the reader times it.
     async fn slice(&mut self, timer: &Timer, rate: u64, tally: &mut Tally) -> Result<(), String> {
         let n = rate as usize;
-        let Echo { write, read, origin } = self;
+        let Echo { write, read, origin, .. } = self;
         let origin = *origin;
         let reader = async {
             let mut got = Vec::with_capacity(n);
