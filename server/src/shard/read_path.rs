@@ -11,9 +11,18 @@ use super::{DocMatch, ProbeBudget, ProbeHits, Shard, ShardStats, TableFootprint,
 use crate::doc_table::DocTable;
 use crate::error::{Error, Result};
 
-/// Most queries a probe answers at a time (fewer while the budget has little left): each
-/// slice's raw matches are held at once.
-pub const PROBE_SLICE: usize = 64;
+/// Most queries a probe answers at a time (fewer while the budget has little left, or when
+/// each may keep many matches): each slice's raw matches are held at once, and each slice is
+/// one fork and join over the cores, so a slice much smaller than this spends more on
+/// waking threads than on queries.
+pub const PROBE_SLICE: usize = 1024;
+
+/// Most raw matches a slice may hold at once (at 32 bytes a match, 4 MiB): a slice of
+/// queries that may each keep `limit + 1` matches holds at most this many queries.
+const SLICE_MATCHES: usize = 1 << 17;
+
+/// Queries one core answers at a time within a slice (with one scratch).
+const CORE_CHUNK: usize = 64;
 
 /// A design as the configuration names it: `paper-10 (5c2)` for the paper's designs, the
 /// text form otherwise.
@@ -108,8 +117,8 @@ impl Shard {
     /// in order, and once it is spent the rest get what is left (possibly nothing), marked
     /// `truncated`. Matches are turned into documents only within the budget, and the batch
     /// runs in slices (each on every core) of at most [`PROBE_SLICE`] queries and about as
-    /// many raw matches as the budget has left, so memory stays bounded however many
-    /// documents each query finds.
+    /// many raw matches as the budget has left (never over 2^17), so memory stays bounded
+    /// however many documents each query finds.
     pub fn probe_within(
         &self,
         fps: &[u64],
@@ -133,7 +142,10 @@ impl Shard {
             // A slice holds at most about what the budget has left, so the raw matches held
             // at once stay within it too.
             let keep = limit.min(left.max_matches) + 1;
-            let len = (left.max_matches / limit).clamp(1, PROBE_SLICE).min(rest.len());
+            let len = (left.max_matches / limit)
+                .min(SLICE_MATCHES / keep)
+                .clamp(1, PROBE_SLICE)
+                .min(rest.len());
             let (slice, next) = rest.split_at(len);
             rest = next;
             if slice.len() < 32 {
@@ -144,7 +156,7 @@ impl Shard {
                 continue;
             }
             let found: Vec<Vec<Match>> = slice
-                .par_chunks(16)
+                .par_chunks(CORE_CHUNK)
                 .map(|c| {
                     let (mut scratch, mut out) = (QueryScratch::default(), Vec::new());
                     c.iter()

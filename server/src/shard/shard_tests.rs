@@ -66,16 +66,29 @@ impl Model {
 }
 
 /// Compares every answer's (name, distance) set with the model (ties in the order may
-/// differ only among equal distance and timestamp, so compare sorted).
+/// differ only among equal distance and timestamp, so compare sorted). Twice: with a limit
+/// no answer reaches (a query at a time), and with a small one (the batch in slices spread
+/// over the cores), where an answer the limit cuts holds the limit's worth of the nearest.
 fn check(shard: &Shard, model: &Model, queries: &[u64]) {
-    let got = shard.probe(queries, 3, 100_000).unwrap();
-    for (q, r) in queries.iter().zip(got) {
-        let mut g: Vec<(String, u32)> =
-            r.matches.iter().map(|m| (m.id.clone(), m.distance)).collect();
-        let mut w = model.query(*q, 3);
-        g.sort();
-        w.sort();
-        assert_eq!(g, w, "query {q:#x}");
+    for limit in [100_000, 2] {
+        let got = shard.probe(queries, 3, limit).unwrap();
+        assert_eq!(got.len(), queries.len());
+        for (q, r) in queries.iter().zip(got) {
+            let mut g: Vec<(String, u32)> =
+                r.matches.iter().map(|m| (m.id.clone(), m.distance)).collect();
+            let mut w = model.query(*q, 3);
+            assert_eq!(r.fingerprint, *q);
+            assert_eq!(r.truncated, w.len() > limit, "query {q:#x}");
+            if w.len() > limit {
+                // Cut: the nearest `limit`, in order of distance.
+                let distances = |v: &[(String, u32)]| v.iter().map(|m| m.1).collect::<Vec<_>>();
+                assert_eq!(distances(&g), distances(&w[..limit]), "query {q:#x}");
+                continue;
+            }
+            g.sort();
+            w.sort();
+            assert_eq!(g, w, "query {q:#x}, limit {limit}");
+        }
     }
     assert_eq!(shard.stats().unwrap().documents as usize, model.0.len());
 }
