@@ -24,13 +24,17 @@ pub fn init_logging(format: &str) {
 }
 
 /// A role's start: with `--print-config`, prints `config` and returns false (the role
-/// exits); otherwise starts logging and returns true.
+/// exits); otherwise starts logging, turns transparent huge pages off for the process (see
+/// [`neardup_server::no_transparent_huge_pages`]) and returns true.
 pub fn start_role(print_config: bool, config: &crate::config::Config) -> bool {
     if print_config {
         print!("{}", config.to_toml());
         return false;
     }
     init_logging(&config.log_format);
+    if let Err(e) = neardup_server::no_transparent_huge_pages() {
+        tracing::warn!(error = %e, "cannot turn transparent huge pages off; serving with them");
+    }
     true
 }
 
