@@ -205,9 +205,11 @@ fn steady_state(
                         let merged = job.run().map_err(|e| e.to_string())?;
                         let mut w = lock.write().map_err(|_| "poisoned")?;
                         let t = Instant::now();
-                        w.finish_merge(job, merged).map_err(|e| e.to_string())?;
+                        let replaced = w.finish_merge(job, merged).map_err(|e| e.to_string())?;
                         drop(w);
                         locked += t.elapsed().as_secs_f64();
+                        // As the server does: the replaced runs are freed off the lock.
+                        drop(replaced);
                         merges += 1;
                     }
                 }

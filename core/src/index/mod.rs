@@ -905,7 +905,11 @@ impl Index {
     /// Installs a merged run built from `job`, replacing its sources. Documents deleted from
     /// the sources since the job was taken are deleted from the merged run too. Fails if the
     /// sources are no longer all present (another merge replaced them).
-    pub fn finish_merge(&mut self, job: MergeJob, merged: Run) -> Result<()> {
+    ///
+    /// Returns the replaced runs: a caller holding a lock around the index drops them after
+    /// releasing it, since freeing a large run's memory takes a while (a compaction of 10M
+    /// documents frees the whole index).
+    pub fn finish_merge(&mut self, job: MergeJob, merged: Run) -> Result<Vec<Arc<Run>>> {
         let MergeJob { id, sources, deleted_at_start, .. } = job;
         if merged.id() != id {
             return Err(Error::InvalidConfig("merged run does not belong to this job".into()));
@@ -934,7 +938,7 @@ impl Index {
         self.note_merge(&ids, merged.id());
         self.runs.insert(first, Arc::new(merged));
         self.sync_recent();
-        Ok(())
+        Ok(sources)
     }
 
     /// Calls `f` with every live document (in the runs, then the write buffer), in no

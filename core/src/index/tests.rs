@@ -174,7 +174,7 @@ fn exercise(config: IndexConfig, shape: Shape, seed: u64, steps: usize) -> Index
                     // the job is refused, and the index is unchanged.
                     match index.finish_merge(job, merged) {
                         Err(Error::InvalidConfig(_)) if index.config().auto_merge => {}
-                        r => r.unwrap(),
+                        r => drop(r.unwrap()),
                     }
                 } else {
                     pending = index.next_merge();
@@ -190,7 +190,7 @@ fn exercise(config: IndexConfig, shape: Shape, seed: u64, steps: usize) -> Index
         let merged = job.run().unwrap();
         match index.finish_merge(job, merged) {
             Err(Error::InvalidConfig(_)) if index.config().auto_merge => {}
-            r => r.unwrap(),
+            r => drop(r.unwrap()),
         }
     }
     check_all_k(&index, &model, &mut g, 40);

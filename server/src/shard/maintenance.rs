@@ -69,7 +69,10 @@ impl Shard {
         if self.stop.load(Ordering::Acquire) {
             return Ok(None);
         }
-        self.state.write().index.finish_merge(job, merged)?;
+        let replaced = self.state.write().index.finish_merge(job, merged)?;
+        // Freed once the write lock is released: freeing the sources of a large merge takes
+        // tens of milliseconds, which every query would otherwise wait for.
+        drop(replaced);
         let seconds = started.elapsed().as_secs_f64();
         self.metrics.merged(docs, seconds);
         Ok(Some((docs, seconds)))
@@ -224,12 +227,14 @@ impl Shard {
                 self.live(&st)
             )));
         }
-        st.index = fresh.index;
+        let old = std::mem::replace(&mut st.index, fresh.index);
         st.covered = fresh.covered;
         // Frozen buffers went with the old index; their seal jobs find no match.
         st.seals.clear();
         st.generation += 1;
         drop(st);
+        // Freed off the lock, as a merge's sources are.
+        drop(old);
         tracing::info!(seconds = started.elapsed().as_secs_f64(), "index rebuilt as one run");
         Ok(())
     }
