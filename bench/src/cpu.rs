@@ -15,6 +15,17 @@ pub fn thread_of_mine_cpu_seconds(tid: i32) -> Option<f64> {
     stat_cpu_seconds(&format!("/proc/self/task/{tid}/stat"))
 }
 
+/// The calling thread's id, for [`CpuMeter::of_thread`] (`None`: not on Linux).
+pub fn thread_id() -> Option<i32> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid takes nothing and only returns the calling thread's id.
+        Some(unsafe { libc::gettid() })
+    }
+    #[cfg(not(target_os = "linux"))]
+    None
+}
+
 /// `utime + stime` of a `stat` file of proc(5), in seconds.
 fn stat_cpu_seconds(path: &str) -> Option<f64> {
     let stat = std::fs::read_to_string(path).ok()?;
@@ -80,9 +91,9 @@ impl CpuMeter {
         CpuMeter::with(pid.map(Source::Process))
     }
 
-    /// A meter of thread `tid` of this process.
-    pub fn of_thread(tid: i32) -> CpuMeter {
-        CpuMeter::with(Some(Source::ThreadOfMine(tid)))
+    /// A meter of thread `tid` of this process ([`thread_id`]; `None`: measures nothing).
+    pub fn of_thread(tid: Option<i32>) -> CpuMeter {
+        CpuMeter::with(tid.map(Source::ThreadOfMine))
     }
 
     fn with(source: Option<Source>) -> CpuMeter {
@@ -130,6 +141,35 @@ mod tests {
         let seen = meter.us_per(1).unwrap();
         assert!(seen >= 30_000.0, "{seen} us of CPU seen for 50 ms spent");
         assert_eq!(meter.us_per(0), None);
+    }
+
+    #[test]
+    fn a_thread_is_metered_apart_from_the_others() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        // A thread that only sleeps, metered while this one spins.
+        let idle = std::thread::spawn(move || {
+            tx.send(thread_id()).unwrap();
+            let _ = wait.recv();
+        });
+        let mut spinning = CpuMeter::of_thread(thread_id());
+        let mut sleeping = CpuMeter::of_thread(rx.recv().unwrap());
+        spinning.start();
+        sleeping.start();
+        let t0 = thread_cpu_seconds().unwrap();
+        let mut x = 0u64;
+        while thread_cpu_seconds().unwrap() - t0 < 0.05 {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        spinning.stop();
+        sleeping.stop();
+        go.send(()).unwrap();
+        idle.join().unwrap();
+        let (spun, slept) = (spinning.us_per(1).unwrap(), sleeping.us_per(1).unwrap());
+        assert!(spun >= 30_000.0, "{spun} us of CPU seen for 50 ms spent");
+        // Counted in clock ticks (10 ms): a sleeping thread's count moves by one at most.
+        assert!(slept <= 10_000.0, "{slept} us of CPU seen for a sleeping thread");
+        assert_eq!(CpuMeter::of_thread(None).us_per(1), None);
     }
 
     #[test]

@@ -146,6 +146,7 @@ impl Load {
             .map(|kind| Tally {
                 server_cpu: match (kind, &echo) {
                     (Kind::Echo, Some(echo)) => CpuMeter::of_thread(echo.tid),
+                    (Kind::Echo, None) => CpuMeter::of(None),
                     _ => CpuMeter::of(self.server_pid),
                 },
                 ..Tally::default()
@@ -283,8 +284,8 @@ struct Echo {
     write: tokio::net::tcp::OwnedWriteHalf,
     read: tokio::net::tcp::OwnedReadHalf,
     origin: Instant,
-    /// The echo thread's id, to count its CPU time.
-    tid: i32,
+    /// The echo thread's id, to count its CPU time (`None`: not on Linux).
+    tid: Option<i32>,
 }
 
 impl Echo {
@@ -296,8 +297,7 @@ impl Echo {
         std::thread::Builder::new()
             .name("neardup-echo".into())
             .spawn(move || {
-                // SAFETY: gettid only returns the calling thread's id.
-                let _ = tid_tx.send(unsafe { libc::gettid() });
+                let _ = tid_tx.send(crate::cpu::thread_id());
                 let Ok((mut s, _)) = listener.accept() else { return };
                 let _ = s.set_nodelay(true);
                 let mut buf = [0u8; 4096];
