@@ -125,18 +125,23 @@ impl CpuMeter {
 mod tests {
     use super::*;
 
-    #[test]
-    fn this_process_uses_cpu_when_it_spins() {
-        let me = std::process::id();
-        let mut meter = CpuMeter::of(Some(me));
-        meter.start();
-        // Spin until this thread has used 50 ms of CPU (however long that takes on a shared
-        // machine): the process's count, in ticks of at most 10 ms, must see most of it.
+    /// Spins until this thread has used 50 ms of CPU (however long that takes on a shared
+    /// machine).
+    fn spin_50ms() {
         let t0 = thread_cpu_seconds().unwrap();
         let mut x = 0u64;
         while thread_cpu_seconds().unwrap() - t0 < 0.05 {
             x = std::hint::black_box(x.wrapping_add(1));
         }
+    }
+
+    #[test]
+    fn this_process_uses_cpu_when_it_spins() {
+        let me = std::process::id();
+        let mut meter = CpuMeter::of(Some(me));
+        meter.start();
+        // The process's count, in ticks of at most 10 ms, must see most of it.
+        spin_50ms();
         meter.stop();
         let seen = meter.us_per(1).unwrap();
         assert!(seen >= 30_000.0, "{seen} us of CPU seen for 50 ms spent");
@@ -156,11 +161,7 @@ mod tests {
         let mut sleeping = CpuMeter::of_thread(rx.recv().unwrap());
         spinning.start();
         sleeping.start();
-        let t0 = thread_cpu_seconds().unwrap();
-        let mut x = 0u64;
-        while thread_cpu_seconds().unwrap() - t0 < 0.05 {
-            x = std::hint::black_box(x.wrapping_add(1));
-        }
+        spin_50ms();
         spinning.stop();
         sleeping.stop();
         go.send(()).unwrap();

@@ -73,6 +73,17 @@ fn spread(h: u32) -> u64 {
     (u64::from(h) | (u64::from(h) << 32)).wrapping_mul(0x9E37_79B9_7F4A_7C15)
 }
 
+/// Adds slab position `slot`, whose key hashes to `hash`, to `t`.
+fn insert_pos(t: &mut HashTable<Pos>, slot: u32, hash: u32) {
+    t.insert_unique(spread(hash), Pos { slot, hash }, Pos::table_hash);
+}
+
+/// Whether a position of `slots` holds internal id `id`, whose hash is `hash`: the slab is
+/// read only when the kept bits match.
+fn holds_id(slots: &[DocEntry], id: u64, hash: u32) -> impl Fn(&Pos) -> bool + '_ {
+    move |p| p.hash == hash && slots[p.slot as usize].id == id
+}
+
 /// The low byte of an internal id, as an index of [`DocTable::by_low_byte`].
 #[inline]
 fn low_byte(id: u64) -> usize {
@@ -149,21 +160,17 @@ impl DocTable {
                 let mut t: HashTable<Pos> = HashTable::with_capacity(n);
                 for (i, e) in slots.iter().enumerate() {
                     let hash = hash_id(e.id);
-                    let found = t.find(spread(hash), |p| {
-                        p.hash == hash && slots[p.slot as usize].id == e.id
-                    });
-                    if found.is_some() {
+                    if t.find(spread(hash), holds_id(slots, e.id, hash)).is_some() {
                         return (t, false);
                     }
-                    t.insert_unique(spread(hash), Pos { slot: i as u32, hash }, Pos::table_hash);
+                    insert_pos(&mut t, i as u32, hash);
                 }
                 (t, true)
             },
             || {
                 let mut t: HashTable<Pos> = HashTable::with_capacity(n);
                 for (i, e) in slots.iter().enumerate() {
-                    let hash = hash_name(&e.name);
-                    t.insert_unique(spread(hash), Pos { slot: i as u32, hash }, Pos::table_hash);
+                    insert_pos(&mut t, i as u32, hash_name(&e.name));
                 }
                 t
             },
@@ -204,11 +211,10 @@ impl DocTable {
     /// The document with internal id `id`.
     #[inline]
     pub fn by_id(&self, id: u64) -> Option<&DocEntry> {
-        let slots = &self.slots;
         let hash = hash_id(id);
         self.by_id
-            .find(spread(hash), |p| p.hash == hash && slots[p.slot as usize].id == id)
-            .map(|p| &slots[p.slot as usize])
+            .find(spread(hash), holds_id(&self.slots, id, hash))
+            .map(|p| &self.slots[p.slot as usize])
     }
 
     /// Stores `entry`, replacing an entry with the same internal id. Names are not checked
@@ -231,19 +237,15 @@ impl DocTable {
                 (self.slots.len() - 1) as u32
             }
         };
-        self.by_id.insert_unique(spread(h_id), Pos { slot, hash: h_id }, Pos::table_hash);
-        self.by_name.insert_unique(spread(h_name), Pos { slot, hash: h_name }, Pos::table_hash);
+        insert_pos(&mut self.by_id, slot, h_id);
+        insert_pos(&mut self.by_name, slot, h_name);
         self.live += 1;
     }
 
     /// Removes the document with internal id `id`; returns it.
     pub fn remove(&mut self, id: u64) -> Option<DocEntry> {
-        let slots = &self.slots;
         let hash = hash_id(id);
-        let found = self
-            .by_id
-            .find_entry(spread(hash), |p| p.hash == hash && slots[p.slot as usize].id == id)
-            .ok()?;
+        let found = self.by_id.find_entry(spread(hash), holds_id(&self.slots, id, hash)).ok()?;
         let (Pos { slot: s, .. }, _) = found.remove();
         let name_hash = hash_name(&self.slots[s as usize].name);
         if let Ok(e) = self.by_name.find_entry(spread(name_hash), |p| p.slot == s) {

@@ -43,6 +43,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use neardup_core::index::QueryScratch;
+use neardup_core::permute::Permutation;
 use neardup_core::{Design, Doc};
 
 use crate::data_api::ScanPage;
@@ -368,7 +369,7 @@ impl NodeStore {
     ) -> Result<Durable> {
         let mut by_table: BTreeMap<u32, Vec<EntryOp>> = BTreeMap::new();
         for (i, (t, op)) in ops.iter().enumerate() {
-            let perm = &self.design.tables()[self.table_index(*t)?].perm;
+            let perm = self.perm(*t)?;
             let (put, gid, fp) = match *op {
                 TabletOp::Put { gid, fp } => (true, gid, fp),
                 TabletOp::Remove { gid, fp } => (false, gid, fp),
@@ -398,8 +399,7 @@ impl NodeStore {
         entries: &[(u64, u64)],
         may_hold: impl FnOnce(&[Doc]) -> Vec<usize>,
     ) -> Result<(Durable, u64)> {
-        let shard = self.table(table)?;
-        let perm = &self.design.tables()[table as usize].perm;
+        let (shard, perm) = (self.table(table)?, self.perm(table)?);
         let docs: Vec<Doc> =
             entries.iter().map(|&(gid, fp)| Doc { id: gid, fp: perm.apply(fp), ts: 0 }).collect();
         let (seq, put) = shard.add_entries(&docs, may_hold)?;
@@ -412,8 +412,9 @@ impl NodeStore {
         self.tables.first().map_or(usize::MAX, |t| t.config().index.buffer_docs)
     }
 
-    fn table_index(&self, table: u32) -> Result<usize> {
-        self.table(table).map(|_| table as usize)
+    /// The permutation of table `table`, which its entries' values are stored under.
+    fn perm(&self, table: u32) -> Result<&Permutation> {
+        self.table(table).map(|_| &self.design.tables()[table as usize].perm)
     }
 
     /// For each probe (table, fp as the caller sent it, NOT permuted), the entries of that
@@ -435,12 +436,13 @@ impl NodeStore {
         let (mut scratch, mut found, mut pqs) = (QueryScratch::default(), Vec::new(), Vec::new());
         for group in order.chunk_by(|&a, &b| probes[a].0 == probes[b].0) {
             let t = probes[group[0]].0;
-            let spec = &self.design.tables()[self.table_index(t)?];
+            let shard = self.table(t)?;
+            let spec = &self.design.tables()[t as usize];
             let shift = width - spec.prefix_bits;
             let prefix = |v: u64| v.checked_shr(shift).unwrap_or(0);
             pqs.clear();
             pqs.extend(group.iter().map(|&i| spec.perm.apply(probes[i].1)));
-            self.table(t)?.query_entries(&pqs, k, &mut scratch, &mut found)?;
+            shard.query_entries(&pqs, k, &mut scratch, &mut found)?;
             for ((&i, &pq), matches) in group.iter().zip(&pqs).zip(&found) {
                 let mut hits: Vec<TabletHit> = matches
                     .iter()
@@ -479,7 +481,7 @@ impl NodeStore {
         end: u64,
         limit: usize,
     ) -> Result<ScanPage<(u64, u64)>> {
-        let perm = &self.design.tables()[self.table_index(table)?].perm;
+        let perm = self.perm(table)?;
         let (found, next) = self.table(table)?.entries_in(from, end, limit)?;
         Ok(ScanPage { items: found.into_iter().map(|d| (d.id, perm.invert(d.fp))).collect(), next })
     }

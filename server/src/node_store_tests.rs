@@ -201,20 +201,15 @@ fn drop_some(node: &NodeStore, model: &Entries, g: &mut Gen, design: &Design) {
     }
     // In bulk, as one run, after a router's puts of some of them: `may_hold` names those
     // (and some never put), so each is held once after.
-    let early: Vec<(u32, TabletOp)> = back.iter().take(back.len() / 4).copied().collect();
-    let early_gids: BTreeSet<u64> = early
-        .iter()
-        .map(|(_, op)| match *op {
-            TabletOp::Put { gid, .. } | TabletOp::Remove { gid, .. } => gid,
-        })
-        .collect();
-    block_on(node.write_tablets(early)).unwrap();
     let entries: Vec<(u64, u64)> = back
         .iter()
         .map(|(_, op)| match *op {
             TabletOp::Put { gid, fp } | TabletOp::Remove { gid, fp } => (gid, fp),
         })
         .collect();
+    let early = back.len() / 4;
+    let early_gids: BTreeSet<u64> = entries[..early].iter().map(|&(gid, _)| gid).collect();
+    block_on(node.write_tablets(back[..early].to_vec())).unwrap();
     let may_hold = |docs: &[neardup_core::Doc]| {
         docs.iter()
             .enumerate()

@@ -222,18 +222,16 @@ pub struct QueryScratch {
 /// A merge the owner runs off the write path: see [`Index::next_merge`].
 #[derive(Debug)]
 pub struct MergeJob {
-    id: u64,
+    /// The merged run's id and context; the largest run not merged is its neighbour.
+    builder: RunBuilder,
     sources: Vec<Arc<Run>>,
     deleted_at_start: Vec<Vec<u32>>,
-    ctx: Arc<BuildContext>,
-    /// Fingerprints in the largest run not merged.
-    beside: usize,
 }
 
 impl MergeJob {
     /// Builds the merged run. Needs no access to the index; may run on any thread.
     pub fn run(&self) -> Result<Run> {
-        Run::merge(self.id, &self.sources, &self.ctx, self.beside)
+        self.builder.merge(&self.sources)
     }
 
     /// Ids of the runs being merged.
@@ -277,6 +275,11 @@ impl RunBuilder {
     /// thread.
     pub fn build(&self, docs: &[Doc]) -> Result<Run> {
         Run::build(self.id, docs, &self.ctx, self.beside)
+    }
+
+    /// Builds the run merging `sources`, as [`build`](Self::build) does `docs`.
+    fn merge(&self, sources: &[Arc<Run>]) -> Result<Run> {
+        Run::merge(self.id, sources, &self.ctx, self.beside)
     }
 }
 
@@ -872,8 +875,8 @@ impl Index {
         let beside = self.largest_run_beside(range.clone());
         let sources: Vec<Arc<Run>> = self.runs[range].to_vec();
         let deleted_at_start = sources.iter().map(|r| r.deleted_positions()).collect();
-        let ctx = self.ctx.clone();
-        MergeJob { id: self.take_run_id(), sources, deleted_at_start, ctx, beside }
+        let builder = RunBuilder { id: self.take_run_id(), ctx: self.ctx.clone(), beside };
+        MergeJob { builder, sources, deleted_at_start }
     }
 
     /// Merges every run into one (and the buffer with them): after a burst of writes, so
@@ -910,8 +913,8 @@ impl Index {
     /// releasing it, since freeing a large run's memory takes a while (a compaction of 10M
     /// documents frees the whole index).
     pub fn finish_merge(&mut self, job: MergeJob, merged: Run) -> Result<Vec<Arc<Run>>> {
-        let MergeJob { id, sources, deleted_at_start, .. } = job;
-        if merged.id() != id {
+        let MergeJob { builder, sources, deleted_at_start } = job;
+        if merged.id() != builder.id {
             return Err(Error::InvalidConfig("merged run does not belong to this job".into()));
         }
         let positions: Option<Vec<usize>> =
