@@ -348,10 +348,24 @@ impl DocStore {
 
     /// Positions of deleted documents, ascending.
     pub(crate) fn deleted_positions(&self) -> Vec<u32> {
+        self.deleted_since(&[])
+    }
+
+    /// The deletion marks as they are now, a bit a position (empty: none yet), for
+    /// [`deleted_since`](Self::deleted_since).
+    pub(crate) fn deletion_marks(&self) -> Vec<u64> {
         let Some(bits) = self.deleted.bits.get() else { return Vec::new() };
-        let mut out = Vec::with_capacity(self.deleted());
+        bits.iter().map(|w| w.load(Ordering::Relaxed)).collect()
+    }
+
+    /// Positions of the documents deleted since `before` (from
+    /// [`deletion_marks`](Self::deletion_marks)) was taken, ascending: a pass over the
+    /// marks' words, however many were deleted before.
+    pub(crate) fn deleted_since(&self, before: &[u64]) -> Vec<u32> {
+        let Some(bits) = self.deleted.bits.get() else { return Vec::new() };
+        let mut out = Vec::new();
         for (w, word) in bits.iter().enumerate() {
-            let mut x = word.load(Ordering::Relaxed);
+            let mut x = word.load(Ordering::Relaxed) & !before.get(w).copied().unwrap_or(0);
             while x != 0 {
                 out.push((w * 64 + x.trailing_zeros() as usize) as u32);
                 x &= x - 1;
@@ -404,6 +418,12 @@ mod tests {
         assert!(s.is_deleted(2));
         assert_eq!(s.deleted(), 1);
         assert_eq!(s.deleted_positions(), [2]);
+        // What was deleted since a snapshot of the marks, and nothing before it.
+        let marks = s.deletion_marks();
+        assert!(s.mark_deleted(6) && s.mark_deleted(0));
+        assert_eq!(s.deleted_since(&marks), [0, 6]);
+        assert_eq!(s.deleted_since(&[]), [0, 2, 6]);
+        assert_eq!(s.deleted_since(&s.deletion_marks()), Vec::<u32>::new());
     }
 
     /// `from_docs` sorts documents stably by fingerprint whether their ids and timestamps

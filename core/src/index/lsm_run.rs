@@ -342,6 +342,17 @@ impl Run {
         self.docs.deleted_positions()
     }
 
+    /// The deletion marks as they are now, for [`deleted_since`](Self::deleted_since).
+    pub(crate) fn deletion_marks(&self) -> Vec<u64> {
+        self.docs.deletion_marks()
+    }
+
+    /// Positions of the documents deleted since `before` (from
+    /// [`deletion_marks`](Self::deletion_marks)), ascending.
+    pub(crate) fn deleted_since(&self, before: &[u64]) -> Vec<u32> {
+        self.docs.deleted_since(before)
+    }
+
     /// The `(id, fp)` of the document at `pos`.
     pub(crate) fn doc_at(&self, pos: usize) -> Option<(u64, u64)> {
         if pos >= self.docs.len() {

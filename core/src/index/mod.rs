@@ -225,7 +225,8 @@ pub struct MergeJob {
     /// The merged run's id and context; the largest run not merged is its neighbour.
     builder: RunBuilder,
     sources: Vec<Arc<Run>>,
-    deleted_at_start: Vec<Vec<u32>>,
+    /// Each source's deletion marks when the job was made.
+    marks_at_start: Vec<Vec<u64>>,
 }
 
 impl MergeJob {
@@ -874,9 +875,9 @@ impl Index {
     fn job(&mut self, range: std::ops::Range<usize>) -> MergeJob {
         let beside = self.largest_run_beside(range.clone());
         let sources: Vec<Arc<Run>> = self.runs[range].to_vec();
-        let deleted_at_start = sources.iter().map(|r| r.deleted_positions()).collect();
+        let marks_at_start = sources.iter().map(|r| r.deletion_marks()).collect();
         let builder = RunBuilder { id: self.take_run_id(), ctx: self.ctx.clone(), beside };
-        MergeJob { builder, sources, deleted_at_start }
+        MergeJob { builder, sources, marks_at_start }
     }
 
     /// Merges every run into one (and the buffer with them): after a burst of writes, so
@@ -913,7 +914,7 @@ impl Index {
     /// releasing it, since freeing a large run's memory takes a while (a compaction of 10M
     /// documents frees the whole index).
     pub fn finish_merge(&mut self, job: MergeJob, merged: Run) -> Result<Vec<Arc<Run>>> {
-        let MergeJob { builder, sources, deleted_at_start } = job;
+        let MergeJob { builder, sources, marks_at_start } = job;
         if merged.id() != builder.id {
             return Err(Error::InvalidConfig("merged run does not belong to this job".into()));
         }
@@ -922,11 +923,11 @@ impl Index {
         let Some(mut positions) = positions else {
             return Err(Error::InvalidConfig("merge sources are gone from the index".into()));
         };
-        for (src, before) in sources.iter().zip(&deleted_at_start) {
-            for pos in src.deleted_positions() {
-                if before.binary_search(&pos).is_err()
-                    && let Some((id, fp)) = src.doc_at(pos as usize)
-                {
+        // Under the owner's write lock: the deletions made while the merge ran, found by a
+        // pass over each source's marks (not a search per deletion ever made).
+        for (src, before) in sources.iter().zip(&marks_at_start) {
+            for pos in src.deleted_since(before) {
+                if let Some((id, fp)) = src.doc_at(pos as usize) {
                     merged.delete_doc(id, fp);
                 }
             }
