@@ -646,6 +646,68 @@ fn documents_match_a_model_through_crashes_restarts_and_drops() {
     node.shutdown().unwrap();
 }
 
+/// One call of thousands of document ops (applied a few hundred at a time, those touching
+/// distinct names and gids logged together) ends where the model applying them one at a
+/// time ends: puts that replace a name's holder then see its gid gone, removals of a gid a
+/// put replaced earlier in the call do nothing, and both survive a restart.
+#[test]
+fn a_large_call_of_document_ops_applies_them_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let design = Design::parse("5c2").unwrap();
+    let node = open(dir.path(), &design);
+    let (mut model, mut rng) = (Docs::default(), SplitMix64::new(5));
+    let mut ops = Vec::new();
+    let mut issued: Vec<DocInfo> = Vec::new();
+    for i in 0..3000u64 {
+        let name = format!("https://x/{}", rng.below(40));
+        let op = match rng.below(5) {
+            // A removal by a gid issued earlier in the call (held, replaced, or never stored).
+            0 if !issued.is_empty() => {
+                let d = &issued[rng.below(issued.len() as u64) as usize];
+                DocOp::Remove { gid: d.gid, name: d.name.clone() }
+            }
+            // A put again of a document issued earlier, whether it still holds its name.
+            1 if !issued.is_empty() => {
+                DocOp::Put(issued[rng.below(issued.len() as u64) as usize].clone())
+            }
+            // A gid issued earlier, under another name: stored only once no name holds it.
+            2 if !issued.is_empty() => {
+                let d = &issued[rng.below(issued.len() as u64) as usize];
+                DocOp::Put(info(d.gid, &name, d.ts_ms, None))
+            }
+            _ => {
+                let d =
+                    info(make_gid(i + 1, rng.below(4) as u32), &name, rng.below(50) as i64, None);
+                issued.push(d.clone());
+                DocOp::Put(d)
+            }
+        };
+        model.apply(&op);
+        ops.push(op);
+    }
+    block_on(node.write_docs(ops)).unwrap();
+    let gids: Vec<u64> = issued.iter().map(|d| d.gid).collect();
+    check_docs(&node, &model, &gids);
+    // A put that replaces a name's holder frees its gid for a later op of the same call.
+    let (old, new) = (make_gid(9000, 0), make_gid(9001, 0));
+    let first = vec![DocOp::Put(info(old, "a", 1, None))];
+    let second = vec![DocOp::Put(info(new, "a", 2, None)), DocOp::Put(info(old, "b", 1, None))];
+    for call in [first, second] {
+        call.iter().for_each(|op| model.apply(op));
+        block_on(node.write_docs(call)).unwrap();
+    }
+    let got = node.lookup_names(&["a", "b"]).unwrap();
+    assert_eq!(
+        got.iter().map(|d| d.as_ref().map(|d| d.gid)).collect::<Vec<_>>(),
+        [Some(new), Some(old)]
+    );
+    node.close_without_checkpoint();
+    drop(node);
+    let node = open(dir.path(), &design);
+    check_docs(&node, &model, &gids);
+    node.shutdown().unwrap();
+}
+
 /// Dropping most of the documents and compacting the table gives its memory back and keeps
 /// every other document, across a restart; a paged pass begun before the compaction is
 /// refused (its cursor names the old slots) and a new one sees every document once.

@@ -56,12 +56,20 @@ pub(super) fn check_doc(d: &DocInfo, max: usize) -> Result<()> {
     Ok(())
 }
 
+/// Documents [`Shard::write_docs`] decides and applies under one hold of the write lock
+/// (about a millisecond of work).
+const DOCS_PER_HOLD: usize = 512;
+
 /// Plans the put of `d` under its own id as writes of caller ids decide it: nothing if the
 /// id is held, or if the name's holder has a larger `(ts_ms, gid)`; else the put, after the
-/// removal of the name's holder if there is one.
-pub(super) fn plan_doc_put<'a>(docs: &DocTable, d: &'a DocInfo, plan: &mut RecordPlan<'a>) {
+/// removal of the name's holder if there is one. The id of the holder it removes, if any.
+pub(super) fn plan_doc_put<'a>(
+    docs: &DocTable,
+    d: &'a DocInfo,
+    plan: &mut RecordPlan<'a>,
+) -> Option<u64> {
     if docs.by_id(d.gid).is_some() {
-        return;
+        return None;
     }
     let put = Op::Put {
         id: d.gid,
@@ -72,9 +80,15 @@ pub(super) fn plan_doc_put<'a>(docs: &DocTable, d: &'a DocInfo, plan: &mut Recor
         sketch: d.sketch.as_deref(),
     };
     match docs.by_name(&d.name) {
-        Some(old) if (old.ts, old.id) > (d.ts_ms, d.gid) => {}
-        Some(old) => plan.push(Op::Remove { id: old.id, fp: old.fp }, Some(put)),
-        None => plan.push(put, None),
+        Some(old) if (old.ts, old.id) > (d.ts_ms, d.gid) => None,
+        Some(old) => {
+            plan.push(Op::Remove { id: old.id, fp: old.fp }, Some(put));
+            Some(old.id)
+        }
+        None => {
+            plan.push(put, None);
+            None
+        }
     }
 }
 
@@ -287,7 +301,8 @@ impl Shard {
     /// order; returns the log sequence to wait for. A put whose name another id holds
     /// replaces it only if its `(ts_ms, gid)` is larger, and is ignored otherwise; a put of
     /// an id already held changes nothing; a removal removes the name only while it has
-    /// that id. A request that fails validation changes nothing.
+    /// that id. A request that fails validation changes nothing. The ops are applied a few
+    /// hundred at a time: other writes may come between those, never inside one op.
     pub fn write_docs(&self, ops: &[DocOp]) -> Result<u64> {
         self.check_serving()?;
         self.check_names()?;
@@ -298,24 +313,50 @@ impl Shard {
                 DocOp::Remove { name, .. } => check_name(name, max)?,
             }
         }
+        // A few hundred at a time under the write lock, which queries resolving documents
+        // wait for: a page of a partition's copy (thousands) would hold it for tens of
+        // milliseconds. Each op is decided and applied whole under one hold.
+        let mut seq = None;
+        for chunk in ops.chunks(DOCS_PER_HOLD) {
+            seq = Some(self.write_docs_held(chunk)?);
+        }
+        Ok(seq.unwrap_or_else(|| self.state.read().last_seq))
+    }
+
+    /// [`write_docs`](Self::write_docs) of `ops` (checked) under one hold of the write lock.
+    fn write_docs_held(&self, ops: &[DocOp]) -> Result<u64> {
         let mut st = self.state.write();
         let st = &mut *st;
-        let mut seq = st.last_seq;
-        // One op at a time: each decision sees what the ones before it did.
+        // Each decision must see what the ones before it did. An op decides on its name's
+        // and its id's entries, and changes only those and the holder its put replaces; so
+        // ops touching none of the names and ids the ops planned so far touch are decided
+        // on the table as it is, and logged together (a page of a partition's copy is a few
+        // records, not one each). An op that touches one appends the plan first.
+        let mut plan = RecordPlan::new();
+        let (mut names, mut ids) = (hashbrown::HashSet::new(), hashbrown::HashSet::new());
         for op in ops {
-            let mut plan = RecordPlan::new();
+            let (name, gid) = match op {
+                DocOp::Put(d) => (d.name.as_str(), d.gid),
+                DocOp::Remove { gid, name } => (name.as_str(), *gid),
+            };
+            if names.contains(name) || ids.contains(&gid) {
+                self.append(st, &std::mem::replace(&mut plan, RecordPlan::new()))?;
+                names.clear();
+                ids.clear();
+            }
             match op {
-                DocOp::Put(d) => plan_doc_put(&st.docs, d, &mut plan),
+                DocOp::Put(d) => ids.extend(plan_doc_put(&st.docs, d, &mut plan)),
                 DocOp::Remove { gid, name } => match st.docs.by_name(name) {
                     Some(old) if old.id == *gid => {
                         plan.push(Op::Remove { id: old.id, fp: old.fp }, None)
                     }
-                    _ => continue,
+                    _ => {}
                 },
             }
-            seq = self.append(st, &plan)?;
+            names.insert(name);
+            ids.insert(gid);
         }
-        Ok(seq)
+        self.append(st, &plan)
     }
 
     /// The document's stored sketch bytes, if it has one (queued or in the store).
@@ -402,7 +443,9 @@ impl Shard {
     pub fn compact_docs(&self) -> Result<bool> {
         self.check_serving()?;
         let _snapshots = self.checkpoints.lock();
-        Ok(self.state.write().docs.compact())
+        let replaced = self.state.write().docs.compact();
+        // Freed once the write lock is released.
+        Ok(replaced.is_some())
     }
 
     /// The ids of the documents whose id satisfies `keep`, in no particular order.
