@@ -51,6 +51,15 @@ pub struct DocTable {
     generation: u32,
 }
 
+/// The allocations a [`DocTable::compact`] replaced, freed when dropped.
+#[derive(Debug)]
+pub struct Replaced {
+    _slots: Vec<DocEntry>,
+    _free: Vec<u32>,
+    _by_id: HashTable<Pos>,
+    _by_name: HashTable<Pos>,
+}
+
 /// A slab position in one of the hash tables, with 32 bits of its key's hash.
 #[derive(Debug, Clone, Copy)]
 struct Pos {
@@ -327,22 +336,43 @@ impl DocTable {
 
     /// Gives back the memory of freed slots once at most three quarters of the slots are live
     /// (and there are 1024 slots or more): the live entries move to the front, in slot order,
-    /// and the hash tables are rebuilt to fit. Whether it did; a compaction bumps
-    /// [`generation`](Self::generation).
-    pub fn compact(&mut self) -> bool {
+    /// and the hash tables are rebuilt to fit. What it replaced, for the caller to free (off
+    /// its lock: freeing a large table takes a while), or `None` if it did nothing. A
+    /// compaction bumps [`generation`](Self::generation).
+    pub fn compact(&mut self) -> Option<Replaced> {
         if self.slots.len() < 1024 || self.live * 4 > self.slots.len() * 3 {
-            return false;
+            return None;
         }
-        let mut live: Vec<DocEntry> =
-            std::mem::take(&mut self.slots).into_iter().filter(|e| e.id != 0).collect();
-        // The collection may reuse the old slots' allocation.
-        live.shrink_to_fit();
-        let (next_id, generation) = (self.next_id, self.generation);
-        // Live ids are unique, so the table is built side by side, to fit.
-        *self = DocTable::from_entries(live);
-        (self.next_id, self.generation) = (next_id, generation);
+        // The live entries move to a new slab, and each hash table's positions are put in
+        // a table to fit, renumbered, by the hashes they keep: no key is hashed or compared,
+        // so the pause (under the shard's write lock) is a pass over the slab and the two
+        // tables.
+        let mut to = vec![u32::MAX; self.slots.len()];
+        let mut old = std::mem::take(&mut self.slots);
+        let mut live = Vec::with_capacity(self.live);
+        for (i, e) in old.drain(..).enumerate() {
+            if e.id != 0 {
+                to[i] = live.len() as u32;
+                live.push(e);
+            }
+        }
+        self.slots = live;
+        let renumbered = |t: &HashTable<Pos>| {
+            let mut fit = HashTable::with_capacity(t.len());
+            for p in t {
+                insert_pos(&mut fit, to[p.slot as usize], p.hash);
+            }
+            fit
+        };
+        let (by_id, by_name) =
+            rayon::join(|| renumbered(&self.by_id), || renumbered(&self.by_name));
         self.generation = self.generation.wrapping_add(1);
-        true
+        Some(Replaced {
+            _slots: old,
+            _free: std::mem::take(&mut self.free),
+            _by_id: std::mem::replace(&mut self.by_id, by_id),
+            _by_name: std::mem::replace(&mut self.by_name, by_name),
+        })
     }
 
     /// How many times [`compact`](Self::compact) moved the entries (wrapping).
@@ -457,7 +487,7 @@ mod tests {
         }
         let (before, next_id) = (t.heap_bytes(), t.next_id());
         assert_eq!((t.slot_count(), t.len(), t.generation()), (4000, 1000, 0));
-        assert!(t.compact());
+        assert!(t.compact().is_some());
         assert_eq!((t.slot_count(), t.len(), t.generation()), (1000, 1000, 1));
         assert!(t.heap_bytes() * 2 < before, "{} then {}", before, t.heap_bytes());
         assert_eq!(t.next_id(), next_id, "ids are never reused");
@@ -472,13 +502,19 @@ mod tests {
         // Slots stay in order, and a table mostly live, or small, is left alone.
         let (all, _) = t.entries_from(0, usize::MAX);
         assert!(all.windows(2).all(|w| w[0].id < w[1].id));
-        assert!(!t.compact());
+        assert!(t.compact().is_none());
         let id = t.allocate_id();
         t.put(e(id, "new"));
         assert_eq!(t.by_name("new").map(|d| d.id), Some(next_id));
+        // The renumbered positions serve removals and reused slots too.
+        assert_eq!(t.remove(8).map(|d| d.name), Some("doc8".into()));
+        assert!(t.by_name("doc8").is_none() && t.by_id(8).is_none());
+        t.put(e(id + 1, "newer"));
+        assert_eq!(t.by_name("newer").map(|d| d.id), Some(id + 1));
+        assert_eq!(t.by_id(12).map(|d| &*d.name), Some("doc12"));
         let mut small = DocTable::new();
         small.put(e(1, "a"));
         small.remove(1);
-        assert!(!small.compact());
+        assert!(small.compact().is_none());
     }
 }
