@@ -242,7 +242,7 @@ pub struct ClusterRouter {
 /// others are out go out together: one probe call per node and one resolve for all of them,
 /// instead of one each. A read waits for nothing when no other is out, so this adds no
 /// latency at low load and divides the per-call costs under load. At most
-/// [`COALESCE_FLIGHTS`] groups are out at once.
+/// [`COALESCE_FLIGHTS`] groups are out at once, unless one has waited [`COALESCE_WAIT`].
 struct Coalesce {
     queue: Mutex<Vec<Pending>>,
     flights: tokio::sync::Semaphore,
@@ -265,6 +265,9 @@ const COALESCE_MAX: usize = 8;
 
 /// Groups of coalesced reads out at once.
 const COALESCE_FLIGHTS: usize = 2;
+
+/// How long a read waits for a flight before it goes with the reads waiting then anyway.
+const COALESCE_WAIT: Duration = Duration::from_millis(2);
 
 /// How long a node whose call failed is avoided for reads.
 pub const SUSPECT_FOR: Duration = Duration::from_secs(1);
@@ -633,10 +636,13 @@ impl ClusterRouter {
         let wait = async {
             // Either another read's flight takes this one along, or this one gets a flight
             // and takes every read waiting (its own among them, unless one took it already).
+            // No longer than COALESCE_WAIT, though: a flight held up by one slow node (a
+            // lock held by a copy, a pause) would otherwise hold up every read behind it.
             let permit = tokio::select! {
                 biased;
                 r = &mut rx => return r.ok(),
-                p = self.coalesce.flights.acquire() => p,
+                p = self.coalesce.flights.acquire() => Some(p),
+                () = tokio::time::sleep(COALESCE_WAIT) => None,
             };
             let batch =
                 std::mem::take(&mut *self.coalesce.queue.lock().unwrap_or_else(|p| p.into_inner()));
