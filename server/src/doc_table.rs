@@ -51,15 +51,6 @@ pub struct DocTable {
     generation: u32,
 }
 
-/// The allocations a [`DocTable::compact`] replaced, freed when dropped.
-#[derive(Debug)]
-pub struct Replaced {
-    _slots: Vec<DocEntry>,
-    _free: Vec<u32>,
-    _by_id: HashTable<Pos>,
-    _by_name: HashTable<Pos>,
-}
-
 /// A slab position in one of the hash tables, with 32 bits of its key's hash.
 #[derive(Debug, Clone, Copy)]
 struct Pos {
@@ -334,29 +325,24 @@ impl DocTable {
         self.slots.len()
     }
 
-    /// Gives back the memory of freed slots once at most three quarters of the slots are live
-    /// (and there are 1024 slots or more): the live entries move to the front, in slot order,
-    /// and the hash tables are rebuilt to fit. What it replaced, for the caller to free (off
-    /// its lock: freeing a large table takes a while), or `None` if it did nothing. A
-    /// compaction bumps [`generation`](Self::generation).
-    pub fn compact(&mut self) -> Option<Replaced> {
+    /// The table without its freed slots, once at most three quarters of the slots are live
+    /// (and there are 1024 slots or more), else `None`: the live entries copied to the
+    /// front, in slot order, and the hash tables built to fit, each position renumbered by
+    /// the hash bits it keeps (no key is hashed or compared). It reads the table only, so a
+    /// caller may build it while readers go on, then swap it in; its
+    /// [`generation`](Self::generation) is one more.
+    pub fn compacted(&self) -> Option<DocTable> {
         if self.slots.len() < 1024 || self.live * 4 > self.slots.len() * 3 {
             return None;
         }
-        // The live entries move to a new slab, and each hash table's positions are put in
-        // a table to fit, renumbered, by the hashes they keep: no key is hashed or compared,
-        // so the pause (under the shard's write lock) is a pass over the slab and the two
-        // tables.
         let mut to = vec![u32::MAX; self.slots.len()];
-        let mut old = std::mem::take(&mut self.slots);
-        let mut live = Vec::with_capacity(self.live);
-        for (i, e) in old.drain(..).enumerate() {
+        let mut slots = Vec::with_capacity(self.live);
+        for (i, e) in self.slots.iter().enumerate() {
             if e.id != 0 {
-                to[i] = live.len() as u32;
-                live.push(e);
+                to[i] = slots.len() as u32;
+                slots.push(e.clone());
             }
         }
-        self.slots = live;
         let renumbered = |t: &HashTable<Pos>| {
             let mut fit = HashTable::with_capacity(t.len());
             for p in t {
@@ -366,16 +352,20 @@ impl DocTable {
         };
         let (by_id, by_name) =
             rayon::join(|| renumbered(&self.by_id), || renumbered(&self.by_name));
-        self.generation = self.generation.wrapping_add(1);
-        Some(Replaced {
-            _slots: old,
-            _free: std::mem::take(&mut self.free),
-            _by_id: std::mem::replace(&mut self.by_id, by_id),
-            _by_name: std::mem::replace(&mut self.by_name, by_name),
+        Some(DocTable {
+            slots,
+            free: Vec::new(),
+            by_id,
+            by_name,
+            next_id: self.next_id,
+            live: self.live,
+            name_bytes: self.name_bytes,
+            by_low_byte: self.by_low_byte.clone(),
+            generation: self.generation.wrapping_add(1),
         })
     }
 
-    /// How many times [`compact`](Self::compact) moved the entries (wrapping).
+    /// How many times the entries were moved by [`compacted`](Self::compacted) (wrapping).
     pub fn generation(&self) -> u32 {
         self.generation
     }
@@ -487,7 +477,7 @@ mod tests {
         }
         let (before, next_id) = (t.heap_bytes(), t.next_id());
         assert_eq!((t.slot_count(), t.len(), t.generation()), (4000, 1000, 0));
-        assert!(t.compact().is_some());
+        t = t.compacted().unwrap();
         assert_eq!((t.slot_count(), t.len(), t.generation()), (1000, 1000, 1));
         assert!(t.heap_bytes() * 2 < before, "{} then {}", before, t.heap_bytes());
         assert_eq!(t.next_id(), next_id, "ids are never reused");
@@ -502,7 +492,7 @@ mod tests {
         // Slots stay in order, and a table mostly live, or small, is left alone.
         let (all, _) = t.entries_from(0, usize::MAX);
         assert!(all.windows(2).all(|w| w[0].id < w[1].id));
-        assert!(t.compact().is_none());
+        assert!(t.compacted().is_none());
         let id = t.allocate_id();
         t.put(e(id, "new"));
         assert_eq!(t.by_name("new").map(|d| d.id), Some(next_id));
@@ -515,6 +505,6 @@ mod tests {
         let mut small = DocTable::new();
         small.put(e(1, "a"));
         small.remove(1);
-        assert!(small.compact().is_none());
+        assert!(small.compacted().is_none());
     }
 }

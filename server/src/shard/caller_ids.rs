@@ -378,12 +378,15 @@ impl Shard {
         })
     }
 
-    /// Documents by name (`None` if absent).
+    /// Documents by name (`None` if absent). Like [`docs_by_ids`](Self::docs_by_ids), it
+    /// does not queue behind a waiting writer while others read (a query's documents are
+    /// read while [`compact_docs`](Self::compact_docs) builds a table, which writes wait
+    /// for); writes still get the lock between reads of microseconds.
     pub fn docs_by_names(&self, names: &[&str]) -> Result<Vec<Option<DocInfo>>> {
         self.check_serving()?;
         self.check_names()?;
         let found: Vec<Option<DocEntry>> = {
-            let st = self.state.read();
+            let st = self.state.read_recursive();
             names.iter().map(|n| st.docs.by_name(n).cloned()).collect()
         };
         found.into_iter().map(|e| e.map(|e| self.info(e)).transpose()).collect()
@@ -394,7 +397,7 @@ impl Shard {
         self.check_serving()?;
         self.check_names()?;
         let found: Vec<Option<DocEntry>> = {
-            let st = self.state.read();
+            let st = self.state.read_recursive();
             ids.iter().map(|&id| st.docs.by_id(id).cloned()).collect()
         };
         found.into_iter().map(|e| e.map(|e| self.info(e)).transpose()).collect()
@@ -436,16 +439,25 @@ impl Shard {
     }
 
     /// Gives back the memory of the document table's freed slots once at most three quarters
-    /// of them are live ([`DocTable::compact`](crate::doc_table::DocTable::compact)), as after a cluster
-    /// node dropped a partition. Not while a snapshot of the table is written (it walks the
-    /// slots across calls); a backup or a paged scan that meets it begins again. Whether it
-    /// did.
+    /// of them are live ([`DocTable::compacted`](crate::doc_table::DocTable::compacted)), as
+    /// after a cluster node dropped a partition. Not while a snapshot of the table is written
+    /// (it walks the slots across calls); a backup or a paged scan that meets it begins
+    /// again. Whether it did.
+    ///
+    /// The compacted table is built under an upgradable read lock: writes wait for it (tens
+    /// of milliseconds at a million slots), reads of documents
+    /// ([`docs_by_ids`](Self::docs_by_ids), [`docs_by_names`](Self::docs_by_names)) go on;
+    /// it is swapped in under the write lock, and the old one freed after.
     pub fn compact_docs(&self) -> Result<bool> {
         self.check_serving()?;
         let _snapshots = self.checkpoints.lock();
-        let replaced = self.state.write().docs.compact();
-        // Freed once the write lock is released.
-        Ok(replaced.is_some())
+        let st = self.state.upgradable_read();
+        let Some(compacted) = st.docs.compacted() else { return Ok(false) };
+        let mut st = parking_lot::RwLockUpgradableReadGuard::upgrade(st);
+        let old = std::mem::replace(&mut st.docs, compacted);
+        drop(st);
+        drop(old);
+        Ok(true)
     }
 
     /// The ids of the documents whose id satisfies `keep`, in no particular order.
