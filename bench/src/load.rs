@@ -144,9 +144,8 @@ impl Load {
             .kinds
             .iter()
             .map(|kind| Tally {
-                server_cpu: match (kind, &echo) {
-                    (Kind::Echo, Some(echo)) => CpuMeter::of_thread(echo.tid),
-                    (Kind::Echo, None) => CpuMeter::of(None),
+                server_cpu: match kind {
+                    Kind::Echo => CpuMeter::of_thread(echo.as_ref().and_then(|e| e.tid)),
                     _ => CpuMeter::of(self.server_pid),
                 },
                 ..Tally::default()

@@ -340,7 +340,7 @@ impl Shard {
                 DocOp::Remove { gid, name } => (name.as_str(), *gid),
             };
             if names.contains(name) || ids.contains(&gid) {
-                self.append(st, &std::mem::replace(&mut plan, RecordPlan::new()))?;
+                self.append(st, &std::mem::take(&mut plan))?;
                 names.clear();
                 ids.clear();
             }
@@ -378,15 +378,20 @@ impl Shard {
         })
     }
 
-    /// Documents by name (`None` if absent). Like [`docs_by_ids`](Self::docs_by_ids), it
-    /// does not queue behind a waiting writer while others read (a query's documents are
-    /// read while [`compact_docs`](Self::compact_docs) builds a table, which writes wait
-    /// for); writes still get the lock between reads of microseconds.
+    /// The state, read for documents: without queueing behind a waiting writer while others
+    /// read, so that a query's documents are read while [`compact_docs`](Self::compact_docs)
+    /// builds a table (writes wait for it); writes still get the lock between reads of
+    /// microseconds.
+    fn read_docs(&self) -> parking_lot::RwLockReadGuard<'_, super::State> {
+        self.state.read_recursive()
+    }
+
+    /// Documents by name (`None` if absent).
     pub fn docs_by_names(&self, names: &[&str]) -> Result<Vec<Option<DocInfo>>> {
         self.check_serving()?;
         self.check_names()?;
         let found: Vec<Option<DocEntry>> = {
-            let st = self.state.read_recursive();
+            let st = self.read_docs();
             names.iter().map(|n| st.docs.by_name(n).cloned()).collect()
         };
         found.into_iter().map(|e| e.map(|e| self.info(e)).transpose()).collect()
@@ -397,7 +402,7 @@ impl Shard {
         self.check_serving()?;
         self.check_names()?;
         let found: Vec<Option<DocEntry>> = {
-            let st = self.state.read_recursive();
+            let st = self.read_docs();
             ids.iter().map(|&id| st.docs.by_id(id).cloned()).collect()
         };
         found.into_iter().map(|e| e.map(|e| self.info(e)).transpose()).collect()
@@ -446,8 +451,8 @@ impl Shard {
     ///
     /// The compacted table is built under an upgradable read lock: writes wait for it (tens
     /// of milliseconds at a million slots), reads of documents
-    /// ([`docs_by_ids`](Self::docs_by_ids), [`docs_by_names`](Self::docs_by_names)) go on;
-    /// it is swapped in under the write lock, and the old one freed after.
+    /// ([`read_docs`](Self::read_docs)) go on; it is swapped in under the write lock, and the
+    /// old one freed after.
     pub fn compact_docs(&self) -> Result<bool> {
         self.check_serving()?;
         let _snapshots = self.checkpoints.lock();

@@ -26,6 +26,7 @@ pub(super) fn check_name(name: &str, max: usize) -> Result<()> {
 }
 
 /// Groups of operations (a replacement's remove and put stay together) cut into records.
+#[derive(Default)]
 pub(super) struct RecordPlan<'a> {
     groups: Vec<([Option<Op<'a>>; 2], usize)>,
 }
