@@ -772,10 +772,13 @@ impl NodeApi for LocalNode {
         }
         let (store, id) = (self.store.clone(), self.id);
         let inline = probes.len() <= INLINE_PROBES;
-        let probe = move || -> crate::error::Result<ProbeAnswer> {
-            let results = store.probe_tablets(&probes, k, max_matches)?;
+        // `None` without `wait` when a lock is not free at once.
+        let probe = move |wait: bool| -> crate::error::Result<Option<ProbeAnswer>> {
+            let Some(results) = store.probe_tablets_if(&probes, k, max_matches, wait)? else {
+                return Ok(None);
+            };
             if !resolve {
-                return Ok(ProbeAnswer { results, ..Default::default() });
+                return Ok(Some(ProbeAnswer { results, ..Default::default() }));
             }
             // Only under a map at least as new as the sender's: a map this node has not
             // caught up from may still list it on a partition that moved away since, whose
@@ -784,12 +787,20 @@ impl NodeApi for LocalNode {
             let (gids, resolved) = hits_to_resolve(&results, |p| {
                 current && map.serving(Unit::Partition(p)).contains(&id)
             });
-            let docs = store.resolve(&gids)?.into_iter().flatten().collect();
-            Ok(ProbeAnswer { results, docs, resolved })
+            let Some(docs) = store.resolve_if(&gids, wait)? else { return Ok(None) };
+            let docs = docs.into_iter().flatten().collect();
+            Ok(Some(ProbeAnswer { results, docs, resolved }))
         };
+        let missing = || DataError::Internal("a probe that waits got no answer".into());
         // A few probes cost microseconds: answered here, not behind a hand-over to the
-        // blocking pool, whose wake-up alone may take milliseconds on a busy machine.
-        if inline { probe().map_err(DataError::from) } else { blocking(probe).await }
+        // blocking pool, whose wake-up alone may take milliseconds on a busy machine; but
+        // only when the locks are free, as this thread must not wait for a writer (a
+        // merge installed, a page of a copy), and a caller racing a slow answer against
+        // another replica ([`NodeApi`] reads may be hedged) must get to run meanwhile.
+        if inline && let Some(answer) = probe(false)? {
+            return Ok(answer);
+        }
+        blocking(move || probe(true)).await?.ok_or_else(missing)
     }
 
     async fn doc_write(

@@ -139,6 +139,9 @@ impl Durable {
     }
 }
 
+/// One probe's hits, and whether they were cut at the most asked.
+pub type ProbeHitsCut = (Vec<TabletHit>, bool);
+
 /// A cluster node's tablets and partitions: see the module docs.
 pub struct NodeStore {
     dir: PathBuf,
@@ -425,13 +428,28 @@ impl NodeStore {
         probes: &[(u32, u64)],
         k: u32,
         max_matches: usize,
-    ) -> Result<Vec<(Vec<TabletHit>, bool)>> {
+    ) -> Result<Vec<ProbeHitsCut>> {
+        self.probe_tablets_if(probes, k, max_matches, true)?.ok_or_else(|| {
+            Error::Internal("a probe that waits for the locks did not get them".into())
+        })
+    }
+
+    /// [`probe_tablets`](Self::probe_tablets); without `wait`, `None` when a table's lock
+    /// cannot be had at once (a writer holds it or waits for it): the caller, which must
+    /// not block (an async thread), then probes where it may wait.
+    pub fn probe_tablets_if(
+        &self,
+        probes: &[(u32, u64)],
+        k: u32,
+        max_matches: usize,
+        wait: bool,
+    ) -> Result<Option<Vec<ProbeHitsCut>>> {
         self.design.check_k(k)?;
         let width = self.design.width();
         // One query of each table for all its probes: one lock a table.
         let mut order: Vec<usize> = (0..probes.len()).collect();
         order.sort_by_key(|&i| probes[i].0);
-        let mut out: Vec<(Vec<TabletHit>, bool)> = vec![(Vec::new(), false); probes.len()];
+        let mut out: Vec<ProbeHitsCut> = vec![(Vec::new(), false); probes.len()];
         // One set of buffers for every table's group.
         let (mut scratch, mut found, mut pqs) = (QueryScratch::default(), Vec::new(), Vec::new());
         for group in order.chunk_by(|&a, &b| probes[a].0 == probes[b].0) {
@@ -442,7 +460,9 @@ impl NodeStore {
             let prefix = |v: u64| v.checked_shr(shift).unwrap_or(0);
             pqs.clear();
             pqs.extend(group.iter().map(|&i| spec.perm.apply(probes[i].1)));
-            shard.query_entries(&pqs, k, &mut scratch, &mut found)?;
+            if !shard.query_entries_if(&pqs, k, &mut scratch, &mut found, wait)? {
+                return Ok(None);
+            }
             for ((&i, &pq), matches) in group.iter().zip(&pqs).zip(&found) {
                 let mut hits: Vec<TabletHit> = matches
                     .iter()
@@ -461,7 +481,7 @@ impl NodeStore {
                 out[i] = (hits, truncated);
             }
         }
-        Ok(out)
+        Ok(Some(out))
     }
 
     /// Every entry `(gid, fp)` of `table` whose permuted value lies in `[start, end]`, in
@@ -567,6 +587,12 @@ impl NodeStore {
     /// Documents by gid (`None` if absent).
     pub fn resolve(&self, gids: &[u64]) -> Result<Vec<Option<DocInfo>>> {
         self.docs.docs_by_ids(gids)
+    }
+
+    /// [`resolve`](Self::resolve); without `wait`, `None` when the document table's lock
+    /// cannot be had at once.
+    pub fn resolve_if(&self, gids: &[u64], wait: bool) -> Result<Option<Vec<Option<DocInfo>>>> {
+        self.docs.docs_by_ids_if(gids, wait)
     }
 
     /// Every document of partition `p` (`gid & 0xff == p`), by gid, for copying it to

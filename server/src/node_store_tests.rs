@@ -320,6 +320,33 @@ fn tablet_writes_are_idempotent_and_bad_input_changes_nothing() {
     node.shutdown().unwrap();
 }
 
+/// A probe that may not wait (an async thread's) gives way to a writer holding a table's or
+/// the document table's lock, and otherwise answers as one that waits.
+#[test]
+fn a_probe_that_may_not_wait_gives_way_to_a_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let design = Design::parse("5c2").unwrap();
+    let tables = design.tables().len() as u32;
+    let (mut model, mut g) = (Entries::default(), Gen::new(7));
+    let node = open(dir.path(), &design);
+    tablet_round(&node, &mut model, &mut g, tables);
+    let probes: Vec<(u32, u64)> = model.0.iter().take(20).map(|&(t, _, fp)| (t, fp ^ 1)).collect();
+    let waited = node.probe_tablets(&probes, 3, usize::MAX).unwrap();
+    assert!(waited.iter().any(|(hits, _)| !hits.is_empty()));
+    assert_eq!(node.probe_tablets_if(&probes, 3, usize::MAX, false).unwrap(), Some(waited));
+    {
+        let _writer = node.tables[probes[0].0 as usize].hold_write_lock();
+        assert_eq!(node.probe_tablets_if(&probes, 3, usize::MAX, false).unwrap(), None);
+    }
+    let gid = make_gid(3, 1);
+    block_on(node.write_docs(vec![DocOp::Put(info(gid, "a", 1, None))])).unwrap();
+    let found = node.resolve(&[gid]).unwrap();
+    assert_eq!(found[0].as_ref().map(|d| d.gid), Some(gid));
+    assert_eq!(node.resolve_if(&[gid], false).unwrap(), Some(found));
+    let _writer = node.docs.hold_write_lock();
+    assert_eq!(node.resolve_if(&[gid], false).unwrap(), None);
+}
+
 #[test]
 fn scan_and_drop_tablets_by_range() {
     let dir = tempfile::tempdir().unwrap();

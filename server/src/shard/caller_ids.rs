@@ -291,10 +291,25 @@ impl Shard {
         scratch: &mut QueryScratch,
         outs: &mut Vec<Vec<Match>>,
     ) -> Result<()> {
+        self.query_entries_if(fps, k, scratch, outs, true).map(|_| ())
+    }
+
+    /// [`query_entries`](Self::query_entries); without `wait`, nothing is done and `false`
+    /// returned when the lock cannot be had at once (a writer holds it or waits for it).
+    pub fn query_entries_if(
+        &self,
+        fps: &[u64],
+        k: u32,
+        scratch: &mut QueryScratch,
+        outs: &mut Vec<Vec<Match>>,
+        wait: bool,
+    ) -> Result<bool> {
         self.check_serving()?;
-        let st = self.state.read();
+        let Some(st) = (if wait { Some(self.state.read()) } else { self.state.try_read() }) else {
+            return Ok(false);
+        };
         st.index.query_many_into(fps, k, scratch, outs)?;
-        Ok(())
+        Ok(true)
     }
 
     /// Applies document changes with caller-assigned ids (gids) to a shard with names, in
@@ -382,8 +397,12 @@ impl Shard {
     /// read, so that a query's documents are read while [`compact_docs`](Self::compact_docs)
     /// builds a table (writes wait for it); writes still get the lock between reads of
     /// microseconds.
-    fn read_docs(&self) -> parking_lot::RwLockReadGuard<'_, super::State> {
-        self.state.read_recursive()
+    /// Without `wait`: `None` when a writer holds the lock.
+    fn read_docs(&self, wait: bool) -> Option<parking_lot::RwLockReadGuard<'_, super::State>> {
+        match wait {
+            true => Some(self.state.read_recursive()),
+            false => self.state.try_read_recursive(),
+        }
     }
 
     /// Documents by name (`None` if absent).
@@ -391,7 +410,7 @@ impl Shard {
         self.check_serving()?;
         self.check_names()?;
         let found: Vec<Option<DocEntry>> = {
-            let st = self.read_docs();
+            let Some(st) = self.read_docs(true) else { return Err(Self::no_lock()) };
             names.iter().map(|n| st.docs.by_name(n).cloned()).collect()
         };
         found.into_iter().map(|e| e.map(|e| self.info(e)).transpose()).collect()
@@ -399,13 +418,35 @@ impl Shard {
 
     /// Documents by id (`None` if absent).
     pub fn docs_by_ids(&self, ids: &[u64]) -> Result<Vec<Option<DocInfo>>> {
+        self.docs_by_ids_if(ids, true)?.ok_or_else(Self::no_lock)
+    }
+
+    /// Holds the state's write lock until the guard is dropped: a test's stand-in for a
+    /// writer (a merge installed, a page of a copy).
+    #[cfg(test)]
+    pub(crate) fn hold_write_lock(&self) -> impl Sized + '_ {
+        self.state.write()
+    }
+
+    /// A read that waits always gets the lock: this is a bug.
+    fn no_lock() -> Error {
+        Error::Internal("a read that waits for the lock did not get it".into())
+    }
+
+    /// [`docs_by_ids`](Self::docs_by_ids); without `wait`, `None` when the lock cannot be
+    /// had at once (a writer holds it).
+    pub fn docs_by_ids_if(&self, ids: &[u64], wait: bool) -> Result<Option<Vec<Option<DocInfo>>>> {
         self.check_serving()?;
         self.check_names()?;
         let found: Vec<Option<DocEntry>> = {
-            let st = self.read_docs();
+            let Some(st) = self.read_docs(wait) else { return Ok(None) };
             ids.iter().map(|&id| st.docs.by_id(id).cloned()).collect()
         };
-        found.into_iter().map(|e| e.map(|e| self.info(e)).transpose()).collect()
+        found
+            .into_iter()
+            .map(|e| e.map(|e| self.info(e)).transpose())
+            .collect::<Result<_>>()
+            .map(Some)
     }
 
     /// A page of the documents whose id satisfies `keep`, from `cursor` (0 to start): at most
