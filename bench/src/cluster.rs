@@ -144,6 +144,8 @@ pub struct ClusterArgs {
 struct Proc {
     public: String,
     internal: Option<String>,
+    /// The metrics listener.
+    metrics: String,
     id: u64,
     data: PathBuf,
     log: PathBuf,
@@ -158,6 +160,7 @@ impl Proc {
         Ok(Proc {
             public,
             internal,
+            metrics: format!("127.0.0.1:{}", free_port()?),
             id,
             data: base.join(&name),
             log: base.join(format!("{name}.log")),
@@ -169,7 +172,8 @@ impl Proc {
         let exe = crate::service::neardup_binary(args.neardup.as_deref());
         let mut cmd = Command::new(&exe);
         cmd.args(["serve", "--data"]).arg(&self.data);
-        cmd.args(["--listen", &self.public, "--metrics-listen", "", "--design", &args.design]);
+        cmd.args(["--listen", &self.public, "--metrics-listen", &self.metrics]);
+        cmd.args(["--design", &args.design]);
         if let Some(internal) = &self.internal {
             cmd.args(["--internal-listen", internal, "--node-id", &self.id.to_string()]);
             cmd.args(["--set", &format!("cluster.tick_ms={}", args.tick_ms)]);

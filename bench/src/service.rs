@@ -827,20 +827,31 @@ impl ServerProcess {
     pub(crate) async fn admission_stages(
         &self,
     ) -> Result<std::collections::BTreeMap<String, StageHistogram>, String> {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let addr = self.metrics.as_deref().ok_or("the server serves no metrics")?;
-        let failed = |e: std::io::Error| format!("metrics at {addr}: {e}");
-        let mut s = tokio::net::TcpStream::connect(addr).await.map_err(failed)?;
-        s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
-            .await
-            .map_err(failed)?;
-        let mut body = String::new();
-        tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut body))
-            .await
-            .map_err(|_| format!("metrics at {addr}: no answer in 10 s"))?
-            .map_err(failed)?;
+        let body = metrics_page(addr).await?;
         Ok(parse_stages(&body))
     }
+}
+
+/// The `/metrics` page of the server whose metrics listener is `addr`.
+pub(crate) async fn metrics_page(addr: &str) -> Result<String, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let failed = |e: std::io::Error| format!("metrics at {addr}: {e}");
+    let mut s = tokio::net::TcpStream::connect(addr).await.map_err(failed)?;
+    s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .map_err(failed)?;
+    let mut body = String::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut body))
+        .await
+        .map_err(|_| format!("metrics at {addr}: no answer in 10 s"))?
+        .map_err(failed)?;
+    Ok(body)
+}
+
+/// The value of the series `name` (without labels) in an OpenMetrics text page.
+pub(crate) fn metric_value(page: &str, name: &str) -> Option<f64> {
+    page.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 /// The admission stage histograms in an OpenMetrics text page.

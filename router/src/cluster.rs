@@ -15,6 +15,10 @@
 //! timestamp, then gid, the cluster's "first stored"), cut to `limit` and the response's
 //! budgets (`max_matches`, `max_bytes`). Verification by sketches is the single node's.
 //! Reads of a few queries that arrive while others are out are sent together (`Coalesce`).
+//! A probe or resolve call that has not answered within the recent calls' 90th percentile
+//! is sent again to the other serving replicas of its units, and the first answer is taken
+//! ([`crate::hedge`]): a node pausing (a merge installed, a copy's page written) does not
+//! hold up the reads that go to it.
 //! A node whose call fails (unanswered or UNAVAILABLE) is avoided by reads for
 //! [`SUSPECT_FOR`] when another replica serves, and a read that failed so is tried once
 //! more: a node that dies costs reads one attempt, not every read until the map marks it
@@ -86,6 +90,7 @@ use tonic::Status;
 type FastMap<K, V> = hashbrown::HashMap<K, V>;
 type FastSet<T> = hashbrown::HashSet<T>;
 
+use crate::hedge::Hedger;
 #[cfg(test)]
 use crate::node_client::Unreachable;
 pub use crate::node_client::{GrpcNode, GrpcNodes};
@@ -153,16 +158,8 @@ impl Routes {
         Routes { by_table }
     }
 
-    /// The node to probe for table `t` and fingerprint `fp` ([`choose`]).
-    fn pick(
-        &self,
-        ctx: &Ctx,
-        t: usize,
-        fp: u64,
-        salt: usize,
-        local: Option<NodeId>,
-        used: impl Fn(NodeId) -> bool,
-    ) -> DataResult<NodeId> {
+    /// The tablet of table `t` holding fingerprint `fp`: its unit and readable replicas.
+    fn tablet(&self, ctx: &Ctx, t: usize, fp: u64) -> DataResult<(Unit, &[NodeId])> {
         let tablets = self.by_table.get(t).map_or(&[][..], |v| v);
         let pv = ctx.design.tables()[t].perm.apply(fp);
         let i = tablets.partition_point(|&(start, _, _)| start <= pv);
@@ -173,7 +170,39 @@ impl Routes {
                 "no tablet of table {t} holds fingerprint {fp:#x}"
             )));
         };
-        choose(serving, Unit::Tablet { table: t as u32, start: *start }, local, salt, used)
+        Ok((Unit::Tablet { table: t as u32, start: *start }, serving))
+    }
+
+    /// The node to probe for table `t` and fingerprint `fp` ([`choose`]).
+    fn pick(
+        &self,
+        ctx: &Ctx,
+        t: usize,
+        fp: u64,
+        salt: usize,
+        local: Option<NodeId>,
+        used: impl Fn(NodeId) -> bool,
+    ) -> DataResult<NodeId> {
+        let (unit, serving) = self.tablet(ctx, t, fp)?;
+        choose(serving, unit, local, salt, used)
+    }
+
+    /// Another readable replica than `not` for the probe of table `t` and `fp`, chosen as
+    /// [`pick`](Self::pick) does; `None` when there is none.
+    #[allow(clippy::too_many_arguments)]
+    fn pick_other(
+        &self,
+        ctx: &Ctx,
+        t: usize,
+        fp: u64,
+        not: NodeId,
+        salt: usize,
+        local: Option<NodeId>,
+        used: impl Fn(NodeId) -> bool,
+    ) -> Option<NodeId> {
+        let (unit, serving) = self.tablet(ctx, t, fp).ok()?;
+        let others: Vec<NodeId> = serving.iter().copied().filter(|&n| n != not).collect();
+        choose(&others, unit, local, salt, used).ok()
     }
 }
 
@@ -211,6 +240,56 @@ fn choose(
     Ok(readable[mixed as usize % readable.len()])
 }
 
+/// One node's answer to probes: the node, each probe's hits by query index, the documents
+/// it resolved, and the partitions those cover.
+type NodeAnswer = (NodeId, Vec<(usize, (Vec<TabletHit>, bool))>, Vec<DocInfo>, Vec<u32>);
+
+/// A `TabletProbe` call of `probes` `(query index, table, fp)` to `node`.
+async fn probe_call(
+    api: Arc<dyn NodeApi>,
+    node: NodeId,
+    epoch: u64,
+    probes: Arc<Vec<(usize, u32, u64)>>,
+    k: u32,
+    cap: usize,
+    deadline: Option<Instant>,
+) -> DataResult<Vec<NodeAnswer>> {
+    let asked: Vec<(u32, u64)> = probes.iter().map(|&(_, t, fp)| (t, fp)).collect();
+    let n = asked.len();
+    let r = api.tablet_probe(epoch, asked, k, cap, true, deadline).await?;
+    if r.results.len() != n {
+        return Err(DataError::Internal(format!("{} answers to {n} probes", r.results.len())));
+    }
+    let answers = probes.iter().map(|&(qi, _, _)| qi).zip(r.results).collect();
+    Ok(vec![(node, answers, r.docs, r.resolved)])
+}
+
+/// A `DocResolve` call of `gids`: each gid with its document, if stored.
+async fn resolve_call(
+    api: Arc<dyn NodeApi>,
+    epoch: u64,
+    gids: Arc<Vec<u64>>,
+    deadline: Option<Instant>,
+) -> DataResult<Vec<(u64, Option<DocInfo>)>> {
+    let n = gids.len();
+    let docs = api.doc_resolve(epoch, gids.to_vec(), deadline).await?;
+    if docs.len() != n {
+        return Err(DataError::Internal(format!("{} answers to {n} gids", docs.len())));
+    }
+    Ok(gids.iter().copied().zip(docs).collect())
+}
+
+/// The answers of every call in `calls`, together; the first failure fails them all (the
+/// rest are dropped with the set).
+async fn join_all<T: Send + 'static>(mut calls: JoinSet<DataResult<Vec<T>>>) -> DataResult<Vec<T>> {
+    let mut out = Vec::new();
+    while let Some(r) = calls.join_next().await {
+        let r = r.map_err(|e| DataError::Internal(format!("a node call failed: {e}")))?;
+        out.extend(r?);
+    }
+    Ok(out)
+}
+
 /// A stored document found near a query.
 #[derive(Debug, Clone)]
 struct Found {
@@ -236,6 +315,8 @@ pub struct ClusterRouter {
     suspects: Mutex<HashMap<NodeId, Instant>>,
     /// Small reads waiting to go out together.
     coalesce: Coalesce,
+    /// Read calls slow to answer are sent again to other replicas ([`crate::hedge`]).
+    hedger: Arc<Hedger>,
 }
 
 /// Reads of a few queries each (unary Query, CheckAndInsert's checks) that arrive while
@@ -323,7 +404,14 @@ impl ClusterRouter {
                 queue: Mutex::new(Vec::new()),
                 flights: tokio::sync::Semaphore::new(COALESCE_FLIGHTS),
             },
+            hedger: Arc::new(Hedger::default()),
         }
+    }
+
+    /// This router with `hedger` (one whose counts are registered) in place of its own.
+    pub fn with_hedger(mut self, hedger: Arc<Hedger>) -> Self {
+        self.hedger = hedger;
+        self
     }
 
     /// The current map and its design; UNAVAILABLE before bootstrap.
@@ -587,20 +675,37 @@ impl ClusterRouter {
             by_node.entry(node).or_default().push(gid);
         }
         let epoch = ctx.map.epoch;
+        let avoid = Arc::new(avoid);
         let calls = by_node
             .into_iter()
             .map(|(node, gids)| {
-                let api = (self.nodes)(node);
+                let (nodes, hedger, ctx, avoid) =
+                    (self.nodes.clone(), self.hedger.clone(), ctx.clone(), avoid.clone());
+                let local = self.local;
                 (node, async move {
-                    let n = gids.len();
-                    let docs = api.doc_resolve(epoch, gids.clone(), deadline).await?;
-                    if docs.len() != n {
-                        return Err(DataError::Internal(format!(
-                            "{} answers to {n} gids",
-                            docs.len()
-                        )));
-                    }
-                    Ok(gids.into_iter().zip(docs).collect::<Vec<_>>())
+                    let gids = Arc::new(gids);
+                    let primary = resolve_call(nodes(node), epoch, gids.clone(), deadline);
+                    // The same gids from their partitions' other serving replicas.
+                    let backup = || {
+                        let mut by_other: BTreeMap<NodeId, Vec<u64>> = BTreeMap::new();
+                        for &gid in gids.iter() {
+                            let p = gid_partition(gid);
+                            let unit = Unit::Partition(p);
+                            let mut others = readable(&ctx.map, unit, &avoid);
+                            others.retain(|&n| n != node);
+                            let other = choose(&others, unit, local, salt + p as usize, |n| {
+                                by_other.contains_key(&n)
+                            })
+                            .ok()?;
+                            by_other.entry(other).or_default().push(gid);
+                        }
+                        let mut calls = JoinSet::new();
+                        for (n, g) in by_other {
+                            calls.spawn(resolve_call(nodes(n), epoch, Arc::new(g), deadline));
+                        }
+                        Some(join_all(calls))
+                    };
+                    hedger.run(primary, backup).await
                 })
             })
             .collect();
@@ -730,23 +835,49 @@ impl ClusterRouter {
             }
         }
         let epoch = ctx.map.epoch;
+        let routes = Arc::new(routes);
         let calls = by_node
             .into_iter()
             .map(|(node, probes)| {
-                let api = (self.nodes)(node);
+                let (nodes, hedger, ctx, routes) =
+                    (self.nodes.clone(), self.hedger.clone(), ctx.clone(), routes.clone());
+                let local = self.local;
                 (node, async move {
-                    let asked: Vec<(u32, u64)> = probes.iter().map(|&(_, t, fp)| (t, fp)).collect();
-                    let n = asked.len();
-                    let r = api.tablet_probe(epoch, asked, call_k, cap, true, deadline).await?;
-                    if r.results.len() != n {
-                        return Err(DataError::Internal(format!(
-                            "{} answers to {n} probes",
-                            r.results.len()
-                        )));
-                    }
-                    let answers: Vec<_> =
-                        probes.into_iter().map(|(qi, _, _)| qi).zip(r.results).collect();
-                    Ok((answers, r.docs, r.resolved))
+                    let probes = Arc::new(probes);
+                    let primary =
+                        probe_call(nodes(node), node, epoch, probes.clone(), call_k, cap, deadline);
+                    // The same probes from the tablets' other serving replicas.
+                    let backup = || {
+                        let mut by_other: BTreeMap<NodeId, Vec<(usize, u32, u64)>> =
+                            BTreeMap::new();
+                        for (i, &(qi, t, fp)) in probes.iter().enumerate() {
+                            let other = routes.pick_other(
+                                &ctx,
+                                t as usize,
+                                fp,
+                                node,
+                                salt + i,
+                                local,
+                                |n| by_other.contains_key(&n),
+                            )?;
+                            by_other.entry(other).or_default().push((qi, t, fp));
+                        }
+                        let mut calls = JoinSet::new();
+                        for (n, p) in by_other {
+                            let api = nodes(n);
+                            calls.spawn(probe_call(
+                                api,
+                                n,
+                                epoch,
+                                Arc::new(p),
+                                call_k,
+                                cap,
+                                deadline,
+                            ));
+                        }
+                        Some(join_all(calls))
+                    };
+                    hedger.run(primary, backup).await
                 })
             })
             .collect();
@@ -758,7 +889,8 @@ impl ClusterRouter {
         // hits in the same partition may be entries it never saw).
         let mut docs: FastMap<u64, DocInfo> = FastMap::default();
         let mut resolved: FastSet<u64> = FastSet::default();
-        for (node, (answers, found_docs, mut parts)) in self.fan_out(calls).await? {
+        let answered = self.fan_out(calls).await?.into_values().flatten();
+        for (node, answers, found_docs, mut parts) in answered {
             // Only partitions this map has the node serve: a node whose map lags behind
             // could still take itself for a replica of a partition that moved away.
             parts.retain(|&p| ctx.map.serving(Unit::Partition(p)).contains(&node));

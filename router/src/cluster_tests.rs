@@ -1133,3 +1133,25 @@ async fn a_lagging_node_does_not_resolve_a_partition_that_moved_away() {
         r.results[0].matches.iter().map(|m| (m.id.as_str(), m.fingerprint)).collect();
     assert_eq!(got, vec![(name, new_fp)]);
 }
+
+/// A node that stops answering without failing (a long pause) is hedged around: its reads
+/// go to the other serving replicas after the hedging delay, and every answer is exact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_are_hedged_around_a_paused_node_and_stay_exact() {
+    let c = Cluster::new(2);
+    let router = c.router(None);
+    let model = run_random(&c, &router, 23, 60).await;
+    c.nodes[&2].delay_ms.store(60_000, Ordering::SeqCst);
+    let mut rng = Rng(77);
+    let stored: Vec<u64> = model.values().map(|&(fp, _)| fp).collect();
+    assert!(!stored.is_empty());
+    // Fewer reads than the hedging budget's burst: each may need a second call.
+    for i in 0..8 {
+        let q = rng.near(stored[i % stored.len()], 2);
+        let deadline = Some(Instant::now() + Duration::from_secs(20));
+        let r = router.probe(probe_req(vec![q], 3, 1000), deadline).await.unwrap();
+        check_result(&r.results[0], &brute(&model, q, 3, None), 1000, &model);
+    }
+    let (sent, won) = router.hedger.counts();
+    assert!(sent > 0 && won == sent, "{sent} second calls, {won} answered first");
+}

@@ -29,6 +29,7 @@ pub mod backup;
 pub mod cluster;
 pub mod error;
 pub mod fill;
+pub mod hedge;
 pub mod limits;
 pub mod metrics;
 pub mod node_client;

@@ -52,6 +52,17 @@ fn imbalance(nodes: &[Value]) -> f64 {
     bytes.iter().map(|b| (b - mean).abs() / mean.max(1.0)).fold(0.0, f64::max)
 }
 
+/// The router's hedged read calls so far (sent, won), from the node's `/metrics`.
+async fn hedged(node: &Proc) -> Result<(u64, u64), String> {
+    let page = crate::service::metrics_page(&node.metrics).await?;
+    let value = |name: &str| {
+        crate::service::metric_value(&page, name)
+            .map(|v| v as u64)
+            .ok_or_else(|| format!("node {}'s metrics have no {name}", node.id))
+    };
+    Ok((value("neardup_router_hedged_calls_total")?, value("neardup_router_hedged_won_total")?))
+}
+
 /// The running processes' ids.
 fn pids(procs: &[Proc]) -> Vec<u32> {
     procs.iter().filter_map(|p| p.child.as_ref().map(Child::id)).collect()
@@ -118,6 +129,7 @@ async fn join(
     // Bounded by the rebalance's own limit below.
     during.seconds = 1800;
     during.until = Some(done.clone());
+    let hedged_before = hedged(&procs[0]).await?;
     let reads = tokio::spawn(during.measure());
     let t = Instant::now();
     let joined = async {
@@ -129,6 +141,7 @@ async fn join(
     let secs = t.elapsed().as_secs_f64();
     done.store(true, Ordering::Relaxed);
     let during = reads.await.map_err(|e| e.to_string())??;
+    let hedged_after = hedged(&procs[0]).await?;
     joined?;
     settle(&writer(&router).await?, Duration::from_secs(300)).await?;
     let after = query_load(args, inputs, &router).measure().await?;
@@ -147,6 +160,8 @@ async fn join(
         "new_node_bytes": bytes,
         "mb_per_second": bytes / 1e6 / secs.max(1e-9),
         "query_during": during[Kind::Query.name()],
+        "hedged_calls_during": hedged_after.0 - hedged_before.0,
+        "hedged_won_during": hedged_after.1 - hedged_before.1,
         "query_after": after[Kind::Query.name()],
         "p99_ratio": ratio,
     }))
@@ -269,21 +284,24 @@ pub(super) fn print_table(args: &ClusterArgs, r: &Value) {
     println!();
     println!(
         "| join | settled after, s | on the new node, MB | MB/s | Query at {}/s while settling, \
-         p50/p99 us | for {} s after, p50/p99 us | p99 during / after |",
+         p50/p99 us | hedged calls (answered first) | for {} s after, p50/p99 us | p99 during / \
+         after |",
         args.kill_rate,
         args.kill_seconds.max(2)
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     for j in g["joins"].as_array().cloned().unwrap_or_default() {
         let q = |x: &Value| format!("{} / {}", num(&x["p50_us"], 0), num(&x["p99_us"], 0));
         println!(
-            "| node {} ({} nodes) | {} | {} | {} | {} | {} | {} |",
+            "| node {} ({} nodes) | {} | {} | {} | {} | {} ({}) | {} | {} |",
             j["node"],
             j["nodes"],
             num(&j["rebalance_seconds"], 2),
             num(&(j["new_node_bytes"].as_f64().unwrap_or(0.0) / 1e6).into(), 1),
             num(&j["mb_per_second"], 1),
             q(&j["query_during"]),
+            j["hedged_calls_during"],
+            j["hedged_won_during"],
             q(&j["query_after"]),
             num(&j["p99_ratio"], 2)
         );

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use neardup_cluster::ClusterNode;
 use neardup_router::cluster::{ClusterRouter, GrpcNodes, IdSource};
+use neardup_router::hedge::Hedger;
 use neardup_router::{Router, RpcMetrics};
 use neardup_server::cluster_rpc::cluster_status;
 use neardup_server::local_node::LocalNode;
@@ -73,6 +74,8 @@ pub async fn run(
             .await
             .map_err(|e| CliError::Start(neardup_server::Error::Internal(e.to_string())))?
             .map_err(CliError::Start)?;
+    let hedger = Arc::new(Hedger::default());
+    hedger.register(&mut registry);
     ops::serve_metrics(&config.metrics_listen, registry, config.metrics_token()?).await?;
     let node = cluster.node.clone();
     let id = node.id();
@@ -90,7 +93,8 @@ pub async fn run(
         nodes.clone(),
         Arc::new(GrantedIds(node.clone())),
         Some(id),
-    );
+    )
+    .with_hedger(hedger);
     let router = Router::with_verify(
         Arc::new(cluster_router),
         design.max_k(),
