@@ -850,13 +850,13 @@ impl ClusterRouter {
                     let backup = || {
                         let mut by_other: BTreeMap<NodeId, Vec<(usize, u32, u64)>> =
                             BTreeMap::new();
-                        for (i, &(qi, t, fp)) in probes.iter().enumerate() {
+                        for &(qi, t, fp) in probes.iter() {
                             let other = routes.pick_other(
                                 &ctx,
                                 t as usize,
                                 fp,
                                 node,
-                                salt + i,
+                                salt + qi,
                                 local,
                                 |n| by_other.contains_key(&n),
                             )?;

@@ -114,6 +114,22 @@ impl Hedger {
         }
     }
 
+    /// Gives back a second call taken but not sent.
+    fn refund(&self) {
+        let mut s = self.state();
+        s.tokens = (s.tokens + 1.0).min(BURST);
+    }
+
+    /// `call`, its latency recorded when it succeeds.
+    async fn recorded<T>(&self, call: impl Future<Output = DataResult<T>>) -> DataResult<T> {
+        let start = Instant::now();
+        let r = call.await;
+        if r.is_ok() {
+            self.record(start.elapsed());
+        }
+        r
+    }
+
     /// Second calls sent, and those that answered first.
     pub fn counts(&self) -> (u64, u64) {
         (self.sent.get(), self.won.get())
@@ -147,32 +163,23 @@ impl Hedger {
         P: Future<Output = DataResult<T>>,
         B: Future<Output = DataResult<T>>,
     {
-        let start = Instant::now();
-        let primary = async {
-            let r = primary.await;
-            if r.is_ok() {
-                self.record(start.elapsed());
-            }
-            r
-        };
+        let primary = self.recorded(primary);
         tokio::pin!(primary);
         tokio::select! {
             biased;
             r = &mut primary => return r,
             () = tokio::time::sleep(self.delay()) => {}
         }
-        let Some(backup) = backup().filter(|_| self.take()) else {
+        // The budget first: making the backup sends its calls.
+        if !self.take() {
+            return primary.await;
+        }
+        let Some(backup) = backup() else {
+            self.refund();
             return primary.await;
         };
         self.sent.inc();
-        let backup = async {
-            let start = Instant::now();
-            let r = backup.await;
-            if r.is_ok() {
-                self.record(start.elapsed());
-            }
-            r
-        };
+        let backup = self.recorded(backup);
         tokio::pin!(backup);
         tokio::select! {
             biased;
@@ -238,13 +245,19 @@ mod tests {
         let h = Hedger::default();
         let r = h.run(after(50, Ok(1)), || -> Option<std::future::Ready<_>> { None });
         assert_eq!(r.await.unwrap(), 1);
-        // Every call slow: the burst, then a tenth of the calls.
-        let calls = 100;
+        // Every call slow: the burst, then a tenth of the calls; no backup is even made
+        // (its calls sent) without the budget for it.
+        let (calls, made) = (100, std::cell::Cell::new(0));
         for _ in 0..calls {
-            h.run(after(50, Ok(1)), || Some(after(1, Ok(2)))).await.unwrap();
+            let backup = || {
+                made.set(made.get() + 1);
+                Some(after(1, Ok(2)))
+            };
+            h.run(after(50, Ok(1)), backup).await.unwrap();
         }
         let (sent, won) = h.counts();
         assert_eq!(sent, won);
+        assert_eq!(made.get(), sent);
         let most = BURST + SHARE * (calls as f64 + 1.0);
         assert!(sent as f64 >= BURST && sent as f64 <= most, "{sent} second calls");
         assert!(sent < calls);
