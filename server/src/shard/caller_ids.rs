@@ -397,12 +397,8 @@ impl Shard {
     /// read, so that a query's documents are read while [`compact_docs`](Self::compact_docs)
     /// builds a table (writes wait for it); writes still get the lock between reads of
     /// microseconds.
-    /// Without `wait`: `None` when a writer holds the lock.
-    fn read_docs(&self, wait: bool) -> Option<parking_lot::RwLockReadGuard<'_, super::State>> {
-        match wait {
-            true => Some(self.state.read_recursive()),
-            false => self.state.try_read_recursive(),
-        }
+    fn read_docs(&self) -> parking_lot::RwLockReadGuard<'_, super::State> {
+        self.state.read_recursive()
     }
 
     /// Documents by name (`None` if absent).
@@ -410,7 +406,7 @@ impl Shard {
         self.check_serving()?;
         self.check_names()?;
         let found: Vec<Option<DocEntry>> = {
-            let Some(st) = self.read_docs(true) else { return Err(Self::no_lock()) };
+            let st = self.read_docs();
             names.iter().map(|n| st.docs.by_name(n).cloned()).collect()
         };
         found.into_iter().map(|e| e.map(|e| self.info(e)).transpose()).collect()
@@ -418,7 +414,34 @@ impl Shard {
 
     /// Documents by id (`None` if absent).
     pub fn docs_by_ids(&self, ids: &[u64]) -> Result<Vec<Option<DocInfo>>> {
-        self.docs_by_ids_if(ids, true)?.ok_or_else(Self::no_lock)
+        self.check_serving()?;
+        self.check_names()?;
+        self.docs_in(self.read_docs(), ids)
+    }
+
+    /// [`docs_by_ids`](Self::docs_by_ids); without `wait`, `None` when the lock cannot be
+    /// had at once (a writer holds it).
+    pub fn docs_by_ids_if(&self, ids: &[u64], wait: bool) -> Result<Option<Vec<Option<DocInfo>>>> {
+        if wait {
+            return self.docs_by_ids(ids).map(Some);
+        }
+        self.check_serving()?;
+        self.check_names()?;
+        let Some(st) = self.state.try_read_recursive() else { return Ok(None) };
+        self.docs_in(st, ids).map(Some)
+    }
+
+    /// The documents of `ids` in the state `st` holds (released before their sketches are
+    /// read).
+    fn docs_in(
+        &self,
+        st: parking_lot::RwLockReadGuard<'_, super::State>,
+        ids: &[u64],
+    ) -> Result<Vec<Option<DocInfo>>> {
+        let found: Vec<Option<DocEntry>> =
+            ids.iter().map(|&id| st.docs.by_id(id).cloned()).collect();
+        drop(st);
+        found.into_iter().map(|e| e.map(|e| self.info(e)).transpose()).collect()
     }
 
     /// Holds the state's write lock until the guard is dropped: a test's stand-in for a
@@ -426,27 +449,6 @@ impl Shard {
     #[cfg(test)]
     pub(crate) fn hold_write_lock(&self) -> impl Sized + '_ {
         self.state.write()
-    }
-
-    /// A read that waits always gets the lock: this is a bug.
-    fn no_lock() -> Error {
-        Error::Internal("a read that waits for the lock did not get it".into())
-    }
-
-    /// [`docs_by_ids`](Self::docs_by_ids); without `wait`, `None` when the lock cannot be
-    /// had at once (a writer holds it).
-    pub fn docs_by_ids_if(&self, ids: &[u64], wait: bool) -> Result<Option<Vec<Option<DocInfo>>>> {
-        self.check_serving()?;
-        self.check_names()?;
-        let found: Vec<Option<DocEntry>> = {
-            let Some(st) = self.read_docs(wait) else { return Ok(None) };
-            ids.iter().map(|&id| st.docs.by_id(id).cloned()).collect()
-        };
-        found
-            .into_iter()
-            .map(|e| e.map(|e| self.info(e)).transpose())
-            .collect::<Result<_>>()
-            .map(Some)
     }
 
     /// A page of the documents whose id satisfies `keep`, from `cursor` (0 to start): at most
