@@ -932,7 +932,7 @@ impl ClusterRouter {
                         docs.get(&h.gid).filter(|d| d.fp == h.fp).map(|d| (d.clone(), h.distance))
                     })
                     .collect();
-                (found, cut)
+                (one_per_name(found), cut)
             })
             .collect())
     }
@@ -1511,8 +1511,6 @@ macro_rules! with_retry {
     }};
 }
 
-/// `work`, given up at `deadline` (DEADLINE_EXCEEDED), so a slow node never holds a caller
-/// past its deadline whatever the node does with it.
 /// Every document of partition `p` on `node`, a page at a time (for a backup, which sends
 /// them all).
 async fn scan_all(
@@ -1537,6 +1535,23 @@ async fn scan_all(
     }
 }
 
+/// One document per name: the one with the largest (timestamp, gid), which every replica
+/// keeps when it is given both. Replicas of a partition may hold different documents under
+/// one name after a write that failed halfway (the first try's gid on one replica, a retry's
+/// on the other), and a read resolves hits at more than one replica of a partition (each
+/// probed node resolves its own).
+fn one_per_name(mut found: Vec<(DocInfo, u32)>) -> Vec<(DocInfo, u32)> {
+    if found.len() > 1 {
+        found.sort_unstable_by(|(a, _), (b, _)| {
+            a.name.cmp(&b.name).then_with(|| (b.ts_ms, b.gid).cmp(&(a.ts_ms, a.gid)))
+        });
+        found.dedup_by(|later, kept| later.0.name == kept.0.name);
+    }
+    found
+}
+
+/// `work`, given up at `deadline` (DEADLINE_EXCEEDED), so a slow node never holds a caller
+/// past its deadline whatever the node does with it.
 async fn within<T>(
     deadline: Option<Instant>,
     work: impl std::future::Future<Output = Result<T, Status>>,

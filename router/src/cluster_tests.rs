@@ -1022,6 +1022,40 @@ async fn a_delete_removes_what_any_replica_holds() {
     }
 }
 
+/// A write tried twice, each try reaching one replica of the partition only, leaves the
+/// replicas holding different documents under one name. A read that resolves its hits at
+/// both replicas (each probed node resolves its own) answers the name once: the document
+/// with the larger (timestamp, gid), which the replicas keep when they get both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_held_under_two_gids_by_its_replicas_is_answered_once() {
+    let c = Cluster::new(0);
+    let map = c.map_tx.borrow().clone();
+    let name = "tried-twice";
+    let p = map.partition_of(name).unwrap();
+    let (first, second) = (map.partition(p).unwrap().nodes[0], map.partition(p).unwrap().nodes[1]);
+    // The third node down: every read probes the two replicas of the partition, each of
+    // which resolves the hits of its own answer.
+    let third = (1..=3).find(|n| ![first, second].contains(n)).unwrap();
+    c.set_state(third, NodeState::Down);
+    let epoch = c.map_tx.borrow().epoch;
+    let fp = 0x0f0f_1234_5678_9abc;
+    let (g1, g2) = (make_gid(1 << 20, p), make_gid((1 << 20) + 1, p));
+    for (gid, holder) in [(g1, first), (g2, second)] {
+        for n in c.nodes.values() {
+            let ops = (0..10).map(|t| (t, TabletOp::Put { gid, fp })).collect();
+            n.tablet_write(epoch, ops, false, None).await.unwrap();
+        }
+        let d = DocInfo { gid, name: name.into(), fp, ts_ms: 7, cluster: gid, sketch: None };
+        c.nodes[&holder].doc_write(epoch, vec![DocOp::Put(d)], None).await.unwrap();
+    }
+    for local in [Some(first), Some(second), None] {
+        let r = c.router(local).probe(probe_req(vec![fp ^ 1], 2, 10), None).await.unwrap();
+        let m = &r.results[0].matches;
+        assert_eq!(m.len(), 1, "through {local:?}: {m:?}");
+        assert_eq!((m[0].id.as_str(), m[0].distance, m[0].cluster_id), (name, 1, g2));
+    }
+}
+
 /// Single-query reads that arrive while others are out go out together: 40 at once through
 /// nodes that take 20 ms a call make at most half the calls 40 alone would, and every answer
 /// is the brute force's.
