@@ -771,33 +771,56 @@ fn replicas_per_node(s: &StatusResponse) -> BTreeMap<u64, (usize, usize)> {
     per
 }
 
-/// Waits (up to 60 s, a safety net) until the documents the `members` hold, each its own
-/// (`NodeStats` over the internal API), are twice the cluster's (`Stats` through the
-/// first): every partition on two nodes, and no node keeps a copy the map took away. The
-/// caller stops writes first. Says what it saw otherwise.
-async fn copies_dropped(members: &[&Member]) -> Result<(), String> {
+/// Waits (up to 60 s, a safety net) until no member holds documents of a partition the map
+/// does not place on it (`NodeStats` over the internal API, each node's documents per
+/// partition, against the map of the first member's status), and every partition the map
+/// places on a member has documents there when any member has some: the nodes that gave a partition away dropped
+/// their copy, and the ones it moved to hold it. Replicas' counts are not compared: a write
+/// that failed halfway may leave a partition's replicas holding different documents of the
+/// ids it wrote (reads answer each id once, whichever they find). The caller stops writes
+/// first. Gives the partitions holding documents on each node; says what it saw otherwise.
+async fn copies_dropped(members: &[&Member]) -> Result<BTreeMap<u64, usize>, String> {
     use neardup_proto::internal::NodeStatsRequest;
     use neardup_proto::internal::data_client::DataClient;
     let limit = Instant::now() + Duration::from_secs(60);
     let mut last = String::from("no answer");
-    while Instant::now() < limit {
-        let mut held = Vec::new();
+    'wait: while Instant::now() < limit {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let Ok(s) = members[0].status().await else { continue };
+        let mut held: BTreeMap<u64, BTreeMap<u32, u64>> = BTreeMap::new();
         for m in members {
             let Ok(mut c) = DataClient::connect(format!("http://{}", m.internal)).await else {
-                break;
+                continue 'wait;
             };
-            let Ok(r) = c.node_stats(NodeStatsRequest { epoch: 0 }).await else { break };
-            held.push(r.into_inner().stats.unwrap_or_default().documents);
+            let Ok(r) = c.node_stats(NodeStatsRequest { epoch: 0 }).await else { continue 'wait };
+            let parts = r.into_inner().partitions;
+            let mine = parts.iter().filter(|p| p.documents > 0).map(|p| (p.partition, p.documents));
+            held.insert(m.id, mine.collect());
         }
-        let whole = match Client::connect(&members[0].public).await {
-            Ok(c) => c.stats().await.map(|s| s.documents).unwrap_or(0),
-            Err(_) => 0,
-        };
-        if held.len() == members.len() && whole > 0 && held.iter().sum::<u64>() == 2 * whole {
-            return Ok(());
+        let mut wrong = Vec::new();
+        for p in &s.partitions {
+            let stored = held.values().any(|h| h.contains_key(&p.index));
+            for (id, h) in &held {
+                let placed = p.nodes.contains(id) || p.filling.contains(id);
+                match h.get(&p.index) {
+                    Some(n) if !placed => {
+                        wrong.push(format!("node {id} keeps {n} of partition {}", p.index))
+                    }
+                    None if placed && stored => {
+                        wrong.push(format!("node {id} holds none of partition {}", p.index))
+                    }
+                    _ => {}
+                }
+            }
         }
-        last = format!("nodes hold {held:?} documents, the cluster {whole}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        let per_node: BTreeMap<u64, usize> = held.iter().map(|(id, h)| (*id, h.len())).collect();
+        if per_node.values().sum::<usize>() == 0 {
+            wrong.push("no node holds any document".into());
+        }
+        if wrong.is_empty() {
+            return Ok(per_node);
+        }
+        last = wrong.join("; ");
     }
     Err(format!("copies not dropped after 60 s: {last}"))
 }
@@ -877,8 +900,9 @@ async fn grow_from_one_node_to_four_then_remove_one_and_kill_one() {
     eprintln!("four nodes, (tablet, partition) replicas per node: {per:?}");
     // The nodes that gave units away dropped their copies (writes paused meanwhile).
     stop_clients(&shared, tasks).await;
-    if let Err(e) = copies_dropped(&members.iter().collect::<Vec<_>>()).await {
-        shared.violation(e);
+    match copies_dropped(&members.iter().collect::<Vec<_>>()).await {
+        Ok(per) => eprintln!("copies dropped; partitions with documents per node: {per:?}"),
+        Err(e) => shared.violation(e),
     }
     shared.stop.store(false, Ordering::Relaxed);
     tasks = start_clients(&publics(&members), &shared);
@@ -911,12 +935,6 @@ async fn grow_from_one_node_to_four_then_remove_one_and_kill_one() {
     verdict(&shared, dir.path());
 }
 
-/// A rolling upgrade: each node in turn stopped (SIGTERM) and started again on its data as a
-/// newer version (the hidden `--report-version`), while clients write and read through all
-/// three. The others go on answering while each is down, every answer is checked against the
-/// acknowledged writes, and at the end every node reports the new version. As an operator
-/// does, the next node goes down only once the cluster is level again (every unit on two
-/// serving replicas).
 /// Each table's tablets in `s`, in order, cover every permuted value once.
 fn tiled(s: &StatusResponse) -> Result<(), String> {
     let tables = s.design.as_ref().map_or(0, |d| d.tables);
@@ -991,6 +1009,12 @@ async fn tablets_split_as_they_grow_and_placement_spreads_them() {
     verdict(&shared, dir.path());
 }
 
+/// A rolling upgrade: each node in turn stopped (SIGTERM) and started again on its data as a
+/// newer version (the hidden `--report-version`), while clients write and read through all
+/// three. The others go on answering while each is down, every answer is checked against the
+/// acknowledged writes, and at the end every node reports the new version. As an operator
+/// does, the next node goes down only once the cluster is level again (every unit on two
+/// serving replicas).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_upgrade_keeps_the_cluster_serving() {
     let dir = tempfile::tempdir().unwrap();
