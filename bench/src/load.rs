@@ -151,16 +151,14 @@ impl Load {
                 ..Tally::default()
             })
             .collect();
-        // Unmeasured first: a fifth of a second of each kind that only reads. The first calls
-        // of a generator pay for what is set up on first use (one run's first 3 s of Query
-        // had a p99 of 6.4 ms and a maximum of 35 ms where the next 3 s had 0.35 and 4.2 ms,
-        // while the server's own timing of every call stayed under 1.3 ms); a phase measures
-        // the rate's steady state. Kinds that write are not warmed: their calls would change
-        // what the measured ones find.
+        // Unmeasured first: a fifth of a second of each kind that only reads, from the middle
+        // of the queries. The first calls of a generator pay for what is set up on first use
+        // (docs/service.md, "How latency is measured"); a phase measures the rate's steady
+        // state. Kinds that write are not warmed: their calls would change what the measured
+        // ones find.
         if let Some(rpc) = rpc.as_ref() {
-            let warm = (self.rate / 5).max(1);
+            let (first, warm) = (self.queries.len() / 2, (self.rate / 5).max(1));
             for kind in self.kinds.iter().filter(|k| matches!(k, Kind::Query | Kind::Health)) {
-                let first = self.queries.len() / 2;
                 self.rpc_slice(*kind, &timer, rpc, first, warm, &mut Tally::default()).await?;
             }
         }

@@ -348,6 +348,17 @@ impl Cluster {
         ClusterRouter::new(self.map_tx.subscribe(), resolver, self.ids.clone(), local)
     }
 
+    /// What a write that failed halfway leaves: `d`'s entries on every node's tablets, the
+    /// document itself on `holder` alone.
+    async fn half_written(&self, epoch: u64, d: DocInfo, holder: NodeId) {
+        let (gid, fp) = (d.gid, d.fp);
+        for n in self.nodes.values() {
+            let ops = (0..10).map(|t| (t, TabletOp::Put { gid, fp })).collect();
+            n.tablet_write(epoch, ops, false, None).await.unwrap();
+        }
+        self.nodes[&holder].doc_write(epoch, vec![DocOp::Put(d)], None).await.unwrap();
+    }
+
     fn set_state(&self, id: NodeId, state: NodeState) {
         self.map_tx.send_modify(|m| {
             let mut next = (**m).clone();
@@ -1003,12 +1014,8 @@ async fn a_delete_removes_what_any_replica_holds() {
     let router = c.router(Some(other));
     let gid = make_gid(1 << 20, p);
     let fp = 0x1234_5678_9abc_def0;
-    for n in c.nodes.values() {
-        let ops = (0..10).map(|t| (t, TabletOp::Put { gid, fp })).collect();
-        n.tablet_write(map.epoch, ops, false, None).await.unwrap();
-    }
     let d = DocInfo { gid, name: name.into(), fp, ts_ms: 1, cluster: gid, sketch: None };
-    c.nodes[&holder].doc_write(map.epoch, vec![DocOp::Put(d)], None).await.unwrap();
+    c.half_written(map.epoch, d, holder).await;
     // Deleting it removes it from that replica too, whichever replica a lookup would read.
     let del = WriteRequest { deletes: vec![name.into()], ..Default::default() };
     assert_eq!(router.write(del, None).await.unwrap().deleted, 1);
@@ -1041,12 +1048,8 @@ async fn a_name_held_under_two_gids_by_its_replicas_is_answered_once() {
     let fp = 0x0f0f_1234_5678_9abc;
     let (g1, g2) = (make_gid(1 << 20, p), make_gid((1 << 20) + 1, p));
     for (gid, holder) in [(g1, first), (g2, second)] {
-        for n in c.nodes.values() {
-            let ops = (0..10).map(|t| (t, TabletOp::Put { gid, fp })).collect();
-            n.tablet_write(epoch, ops, false, None).await.unwrap();
-        }
         let d = DocInfo { gid, name: name.into(), fp, ts_ms: 7, cluster: gid, sketch: None };
-        c.nodes[&holder].doc_write(epoch, vec![DocOp::Put(d)], None).await.unwrap();
+        c.half_written(epoch, d, holder).await;
     }
     for local in [Some(first), Some(second), None] {
         let r = c.router(local).probe(probe_req(vec![fp ^ 1], 2, 10), None).await.unwrap();

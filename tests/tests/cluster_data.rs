@@ -774,11 +774,12 @@ fn replicas_per_node(s: &StatusResponse) -> BTreeMap<u64, (usize, usize)> {
 /// Waits (up to 60 s, a safety net) until no member holds documents of a partition the map
 /// does not place on it (`NodeStats` over the internal API, each node's documents per
 /// partition, against the map of the first member's status), and every partition the map
-/// places on a member has documents there when any member has some: the nodes that gave a partition away dropped
-/// their copy, and the ones it moved to hold it. Replicas' counts are not compared: a write
-/// that failed halfway may leave a partition's replicas holding different documents of the
-/// ids it wrote (reads answer each id once, whichever they find). The caller stops writes
-/// first. Gives the partitions holding documents on each node; says what it saw otherwise.
+/// places on a member has documents there when any member has some: the nodes that gave a
+/// partition away dropped their copy, and the ones it moved to hold it. Replicas' counts are
+/// not compared: a write that failed halfway may leave a partition's replicas holding
+/// different documents of the ids it wrote (reads answer each id once, whichever they
+/// find). The caller stops writes first. Gives the partitions holding documents on each
+/// node; says what it saw otherwise.
 async fn copies_dropped(members: &[&Member]) -> Result<BTreeMap<u64, usize>, String> {
     use neardup_proto::internal::NodeStatsRequest;
     use neardup_proto::internal::data_client::DataClient;

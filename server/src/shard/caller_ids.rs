@@ -405,18 +405,14 @@ impl Shard {
     pub fn docs_by_names(&self, names: &[&str]) -> Result<Vec<Option<DocInfo>>> {
         self.check_serving()?;
         self.check_names()?;
-        let found: Vec<Option<DocEntry>> = {
-            let st = self.read_docs();
-            names.iter().map(|n| st.docs.by_name(n).cloned()).collect()
-        };
-        found.into_iter().map(|e| e.map(|e| self.info(e)).transpose()).collect()
+        self.docs_in(self.read_docs(), names, |docs, n| docs.by_name(n))
     }
 
     /// Documents by id (`None` if absent).
     pub fn docs_by_ids(&self, ids: &[u64]) -> Result<Vec<Option<DocInfo>>> {
         self.check_serving()?;
         self.check_names()?;
-        self.docs_in(self.read_docs(), ids)
+        self.docs_in(self.read_docs(), ids, |docs, &id| docs.by_id(id))
     }
 
     /// [`docs_by_ids`](Self::docs_by_ids); without `wait`, `None` when the lock cannot be
@@ -428,18 +424,19 @@ impl Shard {
         self.check_serving()?;
         self.check_names()?;
         let Some(st) = self.state.try_read_recursive() else { return Ok(None) };
-        self.docs_in(st, ids).map(Some)
+        self.docs_in(st, ids, |docs, &id| docs.by_id(id)).map(Some)
     }
 
-    /// The documents of `ids` in the state `st` holds (released before their sketches are
-    /// read).
-    fn docs_in(
+    /// The document `find` gives for each key in the state `st` holds (released before
+    /// their sketches are read).
+    fn docs_in<K>(
         &self,
         st: parking_lot::RwLockReadGuard<'_, super::State>,
-        ids: &[u64],
+        keys: &[K],
+        find: impl for<'d> Fn(&'d DocTable, &K) -> Option<&'d DocEntry>,
     ) -> Result<Vec<Option<DocInfo>>> {
         let found: Vec<Option<DocEntry>> =
-            ids.iter().map(|&id| st.docs.by_id(id).cloned()).collect();
+            keys.iter().map(|k| find(&st.docs, k).cloned()).collect();
         drop(st);
         found.into_iter().map(|e| e.map(|e| self.info(e)).transpose()).collect()
     }
