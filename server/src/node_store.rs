@@ -59,19 +59,6 @@ const DESIGN_FILE: &str = "design";
 /// Most partitions a gid can name.
 const MAX_PARTITIONS: u32 = 1 << crate::data_types::GID_PARTITION_BITS;
 
-/// The largest runs (fewer live entries than this) a table's index queries through its
-/// recent tables ([`IndexConfig::recent_docs`](neardup_core::IndexConfig::recent_docs)):
-/// two write buffers' worth. A run joins the recent tables by having every fingerprint
-/// hashed in under the table's write lock, which probes wait for. A node's tables take
-/// runs a single node's index does not: a page of a copy (65,536 entries, added as one
-/// run), and the runs a drop leaves behind (the largest run, drained, makes another the
-/// largest); with the single node's bound (a million), hashing those held a table for
-/// 5-100 ms while a node joined. Runs above this are probed one by one (a microsecond or
-/// so each, against a probe's call of a few hundred), until merges fold them together.
-fn tablet_recent_docs(index: &neardup_core::IndexConfig) -> usize {
-    index.buffer_docs.saturating_mul(2).min(index.recent_docs)
-}
-
 /// How a node stores its data.
 #[derive(Debug, Clone)]
 pub struct NodeStoreConfig {
@@ -245,7 +232,6 @@ impl NodeStore {
             let mut c = base.clone();
             c.names = false;
             c.index.design = Design::tablet(width, spec.prefix_bits, max_k)?;
-            c.index.recent_docs = tablet_recent_docs(&c.index);
             let space = Arc::new(PrefixedStore::new(store.clone(), format!("t{t}/")));
             tables.push(Shard::open_shared(&dir.join(format!("t{t}")), space, c, metrics.clone())?);
         }
