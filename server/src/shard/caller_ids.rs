@@ -318,8 +318,8 @@ impl Shard {
     /// order; returns the log sequence to wait for. A put whose name another id holds
     /// replaces it only if its `(ts_ms, gid)` is larger, and is ignored otherwise; a put of
     /// an id already held changes nothing; a removal removes the name only while it has
-    /// that id. A request that fails validation changes nothing. The ops are applied 64 at a
-    /// time: other writes may come between those, never inside one op.
+    /// that id. A request that fails validation changes nothing. The ops are applied a few
+    /// dozen at a time: other writes may come between those, never inside one op.
     pub fn write_docs(&self, ops: &[DocOp]) -> Result<u64> {
         self.check_serving()?;
         self.check_names()?;
@@ -330,9 +330,8 @@ impl Shard {
                 DocOp::Remove { name, .. } => check_name(name, max)?,
             }
         }
-        // A few dozen at a time under the write lock, which queries resolving documents
-        // wait for: a page of a partition's copy (thousands) would hold it for tens of
-        // milliseconds. Each op is decided and applied whole under one hold.
+        // `DOCS_PER_HOLD` at a time (why: there); each op decided and applied whole under one
+        // hold.
         let mut seq = None;
         for chunk in ops.chunks(DOCS_PER_HOLD) {
             seq = Some(self.write_docs_held(chunk)?);
