@@ -23,9 +23,9 @@ use neardup_client::{Client, ClientOptions};
 use neardup_core::util::SplitMix64;
 use serde_json::{Value, json};
 
+use crate::free_port;
 use crate::service::{
-    ServerProcess, free_port, insert_range, load_average, name, neardup_binary, on_own_runtime,
-    tempfile_dir,
+    ServerProcess, insert_range, load_average, name, neardup_binary, on_own_runtime, tempfile_dir,
 };
 
 /// Options of `neardup-bench backup`.

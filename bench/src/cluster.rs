@@ -57,8 +57,9 @@ use neardup_proto::v1::InsertRequest;
 use serde_json::{Value, json};
 
 use crate::cpu::{cpu_of, cpu_per};
+use crate::free_port;
 use crate::load::{Kind, Load, stall_probe};
-use crate::service::{free_port, load_average, name, settle, tempfile_dir, workload};
+use crate::service::{load_average, name, settle, tempfile_dir, workload};
 
 mod grow;
 

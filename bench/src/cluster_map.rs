@@ -21,6 +21,8 @@ use neardup_proto::admin::{
     AddNodeRequest, RemoveNodeRequest, Role, StatusRequest, StatusResponse,
 };
 use serde_json::{Value, json};
+
+use crate::free_port;
 use tonic::transport::Channel;
 
 /// Options of `neardup-bench cluster-map`.
@@ -61,11 +63,6 @@ struct Proc {
     data: PathBuf,
     child: Option<Child>,
     admin: AdminClient<Channel>,
-}
-
-fn free_port() -> Result<u16, String> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
 }
 
 impl Proc {

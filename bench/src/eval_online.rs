@@ -26,7 +26,8 @@ use neardup_dedup::jaccard::{jaccard, similarity_join};
 use neardup_dedup::quality::Scores;
 use serde_json::{Value, json};
 
-use crate::service::{ServerProcess, free_port};
+use crate::free_port;
+use crate::service::ServerProcess;
 
 /// Options of the online replay (`neardup-bench eval --online`).
 #[derive(Debug, Clone, clap::Args)]

@@ -33,6 +33,7 @@ use neardup_proto::v1::InsertRequest;
 use serde_json::{Value, json};
 
 use crate::cpu::{CpuMeter, thread_cpu_seconds};
+use crate::free_port;
 use crate::load::{Kind, Load, stall_probe};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -174,11 +175,6 @@ pub(crate) struct ServerProcess {
     pub(crate) addr: String,
     /// Its Prometheus endpoint (host:port), when it serves one.
     metrics: Option<String>,
-}
-
-pub(crate) fn free_port() -> Result<u16, String> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
-    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
 }
 
 impl ServerProcess {

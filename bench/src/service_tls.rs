@@ -21,10 +21,9 @@ use neardup_client::{Client, ClientOptions, ClientTls};
 use serde_json::{Value, json};
 
 use crate::fingerprint::median;
+use crate::free_port;
 use crate::latency::Latencies;
-use crate::service::{
-    ServerProcess, ServiceArgs, free_port, insert_range, query_batch_streams, settle,
-};
+use crate::service::{ServerProcess, ServiceArgs, insert_range, query_batch_streams, settle};
 
 /// One server of the comparison and its clients.
 struct Side {

@@ -46,25 +46,9 @@ fn built(var: &str, cargo_says: Option<&str>, name: &str) -> PathBuf {
         })
 }
 
-/// A free port on 127.0.0.1 for a server a test starts (bound and released; the server binds
-/// it right after). It comes from 20000-31999, below the kernel's ephemeral range, so no
-/// outgoing connection's source port takes it before the server binds it, or while a killed
-/// server waits to be restarted on it; and one test process never gets the same port twice.
+/// A free port on 127.0.0.1 for a server a test starts: [`neardup_bench::free_port`].
 pub fn free_port() -> u16 {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    const LOW: u32 = 20_000;
-    const SPAN: u32 = 12_000;
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    static START: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    // Test processes start at offsets of their own, so two of them rarely walk the same ports.
-    let start = *START.get_or_init(|| std::process::id().wrapping_mul(7919) % SPAN);
-    for _ in 0..SPAN {
-        let port = (LOW + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN) as u16;
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no free port in {LOW}-{} on 127.0.0.1", LOW + SPAN - 1)
+    neardup_bench::free_port().expect("a free port")
 }
 
 /// Starts a server process with its stderr (at `RUST_LOG=info`) in `log`, no stdin or stdout.
