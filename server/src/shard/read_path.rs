@@ -218,7 +218,7 @@ impl Shard {
             Error::Internal(format!("index returned internal id {} that has no document", m.id))
         })?;
         Ok(DocMatch {
-            id: e.name.to_string(),
+            id: String::from(&*e.name),
             fingerprint: m.fp,
             distance: m.distance,
             timestamp_ms: m.ts,
