@@ -286,8 +286,13 @@ impl Run {
     }
 
     /// Calls `f(fp)` for every distinct fingerprint, in order.
-    pub(crate) fn for_each_fp(&self, mut f: impl FnMut(u64)) {
-        self.fps.scan_range(0, u64::MAX, |fp, _| f(fp));
+    pub(crate) fn for_each_fp(&self, f: impl FnMut(u64)) {
+        self.for_each_fp_in(0, u64::MAX, f);
+    }
+
+    /// Calls `f(fp)` for every distinct fingerprint in `lo..=hi`, in order.
+    pub(crate) fn for_each_fp_in(&self, lo: u64, hi: u64, mut f: impl FnMut(u64)) {
+        self.fps.scan_range(lo, hi, |fp, _| f(fp));
     }
 
     /// Appends the live documents with fingerprint `fp`, at their distance from `q`.

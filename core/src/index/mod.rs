@@ -12,7 +12,10 @@
 //! [`IndexConfig::recent_docs`] documents) are also indexed together in hash tables, one per
 //! permutation ([`recent`](self::recent)): a query probes those once instead of each small
 //! run and instead of scanning the buffer, so its cost stays near that of the large runs
-//! alone while documents stream in.
+//! alone while documents stream in. A run added whole ([`Index::add_run`]) is hashed into
+//! them at once; one added with [`Index::add_run_deferred`] joins them a slice of its values
+//! at a time ([`Index::cover_recent`]), probed on its own until it is all in, so that a
+//! server holding a lock readers wait for spreads that work over short holds.
 //!
 //! A server that wants no run built under its write lock freezes the full buffer instead
 //! ([`Index::freeze_buffer`]): the frozen buffer stays queryable as the buffer was while the
@@ -31,7 +34,7 @@ mod packed_column;
 mod permuted_table;
 mod recent;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use rayon::prelude::*;
@@ -342,6 +345,31 @@ pub struct IndexStats {
     pub merged_docs: u64,
 }
 
+/// A run joining the recent tables a slice of its values at a time: slice `i` of
+/// `2^slices_log2` holds the values whose top bits are `i`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Deferred {
+    slices_log2: u32,
+    /// Slices in so far.
+    done: usize,
+}
+
+impl Deferred {
+    fn slices(&self) -> usize {
+        1 << self.slices_log2
+    }
+
+    /// The values of slice `i`.
+    fn slice(&self, i: usize) -> (u64, u64) {
+        if self.slices_log2 == 0 {
+            return (0, u64::MAX);
+        }
+        let shift = 64 - self.slices_log2;
+        let lo = (i as u64) << shift;
+        (lo, lo | (u64::MAX >> self.slices_log2))
+    }
+}
+
 /// An exact near-duplicate index over 64-bit simhash fingerprints. See the module docs.
 #[derive(Debug)]
 pub struct Index {
@@ -359,6 +387,9 @@ pub struct Index {
     recent: RecentTables,
     /// Ids of runs whose fingerprints are all in `recent`.
     covered: HashSet<u64>,
+    /// Runs joining `recent` a slice of their values at a time (see
+    /// [`add_run_deferred`](Index::add_run_deferred)), by id; probed one by one until in.
+    deferred: HashMap<u64, Deferred>,
     /// Positions in `runs` of the runs probed one by one...
     direct: Vec<usize>,
     /// ... and of the small runs, queried through `recent`.
@@ -386,6 +417,7 @@ impl Index {
             buffer: Buffer::default(),
             frozen: Vec::new(),
             covered: HashSet::new(),
+            deferred: HashMap::new(),
             direct: Vec::new(),
             small: Vec::new(),
             next_run_id: 1,
@@ -428,6 +460,7 @@ impl Index {
         self.frozen.clear();
         self.recent = RecentTables::new(&self.config.design);
         self.covered.clear();
+        self.deferred.clear();
         self.sync_recent();
         Ok(())
     }
@@ -444,6 +477,20 @@ impl Index {
     /// present; later runs get larger ids. The caller keeps ids unique within the index:
     /// the run must hold no document the index holds.
     pub fn add_run(&mut self, run: Run) -> Result<()> {
+        self.add_run_as(run, None)
+    }
+
+    /// As [`add_run`](Self::add_run), but a small run joins the recent tables later, about
+    /// `per_step` fingerprints at each [`cover_recent`](Self::cover_recent), and is probed
+    /// one by one until it is all in. Joining hashes every fingerprint into every table; a
+    /// caller that holds a lock readers wait for while it adds a large run takes that work
+    /// out of the one hold and spreads it over short ones.
+    pub fn add_run_deferred(&mut self, run: Run, per_step: usize) -> Result<()> {
+        let slices = run.distinct().div_ceil(per_step.max(1)).next_power_of_two();
+        self.add_run_as(run, Some(slices.min(1 << 16).trailing_zeros()))
+    }
+
+    fn add_run_as(&mut self, run: Run, slices_log2: Option<u32>) -> Result<()> {
         if self.runs.iter().any(|r| r.id() == run.id())
             || self.frozen.iter().any(|(id, _)| *id == run.id())
         {
@@ -451,10 +498,59 @@ impl Index {
         }
         self.next_run_id = self.next_run_id.max(run.id() + 1);
         if !run.is_empty() {
+            if let (Some(slices_log2), true) = (slices_log2, self.recent_on()) {
+                self.deferred.insert(run.id(), Deferred { slices_log2, done: 0 });
+            }
             self.runs.push(Arc::new(run));
         }
         self.sync_recent();
         Ok(())
+    }
+
+    /// Hashes the next slice of a run added by [`add_run_deferred`](Self::add_run_deferred)
+    /// into the recent tables; a run all in is then queried through them. Returns whether a
+    /// run is still waiting (false also when the recent tables are off or overflowed: the
+    /// runs are probed one by one then anyway).
+    pub fn cover_recent(&mut self) -> bool {
+        let Some(id) = self.waiting() else { return false };
+        let d = self.deferred[&id];
+        let run = self.runs.iter().find(|r| r.id() == id).expect("a waiting run is present");
+        let (lo, hi) = d.slice(d.done);
+        let mut fps = Vec::new();
+        run.for_each_fp_in(lo, hi, |fp| fps.push(fp));
+        self.recent.insert_many(&self.config.design, fps.into_iter(), &mut self.permuted_scratch);
+        let done = d.done + 1;
+        if done == d.slices() {
+            self.deferred.remove(&id);
+            self.covered.insert(id);
+            self.sync_recent();
+        } else {
+            self.deferred.insert(id, Deferred { done, ..d });
+            if self.recent.overflowed() {
+                self.sync_recent();
+            }
+        }
+        self.waiting().is_some()
+    }
+
+    /// Whether a run waits to join the recent tables a slice at a time (see
+    /// [`cover_recent`](Self::cover_recent)).
+    pub fn recent_waiting(&self) -> bool {
+        self.waiting().is_some()
+    }
+
+    /// The oldest run waiting to join the recent tables that is small now (a run that is
+    /// the largest waits without being hashed: it is probed one by one anyway).
+    fn waiting(&self) -> Option<u64> {
+        if !self.recent_on() {
+            return None;
+        }
+        let largest = (0..self.runs.len()).max_by_key(|&i| (self.runs[i].live_len(), i));
+        (0..self.runs.len())
+            .filter(|&i| Some(i) != largest && self.runs[i].live_len() < self.config.recent_docs)
+            .map(|i| self.runs[i].id())
+            .filter(|id| self.deferred.contains_key(id))
+            .min()
     }
 
     /// The configuration.
@@ -541,12 +637,18 @@ impl Index {
             }
             self.recent = RecentTables::new(&self.config.design);
             self.covered.clear();
+            self.deferred.values_mut().for_each(|d| d.done = 0);
         }
         let present: HashSet<u64> = self.runs.iter().map(|r| r.id()).collect();
         self.covered.retain(|id| present.contains(id));
+        self.deferred.retain(|id, _| present.contains(id));
         let mut held = self.buffer.len() + self.frozen_len();
         for (i, r) in self.runs.iter().enumerate() {
-            if Some(i) != largest && r.live_len() < self.config.recent_docs {
+            if let Some(d) = self.deferred.get(&r.id()) {
+                // Joining a slice at a time: what is in so far counts as held.
+                held += r.distinct() / d.slices() * d.done;
+                self.direct.push(i);
+            } else if Some(i) != largest && r.live_len() < self.config.recent_docs {
                 self.small.push(i);
                 held += r.distinct();
                 if self.covered.insert(r.id()) {
@@ -569,6 +671,7 @@ impl Index {
             self.direct.extend(0..self.runs.len());
         } else if self.recent.len() > 2 * held + 4096 {
             self.covered.clear();
+            self.deferred.values_mut().for_each(|d| d.done = 0);
             let mut fps: Vec<u64> = Vec::with_capacity(held);
             fps.extend(self.buffer.docs().iter().map(|d| d.fp));
             for (_, b) in &self.frozen {
@@ -591,9 +694,17 @@ impl Index {
 
     /// Records that `merged` holds only documents of `sources`: if those were all covered
     /// by the recent tables, so is it (its fingerprints are a subset of theirs).
+    /// One of them joining a slice at a time, the merged run joins so too, from its first
+    /// slice: hashing it whole here would take the hold its sources were spared.
     fn note_merge(&mut self, sources: &[u64], merged: u64) {
         if sources.iter().all(|id| self.covered.contains(id)) {
             self.covered.insert(merged);
+        } else if let Some(most) = sources.iter().filter_map(|id| self.deferred.get(id)).max() {
+            let slices_log2 = most.slices_log2;
+            if sources.iter().all(|id| self.covered.contains(id) || self.deferred.contains_key(id))
+            {
+                self.deferred.insert(merged, Deferred { slices_log2, done: 0 });
+            }
         }
     }
 

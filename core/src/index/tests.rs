@@ -123,7 +123,13 @@ fn exercise(config: IndexConfig, shape: Shape, seed: u64, steps: usize) -> Index
                     let builder = index.run_builder();
                     let run = builder.build(&batch).unwrap();
                     let again = builder.build(&batch).unwrap();
-                    index.add_run(run).unwrap();
+                    if g.rng.below(2) == 0 {
+                        index.add_run(run).unwrap();
+                    } else {
+                        // Joining the recent tables a few values at a time, over later
+                        // steps (below).
+                        index.add_run_deferred(run, 1 + g.rng.below(64) as usize).unwrap();
+                    }
                     assert!(index.add_run(again).is_err());
                 } else {
                     index.insert_batch(&batch).unwrap();
@@ -181,6 +187,9 @@ fn exercise(config: IndexConfig, shape: Shape, seed: u64, steps: usize) -> Index
                 }
             }
         }
+        if g.rng.below(3) == 0 {
+            index.cover_recent();
+        }
         assert_eq!(index.len(), model.docs.len(), "step {step}");
         if step % 7 == 0 {
             check_all_k(&index, &model, &mut g, 6);
@@ -194,6 +203,13 @@ fn exercise(config: IndexConfig, shape: Shape, seed: u64, steps: usize) -> Index
         }
     }
     check_all_k(&index, &model, &mut g, 40);
+    // Every deferred run joins the recent tables in a bounded number of steps.
+    let mut steps = 0;
+    while index.cover_recent() {
+        steps += 1;
+        assert!(steps < 1 << 20, "cover_recent goes on and on");
+    }
+    assert!(index.waiting().is_none());
     for job in seals.drain(..) {
         let run = job.run().unwrap();
         index.finish_seal(job, run).unwrap();
@@ -237,6 +253,39 @@ fn exact_with_recent_tables_at_every_threshold() {
             }
         }
     }
+}
+
+/// A run added deferred is probed one by one until its last slice is in the recent tables,
+/// then queried through them; answers are exact at every step.
+#[test]
+fn a_deferred_run_joins_the_recent_tables_a_slice_at_a_time() {
+    let mut g = Gen::new(5, Shape::Uniform);
+    let mut model = Model::default();
+    let config = IndexConfig { buffer_docs: 64, recent_docs: 10_000, ..small_config("paper-10") };
+    let base: Vec<Doc> = (0..5_000).map(|_| g.doc()).collect();
+    model.docs.extend(&base);
+    let mut index = Index::build(config, &base).unwrap();
+    let page: Vec<Doc> = (0..1_000).map(|_| g.doc()).collect();
+    let run = index.run_builder().build(&page).unwrap();
+    let id = run.id();
+    // 1,000 values at about 100 a step: 16 slices (a power of two).
+    index.add_run_deferred(run, 100).unwrap();
+    model.docs.extend(&page);
+    let in_small = |index: &Index| index.small.iter().any(|&i| index.runs[i].id() == id);
+    let mut steps = 0;
+    loop {
+        assert!(!in_small(&index), "step {steps}: queried through the recent tables early");
+        assert!(index.recent.len() < 1_000, "step {steps}");
+        check_all_k(&index, &model, &mut g, 5);
+        steps += 1;
+        if !index.cover_recent() {
+            break;
+        }
+    }
+    assert_eq!(steps, 16);
+    assert!(in_small(&index));
+    assert_eq!(index.recent.len(), 1_000);
+    check_all_k(&index, &model, &mut g, 20);
 }
 
 /// Stale entries (fingerprints deleted or merged into a probed run) are dropped by a rebuild

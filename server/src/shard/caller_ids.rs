@@ -9,6 +9,7 @@
 use neardup_core::index::QueryScratch;
 use neardup_core::sketch::MAX_ENCODED_BYTES;
 use neardup_core::{Doc, Match};
+use parking_lot::RwLockWriteGuard;
 
 use super::write_path::{RecordPlan, check_name};
 use super::{RunKey, Shard, StoredRun};
@@ -61,6 +62,14 @@ pub(super) fn check_doc(d: &DocInfo, max: usize) -> Result<()> {
 /// partitions were being copied or dropped (a million documents), an op took about 8 us,
 /// and a hold of 512 ops 2-38 ms.
 const DOCS_PER_HOLD: usize = 64;
+
+/// Fingerprints a run [`Shard::add_entries`] adds hashes into the index's recent tables
+/// under one hold of the write lock, which probes wait for (see
+/// [`Index::add_run_deferred`](neardup_core::Index::add_run_deferred)). In process, a
+/// copied page of 65,536 entries took 2 ms hashed whole into a tablet's table, and 0.2 ms
+/// a hold of this many (a hold that grows the table, once per doubling, takes longer); a
+/// node taking a tablet, descheduled in its holds, held the lock 5-105 ms for a whole page.
+const RECENT_STEP: usize = 4096;
 
 /// Plans the put of `d` under its own id as writes of caller ids decide it: nothing if the
 /// id is held, or if the name's holder has a larger `(ts_ms, gid)`; else the put, after the
@@ -216,8 +225,8 @@ impl Shard {
         )?;
         // Durable before the record that names it.
         self.sync()?;
-        let mut st = self.state.write();
-        let st = &mut *st;
+        let mut guard = self.state.write();
+        let st = &mut *guard;
         self.check_serving()?;
         // The runs hold exactly the records up to `covered`: the write buffers go into runs
         // first, so that the run and its record are covered together. Replaying the log
@@ -239,13 +248,35 @@ impl Shard {
             st.index.delete_doc(d.id, d.fp)?;
         }
         let key = RunKey::of(st, &run);
-        st.index.add_run(run)?;
+        st.index.add_run_deferred(run, RECENT_STEP)?;
         st.covered = seq;
         ck.stored.insert(key, StoredRun { sid, deletes_written: 0 });
         // Admissions asking what was stored since an earlier sequence query again.
         self.recent.lock().forget_through(seq);
         self.applied(st, 1);
+        drop(guard);
+        drop(ck);
+        self.cover_recent();
         Ok((seq, count))
+    }
+
+    /// Hashes the runs waiting to join the index's recent tables ([`add_entries`]' runs,
+    /// and what merges make of them), [`RECENT_STEP`] fingerprints under each write lock,
+    /// handed fairly to the readers waiting between two.
+    ///
+    /// [`add_entries`]: Self::add_entries
+    pub(super) fn cover_recent(&self) {
+        if !self.state.read().index.recent_waiting() {
+            return;
+        }
+        loop {
+            let mut st = self.state.write();
+            let more = st.index.cover_recent();
+            RwLockWriteGuard::unlock_fair(st);
+            if !more {
+                break;
+            }
+        }
     }
 
     /// Removes every entry whose value is in `lo..=hi` (a shard without names: a tablet
