@@ -693,9 +693,9 @@ impl Index {
     }
 
     /// Records that `merged` holds only documents of `sources`: if those were all covered
-    /// by the recent tables, so is it (its fingerprints are a subset of theirs).
-    /// One of them joining a slice at a time, the merged run joins so too, from its first
-    /// slice: hashing it whole here would take the hold its sources were spared.
+    /// by the recent tables, so is it (its fingerprints are a subset of theirs). If the rest
+    /// are covered and some join a slice at a time, the merged run joins so too, from its
+    /// first slice: hashing it whole here would take the hold its sources were spared.
     fn note_merge(&mut self, sources: &[u64], merged: u64) {
         if sources.iter().all(|id| self.covered.contains(id)) {
             self.covered.insert(merged);

@@ -255,16 +255,25 @@ fn exact_with_recent_tables_at_every_threshold() {
     }
 }
 
+/// An index of `n` uniform documents built as one run, with its model and generator.
+fn one_large_run(
+    seed: u64,
+    n: usize,
+    buffer_docs: usize,
+    recent_docs: usize,
+) -> (Gen, Model, Index) {
+    let mut g = Gen::new(seed, Shape::Uniform);
+    let config = IndexConfig { buffer_docs, recent_docs, ..small_config("paper-10") };
+    let base: Vec<Doc> = (0..n).map(|_| g.doc()).collect();
+    let index = Index::build(config, &base).unwrap();
+    (g, Model { docs: base }, index)
+}
+
 /// A run added deferred is probed one by one until its last slice is in the recent tables,
 /// then queried through them; answers are exact at every step.
 #[test]
 fn a_deferred_run_joins_the_recent_tables_a_slice_at_a_time() {
-    let mut g = Gen::new(5, Shape::Uniform);
-    let mut model = Model::default();
-    let config = IndexConfig { buffer_docs: 64, recent_docs: 10_000, ..small_config("paper-10") };
-    let base: Vec<Doc> = (0..5_000).map(|_| g.doc()).collect();
-    model.docs.extend(&base);
-    let mut index = Index::build(config, &base).unwrap();
+    let (mut g, mut model, mut index) = one_large_run(5, 5_000, 64, 10_000);
     let page: Vec<Doc> = (0..1_000).map(|_| g.doc()).collect();
     let run = index.run_builder().build(&page).unwrap();
     let id = run.id();
@@ -292,12 +301,7 @@ fn a_deferred_run_joins_the_recent_tables_a_slice_at_a_time() {
 /// once they outnumber the live ones, and never show in an answer.
 #[test]
 fn recent_tables_are_rebuilt_and_stay_exact() {
-    let mut g = Gen::new(77, Shape::Uniform);
-    let mut model = Model::default();
-    let config = IndexConfig { buffer_docs: 64, recent_docs: 3000, ..small_config("paper-10") };
-    let base: Vec<Doc> = (0..20_000).map(|_| g.doc()).collect();
-    model.docs.extend(&base);
-    let mut index = Index::build(config, &base).unwrap();
+    let (mut g, mut model, mut index) = one_large_run(77, 20_000, 64, 3000);
     let mut most = 0;
     for round in 0..40 {
         let batch: Vec<Doc> = (0..500).map(|_| g.doc()).collect();
@@ -322,12 +326,7 @@ fn recent_tables_are_rebuilt_and_stay_exact() {
 /// away the recent tables serve again.
 #[test]
 fn a_crowded_prefix_falls_back_to_probing_every_run() {
-    let mut g = Gen::new(31, Shape::Uniform);
-    let mut model = Model::default();
-    let config = IndexConfig { buffer_docs: 256, recent_docs: 100_000, ..small_config("paper-10") };
-    let base: Vec<Doc> = (0..5_000).map(|_| g.doc()).collect();
-    model.docs.extend(&base);
-    let mut index = Index::build(config, &base).unwrap();
+    let (mut g, mut model, mut index) = one_large_run(31, 5_000, 256, 100_000);
     let mut crowd = Gen::new(32, Shape::CrowdedPrefix);
     for _ in 0..8 {
         let batch: Vec<Doc> = (0..150).map(|_| Doc { id: g.doc().id, ..crowd.doc() }).collect();

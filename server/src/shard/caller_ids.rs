@@ -192,8 +192,9 @@ impl Shard {
     ///
     /// The run is durable before the record that names it, and a checkpoint stores it like
     /// any other run. The write buffers become runs first (under the write lock), as the
-    /// runs must hold exactly the records up to some sequence. Returns the log sequence to
-    /// wait for and the entries added.
+    /// runs must hold exactly the records up to some sequence. The run's values join the
+    /// index's recent tables after, a few thousand a hold ([`RECENT_STEP`]). Returns the log
+    /// sequence to wait for and the entries added.
     pub fn add_entries(
         &self,
         docs: &[Doc],
