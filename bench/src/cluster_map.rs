@@ -21,9 +21,9 @@ use neardup_proto::admin::{
     AddNodeRequest, RemoveNodeRequest, Role, StatusRequest, StatusResponse,
 };
 use serde_json::{Value, json};
+use tonic::transport::Channel;
 
 use crate::free_port;
-use tonic::transport::Channel;
 
 /// Options of `neardup-bench cluster-map`.
 #[derive(clap::Args, Debug)]

@@ -347,7 +347,7 @@ pub struct IndexStats {
 
 /// A run joining the recent tables a slice of its values at a time: slice `i` of
 /// `2^slices_log2` holds the values whose top bits are `i`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy)]
 struct Deferred {
     slices_log2: u32,
     /// Slices in so far.
@@ -513,22 +513,20 @@ impl Index {
     /// runs are probed one by one then anyway).
     pub fn cover_recent(&mut self) -> bool {
         let Some(id) = self.waiting() else { return false };
-        let d = self.deferred[&id];
+        let d = self.deferred.get_mut(&id).expect("a waiting run is deferred");
         let run = self.runs.iter().find(|r| r.id() == id).expect("a waiting run is present");
         let (lo, hi) = d.slice(d.done);
+        d.done += 1;
+        let all_in = d.done == d.slices();
         let mut fps = Vec::new();
         run.for_each_fp_in(lo, hi, |fp| fps.push(fp));
         self.recent.insert_many(&self.config.design, fps.into_iter(), &mut self.permuted_scratch);
-        let done = d.done + 1;
-        if done == d.slices() {
+        if all_in {
             self.deferred.remove(&id);
             self.covered.insert(id);
+        }
+        if all_in || self.recent.overflowed() {
             self.sync_recent();
-        } else {
-            self.deferred.insert(id, Deferred { done, ..d });
-            if self.recent.overflowed() {
-                self.sync_recent();
-            }
         }
         self.waiting().is_some()
     }
@@ -545,9 +543,9 @@ impl Index {
         if !self.recent_on() {
             return None;
         }
-        let largest = (0..self.runs.len()).max_by_key(|&i| (self.runs[i].live_len(), i));
+        let small = Self::small_enough(&self.runs, self.config.recent_docs);
         (0..self.runs.len())
-            .filter(|&i| Some(i) != largest && self.runs[i].live_len() < self.config.recent_docs)
+            .filter(|&i| small(i))
             .map(|i| self.runs[i].id())
             .filter(|id| self.deferred.contains_key(id))
             .min()
@@ -626,29 +624,28 @@ impl Index {
             self.direct.extend(0..self.runs.len());
             return;
         }
-        let largest = (0..self.runs.len()).max_by_key(|&i| (self.runs[i].live_len(), i));
         if self.recent.overflowed() {
             // Usable again once nothing it should cover is left: no small run, no buffer.
-            let small_left = (0..self.runs.len())
-                .any(|i| Some(i) != largest && self.runs[i].live_len() < self.config.recent_docs);
+            let small_left =
+                (0..self.runs.len()).any(Self::small_enough(&self.runs, self.config.recent_docs));
             if small_left || !self.buffer.is_empty() || !self.frozen.is_empty() {
                 self.direct.extend(0..self.runs.len());
                 return;
             }
             self.recent = RecentTables::new(&self.config.design);
-            self.covered.clear();
-            self.deferred.values_mut().for_each(|d| d.done = 0);
+            self.uncover();
         }
         let present: HashSet<u64> = self.runs.iter().map(|r| r.id()).collect();
         self.covered.retain(|id| present.contains(id));
         self.deferred.retain(|id, _| present.contains(id));
         let mut held = self.buffer.len() + self.frozen_len();
+        let small = Self::small_enough(&self.runs, self.config.recent_docs);
         for (i, r) in self.runs.iter().enumerate() {
             if let Some(d) = self.deferred.get(&r.id()) {
                 // Joining a slice at a time: what is in so far counts as held.
                 held += r.distinct() / d.slices() * d.done;
                 self.direct.push(i);
-            } else if Some(i) != largest && r.live_len() < self.config.recent_docs {
+            } else if small(i) {
                 self.small.push(i);
                 held += r.distinct();
                 if self.covered.insert(r.id()) {
@@ -664,14 +661,14 @@ impl Index {
                 self.direct.push(i);
             }
         }
+        drop(small);
         if self.recent.overflowed() {
             // Overflowed just now: every run is probed.
             self.small.clear();
             self.direct.clear();
             self.direct.extend(0..self.runs.len());
         } else if self.recent.len() > 2 * held + 4096 {
-            self.covered.clear();
-            self.deferred.values_mut().for_each(|d| d.done = 0);
+            self.uncover();
             let mut fps: Vec<u64> = Vec::with_capacity(held);
             fps.extend(self.buffer.docs().iter().map(|d| d.fp));
             for (_, b) in &self.frozen {
@@ -692,17 +689,35 @@ impl Index {
         }
     }
 
+    /// Which runs, by position, are small enough to be queried through the recent tables:
+    /// all but the largest (by live documents, the newest of equals), each with fewer than
+    /// `recent_docs` live documents.
+    fn small_enough(runs: &[Arc<Run>], recent_docs: usize) -> impl Fn(usize) -> bool + '_ {
+        let largest = (0..runs.len()).max_by_key(|&i| (runs[i].live_len(), i));
+        move |i| Some(i) != largest && runs[i].live_len() < recent_docs
+    }
+
+    /// For recent tables emptied (or about to be refilled from scratch): no run is in them
+    /// any more, and the runs joining a slice at a time start over.
+    fn uncover(&mut self) {
+        self.covered.clear();
+        self.deferred.values_mut().for_each(|d| d.done = 0);
+    }
+
     /// Records that `merged` holds only documents of `sources`: if those were all covered
     /// by the recent tables, so is it (its fingerprints are a subset of theirs). If the rest
     /// are covered and some join a slice at a time, the merged run joins so too, from its
     /// first slice: hashing it whole here would take the hold its sources were spared.
     fn note_merge(&mut self, sources: &[u64], merged: u64) {
-        if sources.iter().all(|id| self.covered.contains(id)) {
-            self.covered.insert(merged);
-        } else if let Some(most) = sources.iter().filter_map(|id| self.deferred.get(id)).max() {
-            let slices_log2 = most.slices_log2;
-            if sources.iter().all(|id| self.covered.contains(id) || self.deferred.contains_key(id))
-            {
+        let in_or_waiting = |id| self.covered.contains(id) || self.deferred.contains_key(id);
+        if !sources.iter().all(in_or_waiting) {
+            return;
+        }
+        match sources.iter().filter_map(|id| self.deferred.get(id)).map(|d| d.slices_log2).max() {
+            None => {
+                self.covered.insert(merged);
+            }
+            Some(slices_log2) => {
                 self.deferred.insert(merged, Deferred { slices_log2, done: 0 });
             }
         }

@@ -262,8 +262,8 @@ impl Shard {
     }
 
     /// Hashes the runs waiting to join the index's recent tables ([`add_entries`]' runs,
-    /// and what merges make of them), [`RECENT_STEP`] fingerprints under each write lock,
-    /// handed fairly to the readers waiting between two.
+    /// and what merges make of them, once small), [`RECENT_STEP`] fingerprints under each
+    /// write lock, handed fairly to the readers waiting between two.
     ///
     /// [`add_entries`]: Self::add_entries
     pub(super) fn cover_recent(&self) {

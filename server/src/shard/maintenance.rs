@@ -90,8 +90,10 @@ impl Shard {
             let Some(job) = self.state.write().index.next_merge() else { break };
             let Some((docs, seconds)) = self.run_merge(job)? else { return Ok(()) };
             tracing::debug!(docs, seconds, "merged runs");
-            self.cover_recent();
         }
+        // A run waiting to join the recent tables that merges (or a removed range) made
+        // small: its slices, each under a hold of its own.
+        self.cover_recent();
         if self.state.read().index.runs().len() > self.config.max_runs {
             self.metrics.merge_running(true);
             let r = self.compact_all();
