@@ -29,7 +29,7 @@ use neardup_proto::internal::{self as int};
 use neardup_proto::v1::neardup_server::Neardup;
 use neardup_proto::{admin, v1};
 use neardup_router::{Limits, Router, RpcMetrics, ShardApi, ShardHealth};
-use neardup_server::data_types::{DocInfo, DocOp, NodeStats, ProbeAnswer, TabletOp};
+use neardup_server::data_types::{DocInfo, DocOp, NodeStats, ProbeAnswer, Resolve, TabletOp};
 use neardup_server::{DataResult, DataService, NodeApi, ScanPage};
 use prost::Message;
 use tokio::sync::watch;
@@ -97,7 +97,7 @@ impl NodeApi for StubNode {
         probes: Vec<(u32, u64)>,
         _: u32,
         _: usize,
-        _: bool,
+        _: Resolve,
         _: Option<Instant>,
     ) -> DataResult<ProbeAnswer> {
         Ok(ProbeAnswer { results: vec![(Vec::new(), false); probes.len()], ..Default::default() })
@@ -117,6 +117,7 @@ impl NodeApi for StubNode {
         &self,
         _: u64,
         gids: Vec<u64>,
+        _: bool,
         _: Option<Instant>,
     ) -> DataResult<Vec<Option<DocInfo>>> {
         Ok(vec![None; gids.len()])
@@ -472,6 +473,7 @@ fn seeds() -> Vec<(String, Vec<u8>)> {
                 k: 3,
                 max_matches: 10,
                 resolve: true,
+                skip_sketches: false,
             }
             .encode_to_vec(),
         ),

@@ -79,7 +79,7 @@ use neardup_proto::internal::{
 use neardup_proto::v1::{CheckAndInsertResponse, Match, QueryResult, StatsResponse};
 use neardup_server::data_types::{GID_PARTITION_BITS, gid_partition, make_gid};
 use neardup_server::{
-    DataError, DataResult, DocInfo, DocOp, NodeApi, NodeStats, TabletHit, TabletOp,
+    DataError, DataResult, DocInfo, DocOp, NodeApi, NodeStats, Resolve, TabletHit, TabletOp,
 };
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
@@ -244,7 +244,9 @@ fn choose(
 /// it resolved, and the partitions those cover.
 type NodeAnswer = (NodeId, Vec<(usize, (Vec<TabletHit>, bool))>, Vec<DocInfo>, Vec<u32>);
 
-/// A `TabletProbe` call of `probes` `(query index, table, fp)` to `node`.
+/// A `TabletProbe` call of `probes` `(query index, table, fp)` to `node`, resolving what the
+/// node can, with sketches if `sketches`.
+#[allow(clippy::too_many_arguments)]
 async fn probe_call(
     api: Arc<dyn NodeApi>,
     node: NodeId,
@@ -252,11 +254,12 @@ async fn probe_call(
     probes: Arc<Vec<(usize, u32, u64)>>,
     k: u32,
     cap: usize,
+    sketches: bool,
     deadline: Option<Instant>,
 ) -> DataResult<Vec<NodeAnswer>> {
     let asked: Vec<(u32, u64)> = probes.iter().map(|&(_, t, fp)| (t, fp)).collect();
     let n = asked.len();
-    let r = api.tablet_probe(epoch, asked, k, cap, true, deadline).await?;
+    let r = api.tablet_probe(epoch, asked, k, cap, Resolve::docs(sketches), deadline).await?;
     if r.results.len() != n {
         return Err(DataError::Internal(format!("{} answers to {n} probes", r.results.len())));
     }
@@ -264,15 +267,17 @@ async fn probe_call(
     Ok(vec![(node, answers, r.docs, r.resolved)])
 }
 
-/// A `DocResolve` call of `gids`: each gid with its document, if stored.
+/// A `DocResolve` call of `gids`: each gid with its document, if stored (with its sketch if
+/// `sketches`).
 async fn resolve_call(
     api: Arc<dyn NodeApi>,
     epoch: u64,
     gids: Arc<Vec<u64>>,
+    sketches: bool,
     deadline: Option<Instant>,
 ) -> DataResult<Vec<(u64, Option<DocInfo>)>> {
     let n = gids.len();
-    let docs = api.doc_resolve(epoch, gids.to_vec(), deadline).await?;
+    let docs = api.doc_resolve(epoch, gids.to_vec(), sketches, deadline).await?;
     if docs.len() != n {
         return Err(DataError::Internal(format!("{} answers to {n} gids", docs.len())));
     }
@@ -334,6 +339,8 @@ struct Pending {
     ctx: Ctx,
     queries: Vec<(u64, u32)>,
     cap: usize,
+    /// The documents are wanted with their sketches (the read verifies by them).
+    sketches: bool,
     deadline: Option<Instant>,
     answer: tokio::sync::oneshot::Sender<DataResult<Vec<FoundSet>>>,
 }
@@ -654,11 +661,13 @@ impl ClusterRouter {
         Ok(out)
     }
 
-    /// Documents by gid, from serving replicas of the gids' partitions.
+    /// Documents by gid, from serving replicas of the gids' partitions; with their sketches
+    /// if `sketches`.
     async fn resolve(
         &self,
         ctx: &Ctx,
         gids: &FastSet<u64>,
+        sketches: bool,
         deadline: Option<Instant>,
     ) -> DataResult<FastMap<u64, DocInfo>> {
         let mut by_node: BTreeMap<NodeId, Vec<u64>> = BTreeMap::new();
@@ -684,7 +693,8 @@ impl ClusterRouter {
                 let local = self.local;
                 (node, async move {
                     let gids = Arc::new(gids);
-                    let primary = resolve_call(nodes(node), epoch, gids.clone(), deadline);
+                    let primary =
+                        resolve_call(nodes(node), epoch, gids.clone(), sketches, deadline);
                     // The same gids from their partitions' other serving replicas.
                     let backup = || {
                         let mut by_other: BTreeMap<NodeId, Vec<u64>> = BTreeMap::new();
@@ -701,7 +711,8 @@ impl ClusterRouter {
                         }
                         let mut calls = JoinSet::new();
                         for (n, g) in by_other {
-                            calls.spawn(resolve_call(nodes(n), epoch, Arc::new(g), deadline));
+                            let g = Arc::new(g);
+                            calls.spawn(resolve_call(nodes(n), epoch, g, sketches, deadline));
                         }
                         Some(join_all(calls))
                     };
@@ -721,21 +732,24 @@ impl ClusterRouter {
     }
 
     /// For each query `(fp, search_k)`, the present documents within `search_k`, unordered,
-    /// and whether a tablet cut its hits at `cap`. A read of a few queries goes out with the
-    /// others waiting ([`Coalesce`]).
+    /// and whether a tablet cut its hits at `cap`; the documents with their stored sketches
+    /// only if `sketches` (a read that verifies by them: for the others, a node answers from
+    /// memory). A read of a few queries goes out with the others waiting ([`Coalesce`]).
     async fn find(
         &self,
         ctx: &Ctx,
         queries: &[(u64, u32)],
         cap: usize,
+        sketches: bool,
         deadline: Option<Instant>,
     ) -> DataResult<Vec<FoundSet>> {
         if queries.len() > COALESCE_MAX {
-            return self.find_now(ctx, queries, cap, deadline).await;
+            return self.find_now(ctx, queries, cap, sketches, deadline).await;
         }
         let (answer, mut rx) = tokio::sync::oneshot::channel();
+        let queries_owned = queries.to_vec();
         let pending =
-            Pending { ctx: ctx.clone(), queries: queries.to_vec(), cap, deadline, answer };
+            Pending { ctx: ctx.clone(), queries: queries_owned, cap, sketches, deadline, answer };
         self.coalesce.queue.lock().unwrap_or_else(|p| p.into_inner()).push(pending);
         let until = deadline.map(tokio::time::Instant::from_std);
         let wait = async {
@@ -764,17 +778,19 @@ impl ClusterRouter {
         match answered {
             Some(r) => r,
             // The flight that took this read was dropped (its caller went away): alone, now.
-            None => self.find_now(ctx, queries, cap, deadline).await,
+            None => self.find_now(ctx, queries, cap, sketches, deadline).await,
         }
     }
 
-    /// Sends coalesced reads: one [`find_now`](Self::find_now) per map epoch and cap, under
-    /// the latest deadline among them, each read answered with its own queries' part.
+    /// Sends coalesced reads: one [`find_now`](Self::find_now) per map epoch, cap and want
+    /// of sketches, under the latest deadline among them, each read answered with its own
+    /// queries' part.
     async fn fly(&self, mut batch: Vec<Pending>) {
         while !batch.is_empty() {
-            let (epoch, cap) = (batch[0].ctx.map.epoch, batch[0].cap);
+            let key = |p: &Pending| (p.ctx.map.epoch, p.cap, p.sketches);
+            let first = key(&batch[0]);
             let (group, rest): (Vec<Pending>, Vec<Pending>) =
-                batch.into_iter().partition(|p| p.ctx.map.epoch == epoch && p.cap == cap);
+                batch.into_iter().partition(|p| key(p) == first);
             batch = rest;
             let queries: Vec<(u64, u32)> =
                 group.iter().flat_map(|p| p.queries.iter().copied()).collect();
@@ -785,7 +801,8 @@ impl ClusterRouter {
                 .collect::<Option<Vec<Instant>>>()
                 .and_then(|d| d.into_iter().max());
             let ctx = group[0].ctx.clone();
-            let r = self.find_now(&ctx, &queries, cap, deadline).await;
+            let (_, cap, sketches) = first;
+            let r = self.find_now(&ctx, &queries, cap, sketches, deadline).await;
             match r {
                 Ok(found) => {
                     let mut found = found.into_iter();
@@ -809,6 +826,7 @@ impl ClusterRouter {
         ctx: &Ctx,
         queries: &[(u64, u32)],
         cap: usize,
+        sketches: bool,
         deadline: Option<Instant>,
     ) -> DataResult<Vec<FoundSet>> {
         // Probes, grouped by node: (query index, table, fp).
@@ -844,8 +862,16 @@ impl ClusterRouter {
                 let local = self.local;
                 (node, async move {
                     let probes = Arc::new(probes);
-                    let primary =
-                        probe_call(nodes(node), node, epoch, probes.clone(), call_k, cap, deadline);
+                    let primary = probe_call(
+                        nodes(node),
+                        node,
+                        epoch,
+                        probes.clone(),
+                        call_k,
+                        cap,
+                        sketches,
+                        deadline,
+                    );
                     // The same probes from the tablets' other serving replicas.
                     let backup = || {
                         let mut by_other: BTreeMap<NodeId, Vec<(usize, u32, u64)>> =
@@ -872,6 +898,7 @@ impl ClusterRouter {
                                 Arc::new(p),
                                 call_k,
                                 cap,
+                                sketches,
                                 deadline,
                             ));
                         }
@@ -921,7 +948,7 @@ impl ClusterRouter {
             .filter(|g| !resolved.contains(g))
             .collect();
         if !gids.is_empty() {
-            docs.extend(self.resolve(ctx, &gids, deadline).await?);
+            docs.extend(self.resolve(ctx, &gids, sketches, deadline).await?);
         }
         Ok(hits
             .into_iter()
@@ -1059,7 +1086,9 @@ impl ClusterRouter {
             .zip(&sketches)
             .map(|(&fp, s)| (fp, if s.is_some() { req.k.max(candidate_k) } else { req.k }))
             .collect();
-        let found = self.find(ctx, &queries, DEFAULT_BUDGET.0, deadline).await?;
+        // Stored sketches only for the queries that verify by them.
+        let verifies = sketches.iter().any(Option::is_some);
+        let found = self.find(ctx, &queries, DEFAULT_BUDGET.0, verifies, deadline).await?;
         let limit = (req.limit as usize).max(1);
         let results = found
             .into_iter()
@@ -1233,7 +1262,9 @@ impl ClusterRouter {
         let founder = if joined.doc.gid == cluster {
             Some(joined.doc.clone())
         } else {
-            self.resolve(ctx, &FastSet::from_iter([cluster]), deadline).await?.remove(&cluster)
+            // Its name and cluster are what is read: no sketch.
+            let founder = FastSet::from_iter([cluster]);
+            self.resolve(ctx, &founder, false, deadline).await?.remove(&cluster)
         };
         let name = founder
             .filter(|f| f.cluster == cluster && f.name != own)
@@ -1259,8 +1290,8 @@ impl ClusterRouter {
         Self::check_k(ctx, "k", req.k)?;
         Self::check_k(ctx, "candidate_k", candidate_k)?;
         let sketch = Self::sketch_of(&doc.sketch)?;
-        let search_k =
-            if jaccard > 0.0 && sketch.is_some() { req.k.max(candidate_k) } else { req.k };
+        let verifies = jaccard > 0.0 && sketch.is_some();
+        let search_k = if verifies { req.k.max(candidate_k) } else { req.k };
         let limit = (req.limit as usize).max(1);
         let check = |found: Vec<(DocInfo, u32)>| {
             let mut kept = Self::verified(found, sketch.as_ref(), req.k, jaccard, candidate_k);
@@ -1271,7 +1302,7 @@ impl ClusterRouter {
         let query = [(doc.fingerprint, search_k)];
         let (own, first) = tokio::try_join!(
             self.lookup(ctx, &names, deadline),
-            self.find(ctx, &query, DEFAULT_BUDGET.0, deadline)
+            self.find(ctx, &query, DEFAULT_BUDGET.0, verifies, deadline)
         )?;
         let old = own.get(&doc.id).cloned();
         let (found, mut cut) = first.into_iter().next().unwrap_or_default();
@@ -1300,7 +1331,7 @@ impl ClusterRouter {
         if inserted && !duplicate {
             // Re-check: near-duplicates admitted at the same time.
             let seen: HashSet<u64> = near.iter().map(|f| f.doc.gid).collect();
-            let again = self.find(ctx, &query, DEFAULT_BUDGET.0, deadline);
+            let again = self.find(ctx, &query, DEFAULT_BUDGET.0, verifies, deadline);
             let (found, cut2) = again.await?.into_iter().next().unwrap_or_default();
             let now = check(found);
             let fresh: Vec<Found> = now
@@ -1364,7 +1395,7 @@ impl ClusterRouter {
             tokio::time::sleep(pause).await;
             pause *= 2;
             let gids: FastSet<u64> = rivals.iter().map(|f| f.doc.gid).collect();
-            let now = self.resolve(ctx, &gids, deadline).await?;
+            let now = self.resolve(ctx, &gids, false, deadline).await?;
             rivals.retain(|f| now.get(&f.doc.gid).is_some_and(|d| d.cluster == d.gid));
         }
         Ok(rivals)

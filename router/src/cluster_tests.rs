@@ -9,7 +9,7 @@ use neardup_cluster::map::{
 };
 use neardup_proto::internal::ShardDocument;
 use neardup_server::data_types::hits_to_resolve;
-use neardup_server::{ProbeAnswer, ScanPage};
+use neardup_server::{ProbeAnswer, Resolve, ScanPage};
 use tonic::{Code, Request};
 
 use super::*;
@@ -82,6 +82,11 @@ impl MemNode {
     }
 }
 
+/// `d` as a node returns it: with its sketch only when `sketches` asks for it.
+fn with_sketch(d: &DocInfo, sketches: bool) -> DocInfo {
+    DocInfo { sketch: if sketches { d.sketch.clone() } else { None }, ..d.clone() }
+}
+
 #[tonic::async_trait]
 impl NodeApi for MemNode {
     async fn tablet_write(
@@ -108,7 +113,7 @@ impl NodeApi for MemNode {
         probes: Vec<(u32, u64)>,
         k: u32,
         max: usize,
-        resolve: bool,
+        resolve: Resolve,
         _: Option<Instant>,
     ) -> DataResult<ProbeAnswer> {
         self.gate().await?;
@@ -131,16 +136,17 @@ impl NodeApi for MemNode {
             .collect::<Vec<_>>();
         drop(e);
         let (gids, resolved) = match &*Self::lock(&self.serves) {
-            Some((id, map)) if resolve => {
+            Some((id, map)) if resolve != Resolve::No => {
                 let map = map.borrow();
                 hits_to_resolve(&results, |p| map.serving(Unit::Partition(p)).contains(id))
             }
             _ => (Vec::new(), Vec::new()),
         };
+        let sketches = resolve == Resolve::DocsWithSketches;
         let docs = Self::lock(&self.docs)
             .values()
             .filter(|d| gids.binary_search(&d.gid).is_ok())
-            .cloned()
+            .map(|d| with_sketch(d, sketches))
             .collect();
         Ok(ProbeAnswer { results, docs, resolved })
     }
@@ -183,11 +189,13 @@ impl NodeApi for MemNode {
         &self,
         _: u64,
         gids: Vec<u64>,
+        sketches: bool,
         _: Option<Instant>,
     ) -> DataResult<Vec<Option<DocInfo>>> {
         self.gate().await?;
         let docs = Self::lock(&self.docs);
-        Ok(gids.iter().map(|g| docs.values().find(|d| d.gid == *g).cloned()).collect())
+        let find = |g: &u64| docs.values().find(|d| d.gid == *g).map(|d| with_sketch(d, sketches));
+        Ok(gids.iter().map(find).collect())
     }
 
     /// Pages of at most `limit` (3 when 0) entries, cut between permuted values.
@@ -724,6 +732,24 @@ async fn verification_uses_the_stored_sketches() {
     // Another text: dropped although within candidate k.
     let r = router.probe(ask(&sb), None).await.unwrap();
     assert!(r.results[0].matches.is_empty());
+    // An admission verifies the same way: the same text beyond k = 0 is a duplicate of "a",
+    // another text within candidate k is not.
+    let admit = |name: &str, s: &Sketch| {
+        let mut d = doc(name, 7 ^ 1, 2);
+        d.sketch = s.to_bytes().to_vec();
+        AdmitRequest {
+            document: Some(d),
+            k: 0,
+            limit: 10,
+            verify_jaccard: 0.9,
+            candidate_k: 3,
+            skip_insert_if_duplicate: true,
+        }
+    };
+    let same = router.admit(admit("b", &sa), None).await.unwrap().decision.unwrap();
+    assert!(same.duplicate && same.original_id == "a", "{same:?}");
+    let other = router.admit(admit("c", &sb), None).await.unwrap().decision.unwrap();
+    assert!(!other.duplicate && other.inserted, "{other:?}");
 }
 
 /// The gRPC Data service on 127.0.0.1 over an in-memory node: every call round trips.
@@ -748,14 +774,20 @@ async fn the_data_service_round_trips_over_grpc() {
     let mem = MemNode::new(design.clone(), moved.clone());
     let (addr, server) = serve(mem.clone()).await;
     let node = GrpcNode::connect(&addr, 4 << 20, None).unwrap();
-    let d =
-        DocInfo { gid: 256 + 3, name: "a".into(), fp: 99, ts_ms: 5, cluster: 259, sketch: None };
+    let d = DocInfo {
+        gid: 256 + 3,
+        name: "a".into(),
+        fp: 99,
+        ts_ms: 5,
+        cluster: 259,
+        sketch: Some(vec![7; 66]),
+    };
     node.tablet_write(1, vec![(0, TabletOp::Put { gid: d.gid, fp: 99 })], false, None)
         .await
         .unwrap();
     node.doc_write(1, vec![DocOp::Put(d.clone())], None).await.unwrap();
     let hits = node
-        .tablet_probe(1, vec![(0, 98), (0, 1 << 63)], 2, 10, false, None)
+        .tablet_probe(1, vec![(0, 98), (0, 1 << 63)], 2, 10, Resolve::No, None)
         .await
         .unwrap()
         .results;
@@ -764,15 +796,21 @@ async fn the_data_service_round_trips_over_grpc() {
         vec![(vec![TabletHit { gid: d.gid, fp: 99, distance: 1 }], false), (vec![], false)]
     );
     // A node that resolves nothing (this one) answers a resolving probe with its hits alone.
-    let r = node.tablet_probe(1, vec![(0, 98)], 2, 10, true, None).await.unwrap();
+    let r = node.tablet_probe(1, vec![(0, 98)], 2, 10, Resolve::DocsWithSketches, None);
+    let r = r.await.unwrap();
     assert_eq!((r.results, r.docs, r.resolved), (hits[..1].to_vec(), vec![], vec![]));
     assert_eq!(
         node.doc_lookup(1, vec!["a".into(), "b".into()], None).await.unwrap(),
         vec![Some(d.clone()), None]
     );
     assert_eq!(
-        node.doc_resolve(1, vec![d.gid, 7], None).await.unwrap(),
+        node.doc_resolve(1, vec![d.gid, 7], true, None).await.unwrap(),
         vec![Some(d.clone()), None]
+    );
+    // Without sketches, asked over the wire: the document without its sketch.
+    assert_eq!(
+        node.doc_resolve(1, vec![d.gid], false, None).await.unwrap(),
+        vec![Some(DocInfo { sketch: None, ..d.clone() })]
     );
     let page = node.tablet_scan(1, 0, 0, u64::MAX, 0, 10, None).await.unwrap();
     assert_eq!(page, ScanPage { items: vec![(d.gid, 99)], next: None });

@@ -18,7 +18,8 @@ use neardup_server::data_api::{
 };
 use neardup_server::tls::{ClusterTls, peer_endpoint};
 use neardup_server::{
-    DataError, DataResult, DocInfo, DocOp, NodeApi, NodeStats, ProbeAnswer, ScanPage, TabletOp,
+    DataError, DataResult, DocInfo, DocOp, NodeApi, NodeStats, ProbeAnswer, Resolve, ScanPage,
+    TabletOp,
 };
 use tokio::sync::watch;
 use tonic::transport::Channel;
@@ -103,7 +104,7 @@ impl NodeApi for Unreachable {
         _: Vec<(u32, u64)>,
         _: u32,
         _: usize,
-        _: bool,
+        _: Resolve,
         _: Option<Instant>,
     ) -> DataResult<ProbeAnswer> {
         Err(DataError::Unavailable(self.0.clone()))
@@ -123,6 +124,7 @@ impl NodeApi for Unreachable {
         &self,
         _: u64,
         _: Vec<u64>,
+        _: bool,
         _: Option<Instant>,
     ) -> DataResult<Vec<Option<DocInfo>>> {
         Err(DataError::Unavailable(self.0.clone()))
@@ -213,14 +215,22 @@ impl NodeApi for GrpcNode {
         probes: Vec<(u32, u64)>,
         k: u32,
         max_matches: usize,
-        resolve: bool,
+        resolve: Resolve,
         deadline: Option<Instant>,
     ) -> DataResult<ProbeAnswer> {
         let n = probes.len();
         let probes =
             probes.into_iter().map(|(table, fp)| TabletProbeTarget { table, fp }).collect();
         let max_matches = max_matches as u64;
-        let req = request(TabletProbeRequest { epoch, probes, k, max_matches, resolve }, deadline);
+        let req = TabletProbeRequest {
+            epoch,
+            probes,
+            k,
+            max_matches,
+            resolve: resolve != Resolve::No,
+            skip_sketches: resolve == Resolve::Docs,
+        };
+        let req = request(req, deadline);
         let r = self.client.clone().tablet_probe(req).await.map_err(status_error)?.into_inner();
         Ok(ProbeAnswer {
             results: probe_results_from_wire(r.results, n)?,
@@ -257,10 +267,11 @@ impl NodeApi for GrpcNode {
         &self,
         epoch: u64,
         gids: Vec<u64>,
+        sketches: bool,
         deadline: Option<Instant>,
     ) -> DataResult<Vec<Option<DocInfo>>> {
         let n = gids.len();
-        let req = request(DocResolveRequest { epoch, gids }, deadline);
+        let req = request(DocResolveRequest { epoch, gids, skip_sketches: !sketches }, deadline);
         let r = self.client.clone().doc_resolve(req).await.map_err(status_error)?;
         docs_from_wire(r.into_inner().docs, n)
     }

@@ -24,7 +24,7 @@ use tokio_stream::Stream;
 use tonic::{Code, Request, Response, Status};
 
 use crate::cluster_rpc::EPOCH_METADATA;
-use crate::data_types::{DocInfo, DocOp, NodeStats, ProbeAnswer, TabletHit, TabletOp};
+use crate::data_types::{DocInfo, DocOp, NodeStats, ProbeAnswer, Resolve, TabletHit, TabletOp};
 
 /// Entries or documents per message of a scan stream.
 pub const SCAN_CHUNK: usize = 4096;
@@ -180,16 +180,17 @@ pub trait NodeApi: Send + Sync + 'static {
         deadline: Option<Instant>,
     ) -> DataResult<()>;
     /// For each `(table, fp)` probe, the entries within `k`, at most `max_matches` (then
-    /// `true`: truncated). With `resolve`, also the documents of the hits whose partitions
-    /// this node serves, looked up in the same call (a read's second hop saved for them; a
-    /// node may resolve none).
+    /// `true`: truncated). Unless `resolve` is [`Resolve::No`], also the documents of the
+    /// hits whose partitions this node serves, looked up in the same call (a read's second
+    /// hop saved for them; a node may resolve none), with their sketches or not as
+    /// `resolve` says.
     async fn tablet_probe(
         &self,
         epoch: u64,
         probes: Vec<(u32, u64)>,
         k: u32,
         max_matches: usize,
-        resolve: bool,
+        resolve: Resolve,
         deadline: Option<Instant>,
     ) -> DataResult<ProbeAnswer>;
     /// Applies document changes in order, durably.
@@ -206,11 +207,12 @@ pub trait NodeApi: Send + Sync + 'static {
         names: Vec<String>,
         deadline: Option<Instant>,
     ) -> DataResult<Vec<Option<DocInfo>>>;
-    /// Documents by gid.
+    /// Documents by gid; with `sketches`, with their stored sketches (a storage read each).
     async fn doc_resolve(
         &self,
         epoch: u64,
         gids: Vec<u64>,
+        sketches: bool,
         deadline: Option<Instant>,
     ) -> DataResult<Vec<Option<DocInfo>>>;
     /// A page of the entries `(gid, fp)` of the tablet `[start, end]` of `table`: those with
@@ -412,7 +414,12 @@ impl Data for DataService {
         req: Request<TabletProbeRequest>,
     ) -> Result<Response<TabletProbeResponse>, Status> {
         let deadline = deadline_of(&req);
-        let TabletProbeRequest { epoch, probes, k, max_matches, resolve } = req.into_inner();
+        let TabletProbeRequest { epoch, probes, k, max_matches, resolve, skip_sketches } =
+            req.into_inner();
+        let resolve = match (resolve, skip_sketches) {
+            (false, _) => Resolve::No,
+            (true, skip) => Resolve::docs(!skip),
+        };
         let probes: Vec<(u32, u64)> =
             probes.into_iter().map(|TabletProbeTarget { table, fp }| (table, fp)).collect();
         let n = probes.len();
@@ -457,8 +464,8 @@ impl Data for DataService {
         req: Request<DocResolveRequest>,
     ) -> Result<Response<DocResolveResponse>, Status> {
         let deadline = deadline_of(&req);
-        let DocResolveRequest { epoch, gids } = req.into_inner();
-        let docs = self.api.doc_resolve(epoch, gids, deadline).await?;
+        let DocResolveRequest { epoch, gids, skip_sketches } = req.into_inner();
+        let docs = self.api.doc_resolve(epoch, gids, !skip_sketches, deadline).await?;
         Ok(Response::new(DocResolveResponse { docs: docs_to_wire(docs) }))
     }
 

@@ -39,8 +39,29 @@ pub struct NodeStats {
     pub partitions: Vec<(u32, u64)>,
 }
 
+/// What a probed node resolves of its hits besides the entries
+/// ([`crate::NodeApi::tablet_probe`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolve {
+    /// Nothing: the entries alone.
+    No,
+    /// The documents of the hits whose partitions the node serves, without their sketches
+    /// (from memory: a read that verifies nothing by sketches).
+    Docs,
+    /// The same documents with their stored sketches (a storage read each), for
+    /// verification.
+    DocsWithSketches,
+}
+
+impl Resolve {
+    /// `Docs` or `DocsWithSketches` as `sketches` says.
+    pub fn docs(sketches: bool) -> Resolve {
+        if sketches { Resolve::DocsWithSketches } else { Resolve::Docs }
+    }
+}
+
 /// Probes' hits, and the documents of those whose partitions the probed node resolved
-/// ([`crate::NodeApi::tablet_probe`] with `resolve`).
+/// ([`crate::NodeApi::tablet_probe`] with a [`Resolve`] other than `No`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ProbeAnswer {
     /// Per probe, its hits and whether they were cut.

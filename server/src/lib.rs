@@ -55,7 +55,7 @@ pub mod transport;
 pub mod wal;
 
 pub use data_api::{DataError, DataResult, DataService, NodeApi, ScanPage};
-pub use data_types::{DocInfo, DocOp, NodeStats, ProbeAnswer, TabletHit, TabletOp};
+pub use data_types::{DocInfo, DocOp, NodeStats, ProbeAnswer, Resolve, TabletHit, TabletOp};
 pub use error::{Error, ErrorClass, Result};
 pub use metrics::ShardMetrics;
 pub use node_store::{NodeStore, NodeStoreConfig, NodeStoreStats};

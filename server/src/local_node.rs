@@ -62,7 +62,7 @@ use crate::data_api::{
     DataError, DataResult, NodeApi, PARTITION_PAGE, ScanPage, TABLET_PAGE, page_limit,
 };
 use crate::data_types::{
-    DocInfo, DocOp, NodeStats, ProbeAnswer, TabletOp, gid_partition, hits_to_resolve,
+    DocInfo, DocOp, NodeStats, ProbeAnswer, Resolve, TabletOp, gid_partition, hits_to_resolve,
 };
 use crate::node_store::{Durable, NodeStore};
 
@@ -489,7 +489,8 @@ impl LocalNode {
             return Ok(());
         }
         let store = self.store.clone();
-        let docs = blocking(move || store.resolve(&gone)).await?;
+        // Their names and ids are what removing them takes.
+        let docs = blocking(move || store.resolve(&gone, false)).await?;
         let removes: Vec<_> = docs.into_iter().flatten().map(DocOp::remove_of).collect();
         self.write(move |s| s.append_docs(&removes)).await
     }
@@ -755,7 +756,7 @@ impl NodeApi for LocalNode {
         probes: Vec<(u32, u64)>,
         k: u32,
         max_matches: usize,
-        resolve: bool,
+        resolve: Resolve,
         deadline: Option<Instant>,
     ) -> DataResult<ProbeAnswer> {
         check_deadline(deadline)?;
@@ -771,13 +772,15 @@ impl NodeApi for LocalNode {
             self.check_reader(&map, unit)?;
         }
         let (store, id) = (self.store.clone(), self.id);
-        let inline = probes.len() <= INLINE_PROBES;
+        // Stored sketches are file reads, which wait for the disk when not cached: never on
+        // this thread.
+        let inline = probes.len() <= INLINE_PROBES && resolve != Resolve::DocsWithSketches;
         // `None` without `wait` when a lock is not free at once.
         let probe = move |wait: bool| -> crate::error::Result<Option<ProbeAnswer>> {
             let Some(results) = store.probe_tablets_if(&probes, k, max_matches, wait)? else {
                 return Ok(None);
             };
-            if !resolve {
+            if resolve == Resolve::No {
                 return Ok(Some(ProbeAnswer { results, ..Default::default() }));
             }
             // Only under a map at least as new as the sender's: a map this node has not
@@ -787,7 +790,8 @@ impl NodeApi for LocalNode {
             let (gids, resolved) = hits_to_resolve(&results, |p| {
                 current && map.serving(Unit::Partition(p)).contains(&id)
             });
-            let Some(docs) = store.resolve_if(&gids, wait)? else { return Ok(None) };
+            let sketches = resolve == Resolve::DocsWithSketches;
+            let Some(docs) = store.resolve_if(&gids, wait, sketches)? else { return Ok(None) };
             let docs = docs.into_iter().flatten().collect();
             Ok(Some(ProbeAnswer { results, docs, resolved }))
         };
@@ -861,6 +865,7 @@ impl NodeApi for LocalNode {
         &self,
         epoch: u64,
         gids: Vec<u64>,
+        sketches: bool,
         deadline: Option<Instant>,
     ) -> DataResult<Vec<Option<DocInfo>>> {
         check_deadline(deadline)?;
@@ -872,7 +877,7 @@ impl NodeApi for LocalNode {
             self.check_reader(&map, Self::partition_unit(&map, p)?)?;
         }
         let store = self.store.clone();
-        blocking(move || store.resolve(&gids)).await
+        blocking(move || store.resolve(&gids, sketches)).await
     }
 
     async fn tablet_scan(
@@ -1095,14 +1100,14 @@ mod tests {
                 .unwrap();
         }
         // Filling: writes are taken, reads refused.
-        let e = n.tablet_probe(1, vec![(0, 0)], 3, 100, false, None).await.unwrap_err();
+        let e = n.tablet_probe(1, vec![(0, 0)], 3, 100, Resolve::No, None).await.unwrap_err();
         assert!(is_moved(&e), "{e}");
-        assert!(is_moved(&n.doc_resolve(1, vec![make_gid(1, 0)], None).await.unwrap_err()));
+        assert!(is_moved(&n.doc_resolve(1, vec![make_gid(1, 0)], true, None).await.unwrap_err()));
         assert!(is_moved(&n.tablet_scan(1, 0, 0, u64::MAX, 0, 0, None).await.unwrap_err()));
         // Serving: every table's probe equals a scan of what was written.
         f.map.send_replace(Arc::new(map(false, 2)));
         let probes: Vec<(u32, u64)> = (0..4).map(|t| (t, 0)).collect();
-        let hits = n.tablet_probe(2, probes, 3, 100, false, None).await.unwrap().results;
+        let hits = n.tablet_probe(2, probes, 3, 100, Resolve::No, None).await.unwrap().results;
         let design = Design::parse(DESIGN).unwrap();
         for (t, (h, truncated)) in hits.iter().enumerate() {
             assert!(!truncated);
@@ -1123,12 +1128,14 @@ mod tests {
         }
         // Cut off from the leader: reads refused, as unavailable.
         f.contact.store(false, Ordering::Release);
-        let e = n.tablet_probe(2, vec![(0, 0)], 3, 100, false, None).await.unwrap_err();
+        let e = n.tablet_probe(2, vec![(0, 0)], 3, 100, Resolve::No, None).await.unwrap_err();
         assert!(matches!(e, DataError::Unavailable(_)), "{e}");
         f.contact.store(true, Ordering::Release);
         // Marked down in its own map: neither reads nor writes.
         f.map.send_replace(Arc::new(down_map(false, 3, 1)));
-        assert!(is_moved(&n.tablet_probe(3, vec![(0, 0)], 3, 100, false, None).await.unwrap_err()));
+        assert!(is_moved(
+            &n.tablet_probe(3, vec![(0, 0)], 3, 100, Resolve::No, None).await.unwrap_err()
+        ));
         let put = all_tables(|t| (t, TabletOp::Put { gid: make_gid(9, 0), fp: 1 }));
         assert!(is_moved(&n.tablet_write(3, put.clone(), true, None).await.unwrap_err()));
         // Node 2 down instead: the writers changed at epoch 4, so a write sent under an older
@@ -1143,12 +1150,12 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(50)).await;
             tx.send_replace(Arc::new(stamped(map(false, 5), 5)));
         });
-        n.tablet_probe(5, vec![(0, 0)], 3, 100, false, None).await.unwrap();
+        n.tablet_probe(5, vec![(0, 0)], 3, 100, Resolve::No, None).await.unwrap();
     }
 
     /// A resolving probe returns the documents of its hits in partitions the node serves,
-    /// says which partitions those were, and leaves the others to the router; under a map
-    /// older than the sender's it resolves none.
+    /// with their sketches only when asked, says which partitions those were, and leaves
+    /// the others to the router; under a map older than the sender's it resolves none.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_probe_resolves_the_hits_of_partitions_the_node_serves() {
         let f = fixture(false);
@@ -1156,7 +1163,8 @@ mod tests {
         let m = map(false, 1);
         let names: Vec<String> = (0..200).map(|i| format!("doc{i}")).collect();
         let in_p = |p| names.iter().find(|x| m.partition_of(x) == Some(p)).unwrap().clone();
-        let da = doc(make_gid(1, 0), &in_p(0), 0xA);
+        let sketch = [vec![neardup_core::sketch::SKETCH_VERSION, 64], vec![0x5A; 64]].concat();
+        let da = DocInfo { sketch: Some(sketch), ..doc(make_gid(1, 0), &in_p(0), 0xA) };
         let db = doc(make_gid(2, 1), &in_p(1), 0xB);
         for d in [&da, &db] {
             let put = all_tables(|t| (t, TabletOp::Put { gid: d.gid, fp: d.fp }));
@@ -1168,23 +1176,41 @@ mod tests {
             .await
             .unwrap();
         let probes = vec![(0, 0xA), (0, 0xB)];
-        let got = n.tablet_probe(1, probes.clone(), 3, 100, true, None).await.unwrap();
-        let plain = n.tablet_probe(1, probes.clone(), 3, 100, false, None).await.unwrap();
+        let got = n
+            .tablet_probe(1, probes.clone(), 3, 100, Resolve::DocsWithSketches, None)
+            .await
+            .unwrap();
+        let plain = n.tablet_probe(1, probes.clone(), 3, 100, Resolve::No, None).await.unwrap();
         assert_eq!(plain, ProbeAnswer { results: got.results.clone(), ..Default::default() });
         assert!(got.results.iter().all(|(hits, _)| hits.len() == 2));
         assert_eq!(got.docs, vec![da.clone()]);
         assert_eq!(got.resolved, vec![0, 1]);
+        // Without sketches: the same documents, their sketches left out.
+        let bare = DocInfo { sketch: None, ..da.clone() };
+        let names_only = n.tablet_probe(1, probes.clone(), 3, 100, Resolve::Docs, None);
+        let names_only = names_only.await.unwrap();
+        assert_eq!((&names_only.results, &names_only.docs), (&got.results, &vec![bare.clone()]));
+        assert_eq!(names_only.resolved, got.resolved);
+        let gids = vec![da.gid, db.gid];
+        assert_eq!(
+            n.doc_resolve(1, gids.clone(), true, None).await.unwrap(),
+            [Some(da.clone()), None]
+        );
+        assert_eq!(n.doc_resolve(1, gids, false, None).await.unwrap(), [Some(bare), None]);
         // Partition 1 filling here: its hits are left to the router.
         let mut filling = map(false, 2);
         filling.partitions[1].nodes = vec![2];
         filling.partitions[1].filling = vec![1];
         f.map.send_replace(Arc::new(filling));
-        let got = n.tablet_probe(2, probes.clone(), 3, 100, true, None).await.unwrap();
+        let got = n
+            .tablet_probe(2, probes.clone(), 3, 100, Resolve::DocsWithSketches, None)
+            .await
+            .unwrap();
         assert_eq!((got.docs, got.resolved), (vec![da], vec![0]));
         // A sender whose map is newer than this node's (after a short wait): the probes are
         // answered, but no partition is resolved, since one may have moved away since.
         let soon = Some(Instant::now() + Duration::from_millis(50));
-        let got = n.tablet_probe(3, probes, 3, 100, true, soon).await.unwrap();
+        let got = n.tablet_probe(3, probes, 3, 100, Resolve::DocsWithSketches, soon).await.unwrap();
         assert_eq!(got.results, plain.results);
         assert!(got.docs.is_empty() && got.resolved.is_empty(), "{got:?}");
     }
@@ -1492,7 +1518,7 @@ mod tests {
         fence.await;
         drop(later);
         // Reads under the new map are refused; the copies are dropped, nothing else.
-        let e = n.tablet_probe(2, vec![(0, 0)], 3, 100, false, None).await.unwrap_err();
+        let e = n.tablet_probe(2, vec![(0, 0)], 3, 100, Resolve::No, None).await.unwrap_err();
         assert!(is_moved(&e), "{e}");
         assert!(n.holds_data(tablet).await.unwrap() && n.holds_data(part).await.unwrap());
         assert_eq!(drop_all(n, tablet).await, docs.len() as u64 * 16);

@@ -584,15 +584,21 @@ impl NodeStore {
         self.docs.docs_by_names(names)
     }
 
-    /// Documents by gid (`None` if absent).
-    pub fn resolve(&self, gids: &[u64]) -> Result<Vec<Option<DocInfo>>> {
-        self.docs.docs_by_ids(gids)
+    /// Documents by gid (`None` if absent); with `sketches`, with their stored sketches (a
+    /// storage read a document, which a read that verifies nothing leaves out).
+    pub fn resolve(&self, gids: &[u64], sketches: bool) -> Result<Vec<Option<DocInfo>>> {
+        self.docs.docs_by_ids(gids, sketches)
     }
 
     /// [`resolve`](Self::resolve); without `wait`, `None` when the document table's lock
     /// cannot be had at once.
-    pub fn resolve_if(&self, gids: &[u64], wait: bool) -> Result<Option<Vec<Option<DocInfo>>>> {
-        self.docs.docs_by_ids_if(gids, wait)
+    pub fn resolve_if(
+        &self,
+        gids: &[u64],
+        wait: bool,
+        sketches: bool,
+    ) -> Result<Option<Vec<Option<DocInfo>>>> {
+        self.docs.docs_by_ids_if(gids, wait, sketches)
     }
 
     /// Every document of partition `p` (`gid & 0xff == p`), by gid, for copying it to

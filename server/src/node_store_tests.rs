@@ -340,11 +340,11 @@ fn a_probe_that_may_not_wait_gives_way_to_a_writer() {
     }
     let gid = make_gid(3, 1);
     block_on(node.write_docs(vec![DocOp::Put(info(gid, "a", 1, None))])).unwrap();
-    let found = node.resolve(&[gid]).unwrap();
+    let found = node.resolve(&[gid], true).unwrap();
     assert_eq!(found[0].as_ref().map(|d| d.gid), Some(gid));
-    assert_eq!(node.resolve_if(&[gid], false).unwrap(), Some(found));
+    assert_eq!(node.resolve_if(&[gid], false, true).unwrap(), Some(found));
     let _writer = node.docs.hold_write_lock();
-    assert_eq!(node.resolve_if(&[gid], false).unwrap(), None);
+    assert_eq!(node.resolve_if(&[gid], false, true).unwrap(), None);
 }
 
 #[test]
@@ -528,7 +528,7 @@ fn check_docs(node: &NodeStore, model: &Docs, gids: &[u64]) {
     for (n, g) in names.iter().zip(got) {
         assert_eq!(g.as_ref(), model.0.get(n), "{n}");
     }
-    let got = node.resolve(gids).unwrap();
+    let got = node.resolve(gids, true).unwrap();
     for (gid, g) in gids.iter().zip(got) {
         let want = model.0.values().find(|d| d.gid == *gid);
         assert_eq!(g.as_ref(), want, "gid {gid}");
@@ -577,7 +577,7 @@ fn documents_last_writer_wins_in_either_order() {
         block_on(node.write_docs(ops.clone())).unwrap();
         let got = node.lookup_names(&[&name]).unwrap().remove(0);
         assert_eq!(got.as_ref(), Some(&late), "{name}");
-        assert_eq!(node.resolve(&[late.gid]).unwrap()[0].as_ref(), Some(&late));
+        assert_eq!(node.resolve(&[late.gid], true).unwrap()[0].as_ref(), Some(&late));
         // Replayed: nothing changes.
         block_on(node.write_docs(ops)).unwrap();
         assert_eq!(node.lookup_names(&[&name]).unwrap()[0].as_ref(), Some(&late));
@@ -596,7 +596,7 @@ fn documents_last_writer_wins_in_either_order() {
     assert!(node.lookup_names(&["tie"]).unwrap()[0].is_some());
     block_on(node.write_docs(vec![DocOp::Remove { gid: tie, name: "tie".into() }])).unwrap();
     assert_eq!(node.lookup_names(&["tie"]).unwrap()[0], None);
-    assert_eq!(node.resolve(&[tie]).unwrap()[0], None);
+    assert_eq!(node.resolve(&[tie], true).unwrap()[0], None);
     // Bad input changes nothing.
     for bad in [
         vec![DocOp::Put(info(make_gid(40, 0), "ok", 1, None)), DocOp::Put(info(0, "g0", 1, None))],

@@ -415,10 +415,12 @@ impl Shard {
         self.spaces.sketches.get(&key64(id))
     }
 
-    fn info(&self, e: DocEntry) -> Result<DocInfo> {
+    /// `e` as a [`DocInfo`]; with `sketches`, its stored sketch read (from the store unless
+    /// queued: a storage read a document), else none.
+    fn info(&self, e: DocEntry, sketches: bool) -> Result<DocInfo> {
         Ok(DocInfo {
             gid: e.id,
-            sketch: self.sketch_bytes(e.id)?,
+            sketch: if sketches { self.sketch_bytes(e.id)? } else { None },
             name: e.name.into(),
             fp: e.fp,
             ts_ms: e.ts,
@@ -438,40 +440,50 @@ impl Shard {
     pub fn docs_by_names(&self, names: &[&str]) -> Result<Vec<Option<DocInfo>>> {
         self.check_serving()?;
         self.check_names()?;
-        self.docs_in(self.read_docs(), names, |docs, n| docs.by_name(n))
+        self.docs_in(self.read_docs(), names, |docs, n| docs.by_name(n), true)
     }
 
-    /// Documents by id (`None` if absent).
-    pub fn docs_by_ids(&self, ids: &[u64]) -> Result<Vec<Option<DocInfo>>> {
+    /// Documents by id (`None` if absent); with `sketches`, with their stored sketches (a
+    /// storage read a document; without, the documents come from memory alone).
+    pub fn docs_by_ids(&self, ids: &[u64], sketches: bool) -> Result<Vec<Option<DocInfo>>> {
         self.check_serving()?;
         self.check_names()?;
-        self.docs_in(self.read_docs(), ids, |docs, &id| docs.by_id(id))
+        if ids.is_empty() {
+            return Ok(Vec::new()); // without waiting for a writer's hold
+        }
+        self.docs_in(self.read_docs(), ids, |docs, &id| docs.by_id(id), sketches)
     }
 
     /// [`docs_by_ids`](Self::docs_by_ids); without `wait`, `None` when the lock cannot be
     /// had at once (a writer holds it).
-    pub fn docs_by_ids_if(&self, ids: &[u64], wait: bool) -> Result<Option<Vec<Option<DocInfo>>>> {
-        if wait {
-            return self.docs_by_ids(ids).map(Some);
+    pub fn docs_by_ids_if(
+        &self,
+        ids: &[u64],
+        wait: bool,
+        sketches: bool,
+    ) -> Result<Option<Vec<Option<DocInfo>>>> {
+        if wait || ids.is_empty() {
+            return self.docs_by_ids(ids, sketches).map(Some);
         }
         self.check_serving()?;
         self.check_names()?;
         let Some(st) = self.state.try_read_recursive() else { return Ok(None) };
-        self.docs_in(st, ids, |docs, &id| docs.by_id(id)).map(Some)
+        self.docs_in(st, ids, |docs, &id| docs.by_id(id), sketches).map(Some)
     }
 
     /// The document `find` gives for each key in the state `st` holds (released before
-    /// their sketches are read).
+    /// their sketches are read, with `sketches`).
     fn docs_in<K>(
         &self,
         st: parking_lot::RwLockReadGuard<'_, super::State>,
         keys: &[K],
         find: impl for<'d> Fn(&'d DocTable, &K) -> Option<&'d DocEntry>,
+        sketches: bool,
     ) -> Result<Vec<Option<DocInfo>>> {
         let found: Vec<Option<DocEntry>> =
             keys.iter().map(|k| find(&st.docs, k).cloned()).collect();
         drop(st);
-        found.into_iter().map(|e| e.map(|e| self.info(e)).transpose()).collect()
+        found.into_iter().map(|e| e.map(|e| self.info(e, sketches)).transpose()).collect()
     }
 
     /// Holds the state's write lock until the guard is dropped: a test's stand-in for a
@@ -512,7 +524,7 @@ impl Shard {
             let next = next.map(|n| (u64::from(now) << 32) | n as u64);
             (page.into_iter().cloned().collect(), next)
         };
-        let docs = found.into_iter().map(|e| self.info(e)).collect::<Result<_>>()?;
+        let docs = found.into_iter().map(|e| self.info(e, true)).collect::<Result<_>>()?;
         Ok((docs, next))
     }
 
@@ -557,6 +569,6 @@ impl Shard {
             found.into_iter().cloned().collect()
         };
         found.sort_unstable_by_key(|e| e.id);
-        found.into_iter().map(|e| self.info(e)).collect()
+        found.into_iter().map(|e| self.info(e, true)).collect()
     }
 }
