@@ -747,9 +747,14 @@ impl ClusterRouter {
             return self.find_now(ctx, queries, cap, sketches, deadline).await;
         }
         let (answer, mut rx) = tokio::sync::oneshot::channel();
-        let queries_owned = queries.to_vec();
-        let pending =
-            Pending { ctx: ctx.clone(), queries: queries_owned, cap, sketches, deadline, answer };
+        let pending = Pending {
+            ctx: ctx.clone(),
+            queries: queries.to_vec(),
+            cap,
+            sketches,
+            deadline,
+            answer,
+        };
         self.coalesce.queue.lock().unwrap_or_else(|p| p.into_inner()).push(pending);
         let until = deadline.map(tokio::time::Instant::from_std);
         let wait = async {
