@@ -142,7 +142,7 @@ impl NodeApi for MemNode {
             }
             _ => (Vec::new(), Vec::new()),
         };
-        let sketches = resolve == Resolve::DocsWithSketches;
+        let sketches = resolve.sketches();
         let docs = Self::lock(&self.docs)
             .values()
             .filter(|d| gids.binary_search(&d.gid).is_ok())

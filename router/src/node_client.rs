@@ -222,14 +222,8 @@ impl NodeApi for GrpcNode {
         let probes =
             probes.into_iter().map(|(table, fp)| TabletProbeTarget { table, fp }).collect();
         let max_matches = max_matches as u64;
-        let req = TabletProbeRequest {
-            epoch,
-            probes,
-            k,
-            max_matches,
-            resolve: resolve != Resolve::No,
-            skip_sketches: resolve == Resolve::Docs,
-        };
+        let (resolve, skip_sketches) = resolve.to_wire();
+        let req = TabletProbeRequest { epoch, probes, k, max_matches, resolve, skip_sketches };
         let req = request(req, deadline);
         let r = self.client.clone().tablet_probe(req).await.map_err(status_error)?.into_inner();
         Ok(ProbeAnswer {

@@ -416,10 +416,7 @@ impl Data for DataService {
         let deadline = deadline_of(&req);
         let TabletProbeRequest { epoch, probes, k, max_matches, resolve, skip_sketches } =
             req.into_inner();
-        let resolve = match (resolve, skip_sketches) {
-            (false, _) => Resolve::No,
-            (true, skip) => Resolve::docs(!skip),
-        };
+        let resolve = Resolve::from_wire(resolve, skip_sketches);
         let probes: Vec<(u32, u64)> =
             probes.into_iter().map(|TabletProbeTarget { table, fp }| (table, fp)).collect();
         let n = probes.len();

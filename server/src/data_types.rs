@@ -58,6 +58,21 @@ impl Resolve {
     pub fn docs(sketches: bool) -> Resolve {
         if sketches { Resolve::DocsWithSketches } else { Resolve::Docs }
     }
+
+    /// The documents are asked with their stored sketches.
+    pub fn sketches(self) -> bool {
+        self == Resolve::DocsWithSketches
+    }
+
+    /// From the wire's `TabletProbeRequest.resolve` and `.skip_sketches`.
+    pub fn from_wire(resolve: bool, skip_sketches: bool) -> Resolve {
+        if resolve { Resolve::docs(!skip_sketches) } else { Resolve::No }
+    }
+
+    /// As the wire's `(resolve, skip_sketches)`.
+    pub fn to_wire(self) -> (bool, bool) {
+        (self != Resolve::No, self == Resolve::Docs)
+    }
 }
 
 /// Probes' hits, and the documents of those whose partitions the probed node resolved

@@ -774,7 +774,7 @@ impl NodeApi for LocalNode {
         let (store, id) = (self.store.clone(), self.id);
         // Stored sketches are file reads, which wait for the disk when not cached: never on
         // this thread.
-        let inline = probes.len() <= INLINE_PROBES && resolve != Resolve::DocsWithSketches;
+        let inline = probes.len() <= INLINE_PROBES && !resolve.sketches();
         // `None` without `wait` when a lock is not free at once.
         let probe = move |wait: bool| -> crate::error::Result<Option<ProbeAnswer>> {
             let Some(results) = store.probe_tablets_if(&probes, k, max_matches, wait)? else {
@@ -790,8 +790,9 @@ impl NodeApi for LocalNode {
             let (gids, resolved) = hits_to_resolve(&results, |p| {
                 current && map.serving(Unit::Partition(p)).contains(&id)
             });
-            let sketches = resolve == Resolve::DocsWithSketches;
-            let Some(docs) = store.resolve_if(&gids, wait, sketches)? else { return Ok(None) };
+            let Some(docs) = store.resolve_if(&gids, wait, resolve.sketches())? else {
+                return Ok(None);
+            };
             let docs = docs.into_iter().flatten().collect();
             Ok(Some(ProbeAnswer { results, docs, resolved }))
         };
