@@ -683,6 +683,10 @@ async fn run(args: ClusterArgs) -> Result<(), String> {
         eprintln!("data and logs kept in {}", base.display());
     } else {
         let _ = std::fs::remove_dir_all(&base);
+        // The run's own directory too, once nothing else of it is left there.
+        if let Some(parent) = base.parent() {
+            let _ = std::fs::remove_dir(parent);
+        }
     }
     let report = Value::Object(report);
     if args.grow {

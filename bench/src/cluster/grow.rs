@@ -18,7 +18,10 @@
 //!    `min(2, nodes)` serving replicas, none filling), the bytes the new node then holds and
 //!    their rate, and unary queries at `--kill-rate` during that time and for
 //!    `--kill-seconds` once settled (the baseline on the same nodes and data): the ratio of
-//!    their p99 is what a rebalance costs queries.
+//!    their p99 is what a rebalance costs queries. Beside them, the cores the nodes kept busy
+//!    on average in each window (their CPU time over the window's length): what the copies,
+//!    drops and merges add to the queries' own work, a figure a shared machine's noise moves
+//!    far less than a tail latency.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -130,6 +133,8 @@ async fn join(
     during.seconds = 1800;
     during.until = Some(done.clone());
     let hedged_before = hedged(&procs[0]).await?;
+    // The new node's process starts at no CPU: the nodes' CPU from here is the join's.
+    let cpu_before = cpu_of(&pids(procs));
     let reads = tokio::spawn(during.measure());
     let t = Instant::now();
     let joined = async {
@@ -139,12 +144,18 @@ async fn join(
     }
     .await;
     let secs = t.elapsed().as_secs_f64();
+    let cpu_during = cpu_of(&pids(procs));
     done.store(true, Ordering::Relaxed);
     let during = reads.await.map_err(|e| e.to_string())??;
     let hedged_after = hedged(&procs[0]).await?;
     joined?;
     settle(&writer(&router).await?, Duration::from_secs(300)).await?;
+    let (cpu_settled, t_settled) = (cpu_of(&pids(procs)), Instant::now());
     let after = query_load(args, inputs, &router).measure().await?;
+    // Cores busy on average, every node together: while settling (queries, copies, drops,
+    // merges) and with the queries alone.
+    let cores = |a: Option<f64>, b: Option<f64>, secs: f64| Some((b? - a?) / secs.max(1e-9));
+    let cores_after = cores(cpu_settled, cpu_of(&pids(procs)), t_settled.elapsed().as_secs_f64());
     let moved = node_bytes(procs[j].internal.as_deref().expect("a cluster node")).await?;
     let bytes = moved["memory_bytes"].as_f64().unwrap_or(0.0);
     let p99 = |r: &serde_json::Map<String, Value>| r[Kind::Query.name()]["p99_us"].as_f64();
@@ -164,6 +175,8 @@ async fn join(
         "hedged_won_during": hedged_after.1 - hedged_before.1,
         "query_after": after[Kind::Query.name()],
         "p99_ratio": ratio,
+        "server_cores_during": cores(cpu_before, cpu_during, secs),
+        "server_cores_after": cores_after,
     }))
 }
 
@@ -285,15 +298,15 @@ pub(super) fn print_table(args: &ClusterArgs, r: &Value) {
     println!(
         "| join | settled after, s | on the new node, MB | MB/s | Query at {}/s while settling, \
          p50/p99 us | hedged calls (answered first) | for {} s after, p50/p99 us | p99 during / \
-         after |",
+         after | server cores busy, during / after |",
         args.kill_rate,
         args.kill_seconds.max(2)
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for j in g["joins"].as_array().cloned().unwrap_or_default() {
         let q = |x: &Value| format!("{} / {}", num(&x["p50_us"], 0), num(&x["p99_us"], 0));
         println!(
-            "| node {} ({} nodes) | {} | {} | {} | {} | {} ({}) | {} | {} |",
+            "| node {} ({} nodes) | {} | {} | {} | {} | {} ({}) | {} | {} | {} / {} |",
             j["node"],
             j["nodes"],
             num(&j["rebalance_seconds"], 2),
@@ -303,7 +316,9 @@ pub(super) fn print_table(args: &ClusterArgs, r: &Value) {
             j["hedged_calls_during"],
             j["hedged_won_during"],
             q(&j["query_after"]),
-            num(&j["p99_ratio"], 2)
+            num(&j["p99_ratio"], 2),
+            num(&j["server_cores_during"], 2),
+            num(&j["server_cores_after"], 2)
         );
     }
 }
