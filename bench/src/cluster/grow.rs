@@ -19,9 +19,9 @@
 //!    their rate, and unary queries at `--kill-rate` during that time and for
 //!    `--kill-seconds` once settled (the baseline on the same nodes and data): the ratio of
 //!    their p99 is what a rebalance costs queries. Beside them, the cores the nodes kept busy
-//!    on average in each window (their CPU time over the window's length): what the copies,
-//!    drops and merges add to the queries' own work, a figure a shared machine's noise moves
-//!    far less than a tail latency.
+//!    on average in each window (their CPU time over the window's length), and as long with
+//!    no load before the baseline: what the copies, drops and merges add to the queries' own
+//!    work, figures a shared machine's noise moves far less than a tail latency.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -150,11 +150,16 @@ async fn join(
     let hedged_after = hedged(&procs[0]).await?;
     joined?;
     settle(&writer(&router).await?, Duration::from_secs(300)).await?;
+    // Cores busy on average, every node together: while settling (queries, copies, drops,
+    // merges), with the queries alone, and with nothing to do (Raft's ticks, the nodes'
+    // own checks) for as long.
+    let cores = |a: Option<f64>, b: Option<f64>, secs: f64| Some((b? - a?) / secs.max(1e-9));
+    let window = Duration::from_secs(args.kill_seconds.max(2));
+    let (cpu_idle, t_idle) = (cpu_of(&pids(procs)), Instant::now());
+    tokio::time::sleep(window).await;
+    let cores_idle = cores(cpu_idle, cpu_of(&pids(procs)), t_idle.elapsed().as_secs_f64());
     let (cpu_settled, t_settled) = (cpu_of(&pids(procs)), Instant::now());
     let after = query_load(args, inputs, &router).measure().await?;
-    // Cores busy on average, every node together: while settling (queries, copies, drops,
-    // merges) and with the queries alone.
-    let cores = |a: Option<f64>, b: Option<f64>, secs: f64| Some((b? - a?) / secs.max(1e-9));
     let cores_after = cores(cpu_settled, cpu_of(&pids(procs)), t_settled.elapsed().as_secs_f64());
     let moved = node_bytes(procs[j].internal.as_deref().expect("a cluster node")).await?;
     let bytes = moved["memory_bytes"].as_f64().unwrap_or(0.0);
@@ -177,6 +182,7 @@ async fn join(
         "p99_ratio": ratio,
         "server_cores_during": cores(cpu_before, cpu_during, secs),
         "server_cores_after": cores_after,
+        "server_cores_idle": cores_idle,
     }))
 }
 
@@ -298,7 +304,7 @@ pub(super) fn print_table(args: &ClusterArgs, r: &Value) {
     println!(
         "| join | settled after, s | on the new node, MB | MB/s | Query at {}/s while settling, \
          p50/p99 us | hedged calls (answered first) | for {} s after, p50/p99 us | p99 during / \
-         after | server cores busy, during / after |",
+         after | server cores busy, during / after / idle |",
         args.kill_rate,
         args.kill_seconds.max(2)
     );
@@ -306,7 +312,7 @@ pub(super) fn print_table(args: &ClusterArgs, r: &Value) {
     for j in g["joins"].as_array().cloned().unwrap_or_default() {
         let q = |x: &Value| format!("{} / {}", num(&x["p50_us"], 0), num(&x["p99_us"], 0));
         println!(
-            "| node {} ({} nodes) | {} | {} | {} | {} | {} ({}) | {} | {} | {} / {} |",
+            "| node {} ({} nodes) | {} | {} | {} | {} | {} ({}) | {} | {} | {} / {} / {} |",
             j["node"],
             j["nodes"],
             num(&j["rebalance_seconds"], 2),
@@ -318,7 +324,8 @@ pub(super) fn print_table(args: &ClusterArgs, r: &Value) {
             q(&j["query_after"]),
             num(&j["p99_ratio"], 2),
             num(&j["server_cores_during"], 2),
-            num(&j["server_cores_after"], 2)
+            num(&j["server_cores_after"], 2),
+            num(&j["server_cores_idle"], 2)
         );
     }
 }
