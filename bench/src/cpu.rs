@@ -50,6 +50,27 @@ pub fn cpu_per(before: Option<f64>, after: Option<f64>, items: u64) -> Option<f6
     Some((after? - before?) * 1e6 / items.max(1) as f64)
 }
 
+/// A window over which processes' CPU time is read: the cores they kept busy on average.
+#[derive(Debug, Clone, Copy)]
+pub struct CoresBusy {
+    cpu: Option<f64>,
+    at: std::time::Instant,
+}
+
+impl CoresBusy {
+    /// Opens the window on the processes `pids` ([`cpu_of`]).
+    pub fn start(pids: &[u32]) -> CoresBusy {
+        CoresBusy { cpu: cpu_of(pids), at: std::time::Instant::now() }
+    }
+
+    /// The cores `pids` kept busy on average since [`start`](Self::start): their CPU time
+    /// over the window's length. A process started since counts from its start; `None` if
+    /// a reading failed.
+    pub fn cores(&self, pids: &[u32]) -> Option<f64> {
+        Some((cpu_of(pids)? - self.cpu?) / self.at.elapsed().as_secs_f64().max(1e-9))
+    }
+}
+
 /// CPU time of the calling thread, in seconds (`CLOCK_THREAD_CPUTIME_ID`).
 pub fn thread_cpu_seconds() -> Option<f64> {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };

@@ -30,6 +30,7 @@ use neardup_proto::internal::NodeStatsRequest;
 use neardup_proto::internal::data_client::DataClient;
 
 use super::*;
+use crate::cpu::CoresBusy;
 use crate::service::settle;
 
 /// A node's own bytes, from its `NodeStats` (internal API).
@@ -134,7 +135,7 @@ async fn join(
     during.until = Some(done.clone());
     let hedged_before = hedged(&procs[0]).await?;
     // The new node's process starts at no CPU: the nodes' CPU from here is the join's.
-    let cpu_before = cpu_of(&pids(procs));
+    let busy = CoresBusy::start(&pids(procs));
     let reads = tokio::spawn(during.measure());
     let t = Instant::now();
     let joined = async {
@@ -144,7 +145,7 @@ async fn join(
     }
     .await;
     let secs = t.elapsed().as_secs_f64();
-    let cpu_during = cpu_of(&pids(procs));
+    let cores_during = busy.cores(&pids(procs));
     done.store(true, Ordering::Relaxed);
     let during = reads.await.map_err(|e| e.to_string())??;
     let hedged_after = hedged(&procs[0]).await?;
@@ -153,14 +154,12 @@ async fn join(
     // Cores busy on average, every node together: while settling (queries, copies, drops,
     // merges), with the queries alone, and with nothing to do (Raft's ticks, the nodes'
     // own checks) for as long.
-    let cores = |a: Option<f64>, b: Option<f64>, secs: f64| Some((b? - a?) / secs.max(1e-9));
-    let window = Duration::from_secs(args.kill_seconds.max(2));
-    let (cpu_idle, t_idle) = (cpu_of(&pids(procs)), Instant::now());
-    tokio::time::sleep(window).await;
-    let cores_idle = cores(cpu_idle, cpu_of(&pids(procs)), t_idle.elapsed().as_secs_f64());
-    let (cpu_settled, t_settled) = (cpu_of(&pids(procs)), Instant::now());
+    let idle = CoresBusy::start(&pids(procs));
+    tokio::time::sleep(Duration::from_secs(args.kill_seconds.max(2))).await;
+    let cores_idle = idle.cores(&pids(procs));
+    let busy = CoresBusy::start(&pids(procs));
     let after = query_load(args, inputs, &router).measure().await?;
-    let cores_after = cores(cpu_settled, cpu_of(&pids(procs)), t_settled.elapsed().as_secs_f64());
+    let cores_after = busy.cores(&pids(procs));
     let moved = node_bytes(procs[j].internal.as_deref().expect("a cluster node")).await?;
     let bytes = moved["memory_bytes"].as_f64().unwrap_or(0.0);
     let p99 = |r: &serde_json::Map<String, Value>| r[Kind::Query.name()]["p99_us"].as_f64();
@@ -180,7 +179,7 @@ async fn join(
         "hedged_won_during": hedged_after.1 - hedged_before.1,
         "query_after": after[Kind::Query.name()],
         "p99_ratio": ratio,
-        "server_cores_during": cores(cpu_before, cpu_during, secs),
+        "server_cores_during": cores_during,
         "server_cores_after": cores_after,
         "server_cores_idle": cores_idle,
     }))
